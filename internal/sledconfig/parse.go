@@ -1,0 +1,389 @@
+package sledconfig
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxDocumentBytes bounds the size of a config document this package decodes.
+const MaxDocumentBytes = 16 << 20
+
+// maxNesting bounds how deeply arrays and objects may nest in a document. It is
+// serde_json's default recursion limit, so nothing upstream accepts is refused.
+const maxNesting = 128
+
+// Parse decodes a sled config document and remembers its canonical form, so the
+// returned Config marshals back to the same document. It checks only that the
+// document decodes; Validate checks what it means.
+//
+// Parse is stricter than encoding/json where upstream (serde) is: it refuses
+// invalid UTF-8, duplicate object keys, data after the document, and keys that
+// differ from a known field name only in letter case (encoding/json would
+// silently decode "NIC" into the nic field; upstream would not).
+func Parse(data []byte) (*Config, error) {
+	if len(data) > MaxDocumentBytes {
+		return nil, fmt.Errorf("config is %d bytes, more than the limit of %d", len(data), MaxDocumentBytes)
+	}
+	doc, err := decodeDocument(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFieldNames(doc, reflect.TypeFor[Config](), ""); err != nil {
+		return nil, err
+	}
+	canonical, err := encodeCanonical(doc)
+	if err != nil {
+		return nil, err
+	}
+	// Decode the typed view and each zone's raw object (for its hash).
+	var top struct {
+		Config
+		Zones map[string]json.RawMessage `json:"zones"`
+	}
+	if err := json.Unmarshal(canonical, &top); err != nil {
+		return nil, describeJSONError(err, "")
+	}
+	cfg := top.Config
+	cfg.Zones = make(map[string]Zone, len(top.Zones))
+	for key, raw := range top.Zones {
+		var z Zone
+		if err := json.Unmarshal(raw, &z); err != nil {
+			return nil, describeJSONError(err, fmt.Sprintf("zones[%q]", key))
+		}
+		sum := sha256.Sum256(raw)
+		z.hash = hex.EncodeToString(sum[:])
+		cfg.Zones[key] = z
+	}
+	cfg.canonical = canonical
+	return &cfg, nil
+}
+
+// Canonicalize returns the canonical form of a JSON object: object keys
+// sorted, no insignificant white space, numbers exactly as written. Two documents
+// with the same meaning have the same canonical form.
+func Canonicalize(data []byte) ([]byte, error) {
+	doc, err := decodeDocument(data)
+	if err != nil {
+		return nil, err
+	}
+	return encodeCanonical(doc)
+}
+
+// decodeDocument decodes one JSON object (numbers as json.Number) and nothing
+// after it.
+func decodeDocument(data []byte) (map[string]any, error) {
+	if !utf8.Valid(data) {
+		return nil, errors.New("config is not valid UTF-8")
+	}
+	d := docDecoder{dec: json.NewDecoder(bytes.NewReader(data))}
+	d.dec.UseNumber()
+	v, err := d.value(0)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.dec.Token(); err != io.EOF {
+		return nil, errors.New("config has data after the JSON document")
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, errors.New("config must be a JSON object")
+	}
+	return obj, nil
+}
+
+// docDecoder decodes a JSON value token by token, which lets it refuse
+// duplicate keys (encoding/json keeps the last; serde refuses them).
+type docDecoder struct {
+	dec  *json.Decoder
+	path []string // keys and indexes leading to the value being decoded
+}
+
+func (d *docDecoder) where() string {
+	if len(d.path) == 0 {
+		return "the top level"
+	}
+	return strings.TrimPrefix(strings.Join(d.path, ""), ".")
+}
+
+// pathKey renders an object key as a path element: ["key"] for keys of the
+// id-keyed maps (zones, disks, datasets) and keys that are not field-like,
+// .name for others.
+func (d *docDecoder) pathKey(key string) string {
+	if len(d.path) == 1 && slices.Contains([]string{".zones", ".disks", ".datasets"}, d.path[0]) {
+		return "[" + strconv.Quote(key) + "]"
+	}
+	for i, r := range key {
+		if !(r == '_' || 'a' <= r && r <= 'z' || i > 0 && '0' <= r && r <= '9') {
+			return "[" + strconv.Quote(key) + "]"
+		}
+	}
+	if key == "" {
+		return `[""]`
+	}
+	return "." + key
+}
+
+// token reads the next token, which must be there.
+func (d *docDecoder) token() (json.Token, error) {
+	tok, err := d.dec.Token()
+	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, errors.New("malformed JSON: unexpected end of input")
+	}
+	if err != nil {
+		return nil, describeJSONError(err, "")
+	}
+	return tok, nil
+}
+
+func (d *docDecoder) value(depth int) (any, error) {
+	tok, err := d.token()
+	if err != nil {
+		return nil, err
+	}
+	delim, ok := tok.(json.Delim)
+	if !ok {
+		return tok, nil // string, json.Number, bool or nil
+	}
+	if depth >= maxNesting {
+		return nil, fmt.Errorf("config nests deeper than %d levels at %s", maxNesting, d.where())
+	}
+	switch delim {
+	case '{':
+		obj := map[string]any{}
+		for d.dec.More() {
+			tok, err := d.token()
+			if err != nil {
+				return nil, err
+			}
+			key, ok := tok.(string)
+			if !ok {
+				return nil, fmt.Errorf("malformed JSON: object key %v at %s is not a string", tok, d.where())
+			}
+			if _, dup := obj[key]; dup {
+				return nil, fmt.Errorf("duplicate key %q at %s", key, d.where())
+			}
+			d.path = append(d.path, d.pathKey(key))
+			v, err := d.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			d.path = d.path[:len(d.path)-1]
+			obj[key] = v
+		}
+		if _, err := d.token(); err != nil { // '}'
+			return nil, err
+		}
+		return obj, nil
+	case '[':
+		arr := []any{}
+		for d.dec.More() {
+			d.path = append(d.path, "["+strconv.Itoa(len(arr))+"]")
+			v, err := d.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			d.path = d.path[:len(d.path)-1]
+			arr = append(arr, v)
+		}
+		if _, err := d.token(); err != nil { // ']'
+			return nil, err
+		}
+		return arr, nil
+	}
+	return nil, fmt.Errorf("malformed JSON: unexpected %q at %s", rune(delim), d.where())
+}
+
+func encodeCanonical(doc map[string]any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(doc); err != nil {
+		return nil, fmt.Errorf("canonicalizing config: %w", err)
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// checkFieldNames refuses object keys that differ from a field name of the
+// struct they decode into only in letter case: encoding/json matches field
+// names case-insensitively, so it would decode them into the field, while
+// upstream treats them as unknown fields. t is the Go type v decodes into.
+func checkFieldNames(v any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == reflect.TypeFor[json.RawMessage]() {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil // a type mismatch; decoding reports it
+		}
+		fields := jsonFields(t)
+		for _, key := range slices.Sorted(maps.Keys(obj)) {
+			sub := key
+			if path != "" {
+				sub = path + "." + key
+			}
+			if ft, ok := fields[key]; ok {
+				if err := checkFieldNames(obj[key], ft, sub); err != nil {
+					return err
+				}
+				continue
+			}
+			for name := range fields {
+				if strings.EqualFold(name, key) {
+					return fmt.Errorf("field %s: unknown field; field names are case-sensitive (did you mean %q?)", sub, name)
+				}
+			}
+		}
+	case reflect.Map:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		for _, key := range slices.Sorted(maps.Keys(obj)) {
+			if err := checkFieldNames(obj[key], t.Elem(), fmt.Sprintf("%s[%q]", path, key)); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice:
+		arr, ok := v.([]any)
+		if !ok {
+			return nil
+		}
+		for i, elem := range arr {
+			if err := checkFieldNames(elem, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// jsonFields maps the JSON names of t's fields to their types.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	fields := make(map[string]reflect.Type, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		fields[name] = f.Type
+	}
+	return fields
+}
+
+// describeJSONError turns a decoding error into a message naming the field;
+// prefix is the path of the value that was being decoded.
+func describeJSONError(err error, prefix string) error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		field := prefix
+		if typeErr.Field != "" {
+			// Parse decodes into a struct embedding Config, whose name
+			// encoding/json puts in front of the field.
+			f := strings.TrimPrefix(typeErr.Field, "Config.")
+			field = strings.TrimPrefix(prefix+"."+f, ".")
+		}
+		if field == "" {
+			return fmt.Errorf("expected %s, got JSON %s", describeType(typeErr.Type), typeErr.Value)
+		}
+		return fmt.Errorf("field %s: expected %s, got JSON %s", field, describeType(typeErr.Type), typeErr.Value)
+	}
+	var syntaxErr *json.SyntaxError
+	if errors.As(err, &syntaxErr) {
+		return fmt.Errorf("malformed JSON at byte %d: %w", syntaxErr.Offset, err)
+	}
+	return fmt.Errorf("malformed config: %w", err)
+}
+
+// describeType names the JSON a Go type decodes from.
+func describeType(t reflect.Type) string {
+	if t == nil {
+		return "another type"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uint:
+		return fmt.Sprintf("an integer from 0 to %d", uint64(1)<<(t.Bits()-1)<<1-1)
+	}
+	return t.String()
+}
+
+// Canonical returns the canonical JSON of the document the config was parsed
+// from, or of the typed fields for a config built in code.
+func (c *Config) Canonical() []byte {
+	b, err := c.MarshalJSON()
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// MarshalJSON returns the document the config was parsed from (canonical form);
+// a config built in code is marshalled from its typed fields, also in
+// canonical form.
+func (c *Config) MarshalJSON() ([]byte, error) {
+	if c.canonical != nil {
+		return c.canonical, nil
+	}
+	type plain Config
+	b, err := json.Marshal((*plain)(c))
+	if err != nil {
+		return nil, err
+	}
+	return Canonicalize(b)
+}
+
+// SameContent reports whether two configs are the same document.
+func (c *Config) SameContent(o *Config) bool {
+	return bytes.Equal(c.Canonical(), o.Canonical())
+}
+
+// Hash identifies the zone's config: equal hashes mean equal configs. Zones from
+// Parse hash their canonical JSON; zones built in code hash their typed fields.
+func (z Zone) Hash() string {
+	if z.hash != "" {
+		return z.hash
+	}
+	b, err := json.Marshal(z)
+	if err != nil {
+		return ""
+	}
+	c, err := Canonicalize(b)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(c)
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,62 @@
+// Package sledconfigtest builds sled configs for tests and benchmarks.
+package sledconfigtest
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+)
+
+// ZoneID returns a deterministic zone UUID for index i.
+func ZoneID(i int) string {
+	return fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)
+}
+
+// Crucible returns a crucible zone with index i, at underlay address
+// fd00:1122:3344:101::<i+0x10>.
+func Crucible(i int) sledconfig.Zone {
+	pool := fmt.Sprintf("oxp_%08x-1111-4111-8111-%012x", i%10, i%10)
+	return sledconfig.Zone{
+		ID:             ZoneID(i),
+		FilesystemPool: &pool,
+		ZoneType: sledconfig.ZoneType{
+			Type:    "crucible",
+			Address: fmt.Sprintf("[fd00:1122:3344:101::%x]:32345", i+0x10),
+			Dataset: &sledconfig.Dataset{PoolName: pool},
+		},
+		ImageSource: &sledconfig.ImageSource{Type: "install_dataset"},
+	}
+}
+
+// Config returns a parsed config of the given generation holding zones.
+func Config(gen uint64, zones ...sledconfig.Zone) *sledconfig.Config {
+	c := sledconfig.Config{
+		Generation:   gen,
+		Disks:        map[string]json.RawMessage{},
+		Datasets:     map[string]json.RawMessage{},
+		Zones:        map[string]sledconfig.Zone{},
+		Measurements: []json.RawMessage{},
+	}
+	for _, z := range zones {
+		c.Zones[z.ID] = z
+	}
+	data, err := json.Marshal(&c)
+	if err != nil {
+		panic(err)
+	}
+	parsed, err := sledconfig.Parse(data)
+	if err != nil {
+		panic(err)
+	}
+	return parsed
+}
+
+// Crucibles returns n crucible zones, indexes 0..n-1.
+func Crucibles(n int) []sledconfig.Zone {
+	out := make([]sledconfig.Zone, n)
+	for i := range out {
+		out[i] = Crucible(i)
+	}
+	return out
+}

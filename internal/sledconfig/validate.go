@@ -1,0 +1,540 @@
+package sledconfig
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// Problem is one thing wrong with a sled config.
+type Problem struct {
+	// Path is the JSON path of the offending value, e.g.
+	// zones["470fbf4d-…"].zone_type.nic.mac; empty for the document itself.
+	Path    string
+	Message string
+}
+
+func (p Problem) String() string {
+	if p.Path == "" {
+		return p.Message
+	}
+	return p.Path + ": " + p.Message
+}
+
+// ValidationError is what Validate returns: every problem it found.
+type ValidationError struct {
+	Problems []Problem
+}
+
+// maxProblemsInMessage bounds how many problems Error spells out.
+const maxProblemsInMessage = 50
+
+// Error joins the problems into one message: "invalid sled config: 2
+// problems: <path>: <message>; <path>: <message>". Past the first
+// maxProblemsInMessage it only counts them.
+func (e *ValidationError) Error() string {
+	var b strings.Builder
+	b.WriteString("invalid sled config: ")
+	if len(e.Problems) == 1 {
+		b.WriteString("1 problem: ")
+	} else {
+		fmt.Fprintf(&b, "%d problems: ", len(e.Problems))
+	}
+	for i, p := range e.Problems {
+		if i == maxProblemsInMessage {
+			fmt.Fprintf(&b, "; and %d more", len(e.Problems)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(p.String())
+	}
+	return b.String()
+}
+
+// Validate checks what a config means, as far as this agent can tell without
+// looking at the sled: ids, zone types and their fields, addresses, NICs, pool
+// names, image sources. It returns nil or a *ValidationError listing every
+// problem found, in a stable order.
+func Validate(c *Config) error {
+	var v validator
+	if c == nil {
+		v.add("", "config is missing")
+		return v.err()
+	}
+	v.requiredTopLevel(c)
+	v.keyedObjects("disks", c.Disks)
+	v.keyedObjects("datasets", c.Datasets)
+	keys := slices.Sorted(maps.Keys(c.Zones))
+	for _, key := range keys {
+		z := c.Zones[key]
+		v.zone(key, &z)
+	}
+	v.caseDuplicates(keys)
+	v.sharedUnderlay(c.Zones, keys)
+	return v.err()
+}
+
+type validator struct {
+	problems []Problem
+}
+
+func (v *validator) add(path, format string, args ...any) {
+	v.problems = append(v.problems, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
+}
+
+func (v *validator) err() error {
+	if len(v.problems) == 0 {
+		return nil
+	}
+	return &ValidationError{Problems: v.problems}
+}
+
+func zonePath(key string) string { return fmt.Sprintf("zones[%q]", key) }
+
+// requiredTopLevel checks that a parsed document had the fields upstream
+// requires. A config built in code cannot tell absent from empty, so it is
+// not checked.
+func (v *validator) requiredTopLevel(c *Config) {
+	if c.canonical == nil {
+		return
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(c.canonical, &top); err != nil {
+		v.add("", "config is not a JSON object")
+		return
+	}
+	for _, f := range []string{"datasets", "disks", "generation", "measurements", "zones"} {
+		if raw, ok := top[f]; !ok || string(raw) == "null" {
+			v.add(f, "is required")
+		}
+	}
+}
+
+// keyedObjects checks that each object of an id-keyed map (disks, datasets)
+// has an "id" equal to its key.
+func (v *validator) keyedObjects(field string, m map[string]json.RawMessage) {
+	for _, key := range slices.Sorted(maps.Keys(m)) {
+		path := fmt.Sprintf("%s[%q]", field, key)
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(m[key], &obj); err != nil || obj == nil {
+			v.add(path, "is not a JSON object")
+			continue
+		}
+		raw, ok := obj["id"]
+		if !ok {
+			v.add(path+".id", "is required")
+			continue
+		}
+		var id string
+		if err := json.Unmarshal(raw, &id); err != nil {
+			v.add(path+".id", "%s is not a string", raw)
+			continue
+		}
+		if id != key {
+			v.add(path+".id", "%q does not match its key %q", id, key)
+		}
+	}
+}
+
+func (v *validator) zone(key string, z *Zone) {
+	path := zonePath(key)
+	switch {
+	case z.ID == "":
+		v.add(path+".id", "is required")
+	case !isUUID(z.ID):
+		v.add(path+".id", "%q is not a UUID (want the 36-character hyphenated form)", z.ID)
+	case z.ID != key:
+		v.add(path+".id", "%q does not match its key %q", z.ID, key)
+	}
+	if z.FilesystemPool != nil {
+		v.zpool(path+".filesystem_pool", *z.FilesystemPool)
+	}
+	if is := z.ImageSource; is != nil {
+		v.imageSource(path+".image_source", is)
+	}
+	v.zoneType(path+".zone_type", &z.ZoneType)
+}
+
+// caseDuplicates reports zone keys that differ only in letter case: zone
+// names use the lowercased id, so such zones would share a name.
+func (v *validator) caseDuplicates(keys []string) {
+	first := make(map[string]string, len(keys))
+	for _, key := range keys {
+		lower := strings.ToLower(key)
+		if prev, ok := first[lower]; ok {
+			v.add(zonePath(key), "zone id differs from zone %q only in letter case (both would be named oxz_…_%s)", prev, lower)
+			continue
+		}
+		first[lower] = key
+	}
+}
+
+// sharedUnderlay reports underlay addresses held by more than one zone.
+func (v *validator) sharedUnderlay(zones map[string]Zone, keys []string) {
+	owner := make(map[netip.Addr]string)
+	for _, key := range keys {
+		z := zones[key]
+		for _, a := range z.UnderlayAddrs() {
+			if prev, ok := owner[a]; ok {
+				v.add(zonePath(key)+".zone_type."+underlayField(&z.ZoneType, a),
+					"underlay address %s is also used by zone %q", a, prev)
+				continue
+			}
+			owner[a] = key
+		}
+	}
+}
+
+// underlayField names the field of t holding underlay address a, in the order
+// UnderlayAddrs looks at them.
+func underlayField(t *ZoneType, a netip.Addr) string {
+	for _, f := range []struct{ name, value string }{
+		{"address", t.Address},
+		{"internal_address", t.InternalAddress},
+		{"http_address", t.HTTPAddress},
+		{"dns_address", t.DNSAddress},
+	} {
+		if ap, err := netip.ParseAddrPort(f.value); err == nil && ap.Addr() == a {
+			return f.name
+		}
+	}
+	return "address"
+}
+
+// zoneField is one optional field of ZoneType.
+type zoneField struct {
+	name    string
+	present func(*ZoneType) bool
+}
+
+// zoneFields lists every field of ZoneType other than type.
+var zoneFields = []zoneField{
+	{"address", func(t *ZoneType) bool { return t.Address != "" }},
+	{"dataset", func(t *ZoneType) bool { return t.Dataset != nil }},
+	{"dns_servers", func(t *ZoneType) bool { return t.DNSServers != nil }},
+	{"domain", func(t *ZoneType) bool { return t.Domain != nil }},
+	{"ntp_servers", func(t *ZoneType) bool { return t.NTPServers != nil }},
+	{"snat_cfg", func(t *ZoneType) bool { return t.SNAT != nil }},
+	{"nic", func(t *ZoneType) bool { return t.NIC != nil }},
+	{"dns_address", func(t *ZoneType) bool { return t.DNSAddress != "" }},
+	{"http_address", func(t *ZoneType) bool { return t.HTTPAddress != "" }},
+	{"gz_address", func(t *ZoneType) bool { return t.GZAddress != "" }},
+	{"gz_address_index", func(t *ZoneType) bool { return t.GZAddressIndex != nil }},
+	{"internal_address", func(t *ZoneType) bool { return t.InternalAddress != "" }},
+	{"lockstep_port", func(t *ZoneType) bool { return t.LockstepPort != nil }},
+	{"external_ip", func(t *ZoneType) bool { return t.ExternalIP != "" }},
+	{"external_tls", func(t *ZoneType) bool { return t.ExternalTLS != nil }},
+	{"external_dns_servers", func(t *ZoneType) bool { return t.ExternalDNSServers != nil }},
+}
+
+// zoneVariant lists the fields one zone type requires and the ones it may have.
+type zoneVariant struct {
+	required, optional []string
+}
+
+// zoneVariants follows upstream OmicronZoneType (sled-agent API 48.0.0).
+var zoneVariants = map[string]zoneVariant{
+	"boundary_ntp": {
+		required: []string{"address", "dns_servers", "nic", "ntp_servers", "snat_cfg"},
+		optional: []string{"domain"},
+	},
+	"clickhouse":        {required: []string{"address", "dataset"}},
+	"clickhouse_keeper": {required: []string{"address", "dataset"}},
+	"clickhouse_server": {required: []string{"address", "dataset"}},
+	"cockroach_db":      {required: []string{"address", "dataset"}},
+	"crucible":          {required: []string{"address", "dataset"}},
+	"crucible_pantry":   {required: []string{"address"}},
+	"external_dns":      {required: []string{"dataset", "dns_address", "http_address", "nic"}},
+	"internal_dns": {
+		required: []string{"dataset", "dns_address", "gz_address", "gz_address_index", "http_address"},
+	},
+	"internal_ntp": {required: []string{"address"}},
+	"nexus": {
+		required: []string{"external_dns_servers", "external_ip", "external_tls", "internal_address", "nic"},
+		optional: []string{"lockstep_port"},
+	},
+	"oximeter": {required: []string{"address"}},
+}
+
+func (v *validator) zoneType(path string, t *ZoneType) {
+	variant, known := zoneVariants[t.Type]
+	switch {
+	case t.Type == "":
+		v.add(path+".type", "is required")
+	case !known:
+		v.add(path+".type", "unknown zone type %q", t.Type)
+	default:
+		for _, f := range zoneFields {
+			present := f.present(t)
+			switch {
+			case slices.Contains(variant.required, f.name):
+				if !present {
+					v.add(path+"."+f.name, "is required for zone type %s", t.Type)
+				}
+			case present && !slices.Contains(variant.optional, f.name):
+				v.add(path+"."+f.name, "is not a field of zone type %s", t.Type)
+			}
+		}
+	}
+
+	// Check the values of whichever fields are present.
+	if t.Address != "" {
+		v.underlayAddrPort(path+".address", t.Address)
+	}
+	if t.Dataset != nil {
+		v.zpool(path+".dataset.pool_name", t.Dataset.PoolName)
+	}
+	v.ipList(path+".dns_servers", t.DNSServers)
+	for i, s := range t.NTPServers {
+		if strings.TrimSpace(s) == "" {
+			v.add(fmt.Sprintf("%s.ntp_servers[%d]", path, i), "is empty")
+		}
+	}
+	if t.SNAT != nil {
+		v.ip(path+".snat_cfg.ip", t.SNAT.IP)
+		if t.SNAT.FirstPort > t.SNAT.LastPort {
+			v.add(path+".snat_cfg", "first_port %d is after last_port %d", t.SNAT.FirstPort, t.SNAT.LastPort)
+		}
+	}
+	if t.NIC != nil {
+		v.nic(path+".nic", t.NIC)
+	}
+	if t.DNSAddress != "" {
+		if t.Type == "external_dns" {
+			// An external address of either family.
+			if ap, err := netip.ParseAddrPort(t.DNSAddress); err != nil || ap.Addr().Zone() != "" {
+				v.add(path+".dns_address", "%q is not an address like \"192.0.2.1:53\" or \"[2001:db8::1]:53\"", t.DNSAddress)
+			}
+		} else {
+			v.underlayAddrPort(path+".dns_address", t.DNSAddress)
+		}
+	}
+	if t.HTTPAddress != "" {
+		v.underlayAddrPort(path+".http_address", t.HTTPAddress)
+	}
+	if t.GZAddress != "" {
+		if a, err := netip.ParseAddr(t.GZAddress); err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
+			v.add(path+".gz_address", "%q is not an IPv6 address", t.GZAddress)
+		}
+	}
+	if t.InternalAddress != "" {
+		v.underlayAddrPort(path+".internal_address", t.InternalAddress)
+	}
+	if t.ExternalIP != "" {
+		v.ip(path+".external_ip", t.ExternalIP)
+	}
+	v.ipList(path+".external_dns_servers", t.ExternalDNSServers)
+}
+
+// underlayAddrPort checks an underlay socket address, "[ipv6]:port".
+func (v *validator) underlayAddrPort(path, s string) {
+	ap, err := netip.ParseAddrPort(s)
+	switch {
+	case err != nil || !ap.Addr().Is6():
+		v.add(path, "%q is not an IPv6 socket address like \"[fd00:1122:3344:101::5]:32345\"", s)
+	case ap.Addr().Is4In6():
+		v.add(path, "%q is an IPv4-mapped address, not an underlay IPv6 address", s)
+	case ap.Addr().Zone() != "":
+		v.add(path, "%q has a scope zone; underlay addresses have none", s)
+	}
+}
+
+// ip checks an IP address of either family.
+func (v *validator) ip(path, s string) {
+	if s == "" {
+		v.add(path, "is required")
+		return
+	}
+	if a, err := netip.ParseAddr(s); err != nil || a.Zone() != "" {
+		v.add(path, "%q is not an IP address", s)
+	}
+}
+
+func (v *validator) ipList(path string, list []string) {
+	for i, s := range list {
+		v.ip(fmt.Sprintf("%s[%d]", path, i), s)
+	}
+}
+
+// zpoolPattern is upstream ZpoolName: an external (oxp_) or internal (oxi_)
+// pool named by a lowercase version-4 UUID.
+var zpoolPattern = regexp.MustCompile(`^ox[ip]_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+func (v *validator) zpool(path, s string) {
+	if !zpoolPattern.MatchString(s) {
+		v.add(path, "%q is not a zpool name like oxp_<uuid> or oxi_<uuid> (lowercase version-4 UUID)", s)
+	}
+}
+
+var artifactHashPattern = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+
+func (v *validator) imageSource(path string, is *ImageSource) {
+	switch is.Type {
+	case "install_dataset":
+		if is.Hash != "" {
+			v.add(path+".hash", "is not a field of image source install_dataset")
+		}
+	case "artifact":
+		if !artifactHashPattern.MatchString(is.Hash) {
+			v.add(path+".hash", "%q is not a SHA-256 hash (64 hex digits)", is.Hash)
+		}
+	case "":
+		v.add(path+".type", "is required")
+	default:
+		v.add(path+".type", "unknown image source %q (want install_dataset or artifact)", is.Type)
+	}
+}
+
+// maxVNI is the largest Geneve VNI (24 bits).
+const maxVNI = 1<<24 - 1
+
+func (v *validator) nic(path string, n *NIC) {
+	v.uuid(path+".id", n.ID)
+	switch n.Kind.Type {
+	case "instance", "service", "probe":
+	case "":
+		v.add(path+".kind.type", "is required")
+	default:
+		v.add(path+".kind.type", "unknown NIC kind %q (want instance, service or probe)", n.Kind.Type)
+	}
+	v.uuid(path+".kind.id", n.Kind.ID)
+	if msg := checkName(n.Name); msg != "" {
+		v.add(path+".name", "%q %s", n.Name, msg)
+	}
+	if !isMAC(n.MAC) {
+		v.add(path+".mac", "%q is not an EUI-48 MAC address like \"A8:40:25:FF:80:05\"", n.MAC)
+	}
+	v.ipConfig(path+".ip_config", &n.IPConfig)
+	if n.VNI > maxVNI {
+		v.add(path+".vni", "%d is larger than the largest VNI, %d", n.VNI, maxVNI)
+	}
+}
+
+func (v *validator) ipConfig(path string, c *IPConfig) {
+	val := &c.Value
+	switch c.Type {
+	case "v4", "v6":
+		if val.V4 != nil {
+			v.add(path+".value.v4", "is not a field of ip_config type %s", c.Type)
+		}
+		if val.V6 != nil {
+			v.add(path+".value.v6", "is not a field of ip_config type %s", c.Type)
+		}
+		v.privateIP(path+".value", &PrivateIP{IP: val.IP, Subnet: val.Subnet, TransitIPs: val.TransitIPs}, c.Type == "v6")
+	case "dual_stack":
+		if val.IP != "" || val.Subnet != "" || val.TransitIPs != nil {
+			v.add(path+".value", "ip, subnet and transit_ips of ip_config type dual_stack go in v4 and v6")
+		}
+		if val.V4 == nil {
+			v.add(path+".value.v4", "is required for ip_config type dual_stack")
+		} else {
+			v.privateIP(path+".value.v4", val.V4, false)
+		}
+		if val.V6 == nil {
+			v.add(path+".value.v6", "is required for ip_config type dual_stack")
+		} else {
+			v.privateIP(path+".value.v6", val.V6, true)
+		}
+	case "":
+		v.add(path+".type", "is required")
+	default:
+		v.add(path+".type", "unknown ip_config type %q (want v4, v6 or dual_stack)", c.Type)
+	}
+}
+
+// privateIP checks upstream PrivateIpv4Config or (v6) PrivateIpv6Config.
+func (v *validator) privateIP(path string, p *PrivateIP, v6 bool) {
+	family, ofFamily := "IPv4", func(a netip.Addr) bool { return a.Is4() }
+	if v6 {
+		family, ofFamily = "IPv6", func(a netip.Addr) bool { return a.Is6() && !a.Is4In6() }
+	}
+	ip, err := netip.ParseAddr(p.IP)
+	ipOK := err == nil && ofFamily(ip) && ip.Zone() == ""
+	switch {
+	case p.IP == "":
+		v.add(path+".ip", "is required")
+	case !ipOK:
+		v.add(path+".ip", "%q is not an %s address", p.IP, family)
+	}
+	subnet, err := netip.ParsePrefix(p.Subnet)
+	switch {
+	case p.Subnet == "":
+		v.add(path+".subnet", "is required")
+	case err != nil || !ofFamily(subnet.Addr()):
+		v.add(path+".subnet", "%q is not an %s prefix", p.Subnet, family)
+	case ipOK && !subnet.Contains(ip):
+		v.add(path+".subnet", "%s does not contain ip %s", p.Subnet, p.IP)
+	}
+	if v6 && p.TransitIPs == nil {
+		// Upstream PrivateIpv6Config requires it (the IPv4 one defaults it).
+		v.add(path+".transit_ips", "is required")
+	}
+	for i, s := range p.TransitIPs {
+		if pfx, err := netip.ParsePrefix(s); err != nil || !ofFamily(pfx.Addr()) {
+			v.add(fmt.Sprintf("%s.transit_ips[%d]", path, i), "%q is not an %s prefix", s, family)
+		}
+	}
+}
+
+func (v *validator) uuid(path, s string) {
+	switch {
+	case s == "":
+		v.add(path, "is required")
+	case !isUUID(s):
+		v.add(path, "%q is not a UUID (want the 36-character hyphenated form)", s)
+	}
+}
+
+// isUUID reports whether s is a UUID in the 36-character hyphenated form
+// (either letter case).
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	_, err := uuid.Parse(s)
+	return err == nil
+}
+
+var (
+	namePattern     = regexp.MustCompile(`^[a-z]([a-zA-Z0-9-]*[a-zA-Z0-9])?$`)
+	bareUUIDPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+)
+
+// checkName checks upstream Name and says what is wrong, or returns "".
+func checkName(s string) string {
+	switch {
+	case s == "":
+		return "is empty"
+	case len(s) > 63:
+		return "is longer than 63 characters"
+	case bareUUIDPattern.MatchString(s):
+		return "is a UUID; names may contain one but not be one"
+	case !namePattern.MatchString(s):
+		return "is not a name: it must start with a lowercase letter, hold only letters, digits and '-', and not end with '-'"
+	}
+	return ""
+}
+
+// isMAC reports whether s is an EUI-48 MAC address in the colon-separated
+// form upstream uses.
+func isMAC(s string) bool {
+	if len(s) != len("A8:40:25:FF:80:05") {
+		return false
+	}
+	for i := 2; i < len(s); i += 3 {
+		if s[i] != ':' {
+			return false
+		}
+	}
+	hw, err := net.ParseMAC(s)
+	return err == nil && len(hw) == 6
+}
