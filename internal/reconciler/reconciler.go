@@ -1,0 +1,181 @@
+// Package reconciler makes the zones on a sled match the ledgered sled config.
+//
+// One goroutine (Run) owns the zone map. Every runtime call runs in its own
+// goroutine under a deadline and reports back over a channel, so one stuck zone
+// never delays any other, and no lock is ever held across a runtime call.
+// Readers get published snapshots (Status, Zones) and never wait on
+// reconciliation. A periodic relist of the runtime notices zones that died or
+// vanished behind the agent's back.
+package reconciler
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+// Runtime creates, destroys and lists zones. It is the only code that touches
+// the OS. Every method must honour ctx's deadline.
+type Runtime interface {
+	// Ensure makes the zone exist with spec's config and returns once its
+	// service is up. It returns an error wrapping zone.ErrGone if the zone
+	// disappears while Ensure waits for it.
+	Ensure(ctx context.Context, spec zone.Spec) error
+	// Destroy removes every part of the named zone. A zone that does not exist
+	// is not an error.
+	Destroy(ctx context.Context, name string) error
+	// List returns every zone that exists and is owned by this agent.
+	List(ctx context.Context) ([]zone.Observed, error)
+}
+
+// Options tune the reconciler. Zero values take the defaults.
+type Options struct {
+	// StartTimeout bounds one Ensure call (default 2m).
+	StartTimeout time.Duration
+	// StopTimeout bounds one Destroy call (default 1m).
+	StopTimeout time.Duration
+	// ListTimeout bounds one List call (default 10s).
+	ListTimeout time.Duration
+	// RelistPeriod is how often the runtime is listed to catch zones that died
+	// or vanished (default 5s).
+	RelistPeriod time.Duration
+	// Backoff spaces out attempts on a failing zone (default 1s doubling to 1m).
+	Backoff Backoff
+	// StablePeriod is how long a zone must run before its failure count is
+	// forgotten (default 1m).
+	StablePeriod time.Duration
+	// HistoryLen is how many events each zone's history keeps (default 32).
+	HistoryLen int
+	// Metrics receives the reconciler's metrics; nil records nothing.
+	Metrics *Metrics
+}
+
+func (o *Options) setDefaults() {
+	o.StartTimeout = cmp.Or(o.StartTimeout, 2*time.Minute)
+	o.StopTimeout = cmp.Or(o.StopTimeout, time.Minute)
+	o.ListTimeout = cmp.Or(o.ListTimeout, 10*time.Second)
+	o.RelistPeriod = cmp.Or(o.RelistPeriod, 5*time.Second)
+	o.Backoff.Initial = cmp.Or(o.Backoff.Initial, time.Second)
+	o.Backoff.Max = cmp.Or(o.Backoff.Max, time.Minute)
+	o.StablePeriod = cmp.Or(o.StablePeriod, time.Minute)
+	o.HistoryLen = cmp.Or(o.HistoryLen, 32)
+	if o.Metrics == nil {
+		o.Metrics = NewMetrics(nil)
+	}
+}
+
+// Reconciler drives a Runtime towards the newest config given to Update.
+type Reconciler struct {
+	rt   Runtime
+	log  *slog.Logger
+	opts Options
+
+	// latest holds the newest config; update has capacity 1 and says "latest
+	// changed". Bursts of updates coalesce: the loop only ever reads the newest.
+	latest atomic.Pointer[sledconfig.Config]
+	update chan struct{}
+	// poke asks for a relist soon (runtime events use it).
+	poke chan struct{}
+
+	// results and listed carry finished runtime calls back to the loop.
+	results chan opResult
+	listed  chan listResult
+	// done is closed when Run returns, so late op goroutines never block.
+	done chan struct{}
+	ops  sync.WaitGroup
+
+	store store
+
+	// Everything below is owned by the Run goroutine.
+	loop loopState
+}
+
+// New returns a reconciler for rt. Call Run to start it.
+func New(rt Runtime, log *slog.Logger, opts Options) *Reconciler {
+	opts.setDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &Reconciler{
+		rt:      rt,
+		log:     log,
+		opts:    opts,
+		update:  make(chan struct{}, 1),
+		poke:    make(chan struct{}, 1),
+		results: make(chan opResult),
+		listed:  make(chan listResult),
+		done:    make(chan struct{}),
+	}
+	r.store.zones = map[string]ZoneStatus{}
+	r.store.status = Status{Phase: PhaseNotYetRun}
+	r.loop.init()
+	return r
+}
+
+// Update hands the reconciler a new desired config. It never blocks; the
+// newest config wins.
+func (r *Reconciler) Update(cfg *sledconfig.Config) {
+	r.latest.Store(cfg)
+	select {
+	case r.update <- struct{}{}:
+	default:
+	}
+}
+
+// Poke asks for a relist of the runtime as soon as possible. It never blocks.
+// Runtimes call it when they notice a zone dying.
+func (r *Reconciler) Poke() {
+	select {
+	case r.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Run reconciles until ctx is cancelled. On return, every runtime call it
+// started has returned: their contexts are cancelled and each honours its
+// deadline. Zones are left as they are (shutting down the agent is not
+// destroying its zones).
+func (r *Reconciler) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		close(r.done)
+		r.ops.Wait()
+	}()
+
+	relist := time.NewTicker(r.opts.RelistPeriod)
+	defer relist.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+
+	// Learn what exists before acting on it.
+	r.startList(ctx)
+	for {
+		r.step(ctx)
+		if d, ok := r.loop.nextRetryIn(time.Now()); ok {
+			retry.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.update:
+			r.setDesired(r.latest.Load())
+		case res := <-r.results:
+			r.handleResult(res)
+		case lr := <-r.listed:
+			r.handleList(lr)
+		case <-relist.C:
+			r.startList(ctx)
+		case <-r.poke:
+			r.startList(ctx)
+		case <-retry.C:
+		}
+	}
+}

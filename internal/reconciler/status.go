@@ -1,0 +1,182 @@
+package reconciler
+
+import (
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+)
+
+// State is where one zone stands.
+type State string
+
+const (
+	// StatePending: wanted, waiting for a zone it replaces to be shut down.
+	StatePending State = "pending"
+	// StateStarting: being created and started.
+	StateStarting State = "starting"
+	// StateRunning: up, with the wanted config.
+	StateRunning State = "running"
+	// StateStopping: being shut down (removed from the config, or restarting
+	// with a changed config).
+	StateStopping State = "stopping"
+	// StateFailed: the last attempt failed; the next one is at NextRetry.
+	StateFailed State = "failed"
+	// StateUnmanaged: exists but there is no valid config yet to judge it
+	// against; left alone.
+	StateUnmanaged State = "unmanaged"
+)
+
+// Event is one line of a zone's history.
+type Event struct {
+	At     time.Time `json:"at"`
+	Event  string    `json:"event"`
+	Detail string    `json:"detail,omitempty"`
+}
+
+// ZoneStatus is one zone as the reconciler sees it.
+type ZoneStatus struct {
+	Name string `json:"name"`
+	ID   string `json:"id"`
+	Kind string `json:"kind"`
+	// Wanted is false for a zone that is being removed.
+	Wanted bool  `json:"wanted"`
+	State  State `json:"state"`
+	// Since is when the zone entered State.
+	Since time.Time `json:"since"`
+	// ConfigHash identifies the config the zone runs (or is being started with).
+	ConfigHash string `json:"config_hash,omitempty"`
+	// Attempts counts consecutive failed attempts (starts, stops, and deaths of a
+	// zone that had not yet been running stably).
+	Attempts  int        `json:"attempts"`
+	LastError string     `json:"last_error,omitempty"`
+	NextRetry *time.Time `json:"next_retry,omitempty"`
+	// Incidents counts how often the zone died or vanished while running.
+	Incidents int     `json:"incidents"`
+	History   []Event `json:"history"`
+}
+
+// Phase is the reconciler's overall state, as upstream reports it.
+type Phase string
+
+const (
+	PhaseNotYetRun Phase = "not_yet_run"
+	PhaseRunning   Phase = "running"
+	PhaseIdle      Phase = "idle"
+)
+
+// Result is the outcome for one zone of the last completed pass.
+type Result struct {
+	OK      bool
+	Message string
+}
+
+// Reconciliation is the outcome of the last completed pass.
+type Reconciliation struct {
+	Config      *sledconfig.Config
+	CompletedAt time.Time
+	// Zones maps zone id to result. Zones that were shut down successfully are
+	// absent.
+	Zones map[string]Result
+}
+
+// Status is a snapshot of the reconciler for readers.
+type Status struct {
+	Phase Phase
+	// Config is the config being realised (Phase running).
+	Config    *sledconfig.Config
+	StartedAt time.Time
+	// CompletedAt and RanFor describe the last completed pass (Phase idle).
+	CompletedAt time.Time
+	RanFor      time.Duration
+	Last        *Reconciliation
+	// Passes counts completed passes since start.
+	Passes uint64
+}
+
+// store holds what the loop publishes for readers. The loop writes to it with
+// short critical sections; readers copy out. Nothing blocking ever happens
+// under mu.
+type store struct {
+	mu     sync.Mutex
+	status Status                // guarded by mu
+	zones  map[string]ZoneStatus // guarded by mu; keyed by zone name
+}
+
+func (s *store) setZone(zs ZoneStatus) {
+	s.mu.Lock()
+	s.zones[zs.Name] = zs
+	s.mu.Unlock()
+}
+
+func (s *store) deleteZone(name string) {
+	s.mu.Lock()
+	delete(s.zones, name)
+	s.mu.Unlock()
+}
+
+func (s *store) setStatus(st Status) {
+	s.mu.Lock()
+	s.status = st
+	s.mu.Unlock()
+}
+
+// Status returns the reconciler's current status. It never waits for
+// reconciliation.
+func (r *Reconciler) Status() Status {
+	r.store.mu.Lock()
+	defer r.store.mu.Unlock()
+	return r.store.status
+}
+
+// Zones returns the status of every zone the reconciler knows, sorted by name.
+func (r *Reconciler) Zones() []ZoneStatus {
+	r.store.mu.Lock()
+	out := slices.Collect(maps.Values(r.store.zones))
+	r.store.mu.Unlock()
+	slices.SortFunc(out, func(a, b ZoneStatus) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Zone returns the status of one zone, by name or id.
+func (r *Reconciler) Zone(nameOrID string) (ZoneStatus, bool) {
+	r.store.mu.Lock()
+	defer r.store.mu.Unlock()
+	if zs, ok := r.store.zones[nameOrID]; ok {
+		return zs, true
+	}
+	var found ZoneStatus
+	ok := false
+	for _, zs := range r.store.zones {
+		// Prefer the wanted incarnation when a zone id is both being removed
+		// under an old name and started under a new one.
+		if zs.ID == nameOrID && (!ok || zs.Wanted) {
+			found, ok = zs, true
+		}
+	}
+	return found, ok
+}
+
+// RunningZones returns the sorted names of zones that are running.
+func (r *Reconciler) RunningZones() []string {
+	r.store.mu.Lock()
+	var out []string
+	for name, zs := range r.store.zones {
+		if zs.State == StateRunning {
+			out = append(out, name)
+		}
+	}
+	r.store.mu.Unlock()
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,119 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Faults is the fault map, in its JSON form:
+//
+//	{"zones": {"<zone uuid>": {"start": "hang" | "fail" | "<Go duration>",
+//	                           "stop": "hang" | "fail" | "<Go duration>",
+//	                           "vanish_after": "<Go duration>"}}}
+//
+// "hang" blocks until the call's context ends; "fail" fails every time; a
+// duration delays and then succeeds; vanish_after makes a running zone
+// disappear that long after it started. Zones not in the map behave normally.
+type Faults struct {
+	Zones map[string]ZoneFaults `json:"zones"`
+}
+
+// ZoneFaults are the faults of one zone.
+type ZoneFaults struct {
+	Start       string `json:"start,omitempty"`
+	Stop        string `json:"stop,omitempty"`
+	VanishAfter string `json:"vanish_after,omitempty"`
+}
+
+// behavior is one parsed "hang" | "fail" | duration.
+type behavior struct {
+	hang, fail bool
+	delay      time.Duration
+}
+
+type zoneFaults struct {
+	start, stop behavior
+	vanishAfter time.Duration
+}
+
+// ParseFaults decodes and checks a fault map. Errors name the zone and field.
+func ParseFaults(data []byte) (Faults, error) {
+	var f Faults
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return Faults{}, fmt.Errorf("fault map: %w", err)
+	}
+	_, err := f.compile()
+	return f, err
+}
+
+// LoadFaults reads a fault map from a file.
+func LoadFaults(path string) (Faults, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Faults{}, fmt.Errorf("reading fault map: %w", err)
+	}
+	f, err := ParseFaults(data)
+	if err != nil {
+		return Faults{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return f, nil
+}
+
+func (f Faults) compile() (map[string]zoneFaults, error) {
+	out := make(map[string]zoneFaults, len(f.Zones))
+	var errs []error
+	ids := make([]string, 0, len(f.Zones))
+	for id := range f.Zones {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		zf := f.Zones[id]
+		u, err := uuid.Parse(id)
+		if err != nil || len(id) != 36 {
+			errs = append(errs, fmt.Errorf("zones[%q]: not a zone UUID", id))
+			continue
+		}
+		var c zoneFaults
+		if c.start, err = parseBehavior(zf.Start); err != nil {
+			errs = append(errs, fmt.Errorf("zones[%q].start: %w", id, err))
+		}
+		if c.stop, err = parseBehavior(zf.Stop); err != nil {
+			errs = append(errs, fmt.Errorf("zones[%q].stop: %w", id, err))
+		}
+		if zf.VanishAfter != "" {
+			d, err := time.ParseDuration(zf.VanishAfter)
+			if err != nil || d < 0 {
+				errs = append(errs, fmt.Errorf("zones[%q].vanish_after: %q is not a non-negative Go duration", id, zf.VanishAfter))
+			}
+			c.vanishAfter = d
+		}
+		out[u.String()] = c
+	}
+	return out, errors.Join(errs...)
+}
+
+func parseBehavior(s string) (behavior, error) {
+	switch s {
+	case "":
+		return behavior{}, nil
+	case "hang":
+		return behavior{hang: true}, nil
+	case "fail":
+		return behavior{fail: true}, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return behavior{}, fmt.Errorf("%q is not \"hang\", \"fail\" or a non-negative Go duration", s)
+	}
+	return behavior{delay: d}, nil
+}

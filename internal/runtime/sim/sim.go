@@ -1,0 +1,265 @@
+// Package sim is an in-memory zone runtime with fault injection, for tests and
+// the development mode. Zones are records in a map; starting one takes a
+// configurable time; faults make starts or stops hang, fail or take long, and
+// make running zones vanish as if deleted behind the agent's back.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+// ErrInjected is the error of a "fail" fault.
+var ErrInjected = errors.New("injected fault")
+
+// Call is one runtime call, as recorded.
+type Call struct {
+	Op   string // "ensure", "destroy", "list"
+	Zone string // zone name; empty for list
+}
+
+// Options tune the runtime.
+type Options struct {
+	// StartDelay returns how long a zone's service takes to come up when no
+	// fault says otherwise (nil: at once).
+	StartDelay func(spec zone.Spec) time.Duration
+	// RecordCalls keeps a transcript of calls for Calls (tests).
+	RecordCalls bool
+}
+
+// Runtime is the simulated runtime. It is safe for concurrent use; no lock is
+// held while a call waits.
+type Runtime struct {
+	opts Options
+
+	mu          sync.Mutex
+	zones       map[string]*simZone   // guarded by mu; by zone name
+	faults      map[string]zoneFaults // guarded by mu; by zone id
+	calls       []Call                // guarded by mu
+	notify      func()                // guarded by mu
+	incarnation uint64                // guarded by mu
+}
+
+type simZone struct {
+	name, id, hash string
+	running        bool
+	startedAt      time.Time
+	incarnation    uint64
+	gone           chan struct{} // closed when the zone is removed
+	vanish         *time.Timer
+}
+
+// New returns an empty simulated runtime.
+func New(opts Options) *Runtime {
+	return &Runtime{opts: opts, zones: map[string]*simZone{}, faults: map[string]zoneFaults{}}
+}
+
+// SetFaults replaces the whole fault map. An invalid map changes nothing.
+func (r *Runtime) SetFaults(f Faults) error {
+	c, err := f.compile()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.faults = c
+	// Running zones follow the new map too: a zone running for longer than
+	// its new vanish_after vanishes now.
+	for _, z := range r.zones {
+		if z.vanish != nil {
+			z.vanish.Stop()
+			z.vanish = nil
+		}
+		if f := c[z.id]; z.running && f.vanishAfter > 0 {
+			r.scheduleVanishLocked(z, f.vanishAfter)
+		}
+	}
+	return nil
+}
+
+// scheduleVanishLocked makes z vanish d after it started.
+func (r *Runtime) scheduleVanishLocked(z *simZone, d time.Duration) {
+	z.vanish = time.AfterFunc(max(time.Until(z.startedAt.Add(d)), 0), func() { r.vanish(z) })
+}
+
+// SetNotify sets a function called (without locks held) whenever a zone
+// disappears on its own, like an OS event. The reconciler's Poke fits.
+func (r *Runtime) SetNotify(f func()) {
+	r.mu.Lock()
+	r.notify = f
+	r.mu.Unlock()
+}
+
+// Calls returns the recorded transcript (Options.RecordCalls).
+func (r *Runtime) Calls() []Call {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+func (r *Runtime) recordLocked(op, name string) {
+	if r.opts.RecordCalls {
+		r.calls = append(r.calls, Call{Op: op, Zone: name})
+	}
+}
+
+// Ensure creates the zone (if it does not exist) and waits for its service.
+func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
+	r.mu.Lock()
+	r.recordLocked("ensure", spec.Name)
+	f := r.faults[spec.ID]
+	z := r.zones[spec.Name]
+	if z != nil && z.hash != spec.Hash {
+		r.mu.Unlock()
+		return fmt.Errorf("zone %s exists with another config", spec.Name)
+	}
+	if z != nil && z.running {
+		r.mu.Unlock()
+		return nil
+	}
+	if z == nil {
+		r.incarnation++
+		z = &simZone{name: spec.Name, id: spec.ID, hash: spec.Hash, incarnation: r.incarnation, gone: make(chan struct{})}
+		r.zones[spec.Name] = z
+	}
+	r.mu.Unlock()
+
+	// Wait for the service to come up, noticing the zone vanishing meanwhile.
+	if err := r.behave(ctx, f.start, z.gone, spec.Name, func() time.Duration {
+		if r.opts.StartDelay == nil {
+			return 0
+		}
+		return r.opts.StartDelay(spec)
+	}); err != nil {
+		return err
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur := r.zones[spec.Name]; cur != z {
+		return &zone.GoneError{Name: spec.Name, Reason: "deleted while its service was starting"}
+	}
+	z.running = true
+	z.startedAt = time.Now()
+	if f := r.faults[spec.ID]; f.vanishAfter > 0 {
+		r.scheduleVanishLocked(z, f.vanishAfter)
+	}
+	return nil
+}
+
+// behave applies one fault behaviour (or the default delay) to a call.
+func (r *Runtime) behave(ctx context.Context, b behavior, gone <-chan struct{}, name string, defaultDelay func() time.Duration) error {
+	switch {
+	case b.fail:
+		return fmt.Errorf("zone %s: %w", name, ErrInjected)
+	case b.hang:
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-gone:
+			return &zone.GoneError{Name: name, Reason: "deleted while its service was starting"}
+		}
+	}
+	d := b.delay
+	if d == 0 {
+		d = defaultDelay()
+	}
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-gone:
+		return &zone.GoneError{Name: name, Reason: "deleted while its service was starting"}
+	case <-t.C:
+		return nil
+	}
+}
+
+// vanish removes z if it is still the current incarnation, as if somebody
+// deleted the zone behind the agent's back.
+func (r *Runtime) vanish(z *simZone) {
+	r.mu.Lock()
+	cur := r.zones[z.name]
+	if cur == z {
+		r.removeLocked(z)
+	}
+	notify := r.notify
+	r.mu.Unlock()
+	if cur == z && notify != nil {
+		notify()
+	}
+}
+
+// Vanish deletes a zone behind the agent's back (tests, debugging). It
+// reports whether the zone existed.
+func (r *Runtime) Vanish(name string) bool {
+	r.mu.Lock()
+	z := r.zones[name]
+	r.mu.Unlock()
+	if z == nil {
+		return false
+	}
+	r.vanish(z)
+	return true
+}
+
+func (r *Runtime) removeLocked(z *simZone) {
+	delete(r.zones, z.name)
+	if z.vanish != nil {
+		z.vanish.Stop()
+	}
+	close(z.gone)
+}
+
+// Destroy removes a zone; a zone that does not exist is not an error.
+func (r *Runtime) Destroy(ctx context.Context, name string) error {
+	r.mu.Lock()
+	r.recordLocked("destroy", name)
+	z := r.zones[name]
+	var f zoneFaults
+	if z != nil {
+		f = r.faults[z.id]
+	}
+	r.mu.Unlock()
+	if z == nil {
+		return nil
+	}
+	if err := r.behave(ctx, f.stop, nil, name, func() time.Duration { return 0 }); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if r.zones[name] == z {
+		r.removeLocked(z)
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+// List returns every zone.
+func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recordLocked("list", "")
+	out := make([]zone.Observed, 0, len(r.zones))
+	for _, z := range r.zones {
+		o := zone.Observed{Name: z.name, ID: z.id, Hash: z.hash, Running: z.running}
+		if !z.running {
+			o.Detail = "service not up"
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
