@@ -1,0 +1,394 @@
+// Package api serves the sled agent's HTTP API: upstream paths and JSON shapes
+// (PUT /omicron-config, GET /inventory, GET /zones), our own status endpoints,
+// Prometheus metrics, and the OpenAPI document generated from this code.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/danielgtaylor/huma/v2/adapters/humago"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sled-agent/sled-agent/internal/configstore"
+	"github.com/sled-agent/sled-agent/internal/ledger"
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/runtime/sim"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+)
+
+// Version is the sled-agent API version whose paths and shapes this API
+// serves. Requests asking for a newer version are refused.
+const Version = "48.0.0"
+
+// MaxConfigBytes bounds a PUT /omicron-config body: what the ledger stores.
+const MaxConfigBytes = ledger.MaxDataBytes
+
+// Configs is the config store the API puts to and reads from.
+type Configs interface {
+	Put(ctx context.Context, doc []byte) error
+	Current() *sledconfig.Config
+	LoadProblem() string
+	CopyStatus() []ledger.CopyStatus
+}
+
+// Reconciler is what the API reads of the zone reconciler. None of these
+// calls waits for reconciliation.
+type Reconciler interface {
+	Status() reconciler.Status
+	Zones() []reconciler.ZoneStatus
+	Zone(nameOrID string) (reconciler.ZoneStatus, bool)
+	RunningZones() []string
+}
+
+// FaultSetter replaces the sim runtime's fault map.
+type FaultSetter interface {
+	SetFaults(sim.Faults) error
+}
+
+// Identity is this sled's identity as reported in inventory.
+type Identity struct {
+	SledID  string
+	Address string // sled_agent_address, "[ip]:port"
+	Role    string // "gimlet" or "scrimlet"
+}
+
+// Deps are what the API serves from.
+type Deps struct {
+	Identity   Identity
+	Configs    Configs
+	Reconciler Reconciler
+	// Faults is set only when the runtime is sim; it enables
+	// PUT /debug/sim/faults.
+	Faults FaultSetter
+	Log    *slog.Logger
+	// Registry receives API metrics and is served on /metrics (nil: a new one).
+	Registry *prometheus.Registry
+}
+
+// Server is the HTTP API.
+type Server struct {
+	deps    Deps
+	api     huma.API
+	handler http.Handler
+	metrics *httpMetrics
+}
+
+// New builds the API.
+func New(deps Deps) *Server {
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	mux := http.NewServeMux()
+	cfg := huma.DefaultConfig("Sled Agent API", Version)
+	cfg.Info.Description = "Accepts a sled's desired state durably, realises it asynchronously and reports what it sees. Paths and shapes follow the upstream sled-agent API " + Version + "."
+	cfg.CreateHooks = nil // no $schema links in bodies: keep the upstream shapes
+	cfg.DocsPath = ""
+	cfg.Components.Schemas = huma.NewMapRegistry("#/components/schemas/", schemaName)
+	api := humago.New(mux, cfg)
+	s := &Server{deps: deps, api: api, metrics: newHTTPMetrics(deps.Registry)}
+	s.register()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
+	s.handler = s.middleware(mux)
+	return s
+}
+
+// Handler is the HTTP handler of the API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// OpenAPI returns the API's OpenAPI document.
+func (s *Server) OpenAPI() *huma.OpenAPI { return s.api.OpenAPI() }
+
+func (s *Server) register() {
+	huma.Register(s.api, huma.Operation{
+		OperationID:      "omicron_config_put",
+		Method:           http.MethodPut,
+		Path:             "/omicron-config",
+		Summary:          "Ledger a new sled config",
+		Description:      "Validates the config, writes it durably to the ledger and answers 204 without waiting for any zone work. An older generation, or the same generation with different content, is refused with 400; the same generation with the same content is a no-op 204.",
+		DefaultStatus:    http.StatusNoContent,
+		MaxBodyBytes:     MaxConfigBytes,
+		SkipValidateBody: true, // validated by sledconfig.Validate, which keeps unknown fields
+		Errors:           []int{400, 413, 503},
+	}, s.putConfig)
+	// The body is read raw (to keep it lossless and validate it ourselves);
+	// document its real schema.
+	put := s.api.OpenAPI().Paths["/omicron-config"].Put
+	put.RequestBody.Required = true
+	put.RequestBody.Content = map[string]*huma.MediaType{"application/json": {
+		Schema: s.api.OpenAPI().Components.Schemas.Schema(reflect.TypeFor[sledconfig.Config](), true, ""),
+	}}
+
+	huma.Register(s.api, huma.Operation{
+		OperationID: "inventory",
+		Method:      http.MethodGet,
+		Path:        "/inventory",
+		Summary:     "Fetch basic information about this sled",
+		Description: "Served from published snapshots: never waits for reconciliation.",
+	}, s.inventory)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "zones_list",
+		Method:      http.MethodGet,
+		Path:        "/zones",
+		Summary:     "List the zones that are currently running",
+	}, s.zonesList)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "agent_zones",
+		Method:      http.MethodGet,
+		Path:        "/agent/zones",
+		Summary:     "Status of every zone the agent manages",
+	}, s.agentZones)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "agent_zone",
+		Method:      http.MethodGet,
+		Path:        "/agent/zones/{zone}",
+		Summary:     "Status and history of one zone, by name or id",
+		Errors:      []int{404},
+	}, s.agentZone)
+	if s.deps.Faults != nil {
+		s.registerFaults()
+	}
+	// Bad input is answered 400, as upstream does; never 422.
+	for _, item := range s.api.OpenAPI().Paths {
+		for _, op := range []*huma.Operation{item.Get, item.Put, item.Post, item.Delete} {
+			if op != nil {
+				delete(op.Responses, "422")
+			}
+		}
+	}
+}
+
+func (s *Server) registerFaults() {
+	huma.Register(s.api, huma.Operation{
+		OperationID:   "debug_sim_faults_put",
+		Method:        http.MethodPut,
+		Path:          "/debug/sim/faults",
+		Summary:       "Replace the sim runtime's fault map",
+		Description:   `Only served when the runtime is sim. Body: {"zones": {"<zone uuid>": {"start": "hang" | "fail" | "<Go duration>", "stop": …, "vanish_after": "<Go duration>"}}}. Replaces the whole map.`,
+		DefaultStatus: http.StatusNoContent,
+		Errors:        []int{400},
+	}, s.putFaults)
+}
+
+// upstreamNames names our types after the upstream schemas they match.
+var upstreamNames = map[reflect.Type]string{
+	reflect.TypeFor[sledconfig.Config]():      "OmicronSledConfig",
+	reflect.TypeFor[sledconfig.Zone]():        "OmicronZoneConfig",
+	reflect.TypeFor[sledconfig.ZoneType]():    "OmicronZoneType",
+	reflect.TypeFor[sledconfig.Dataset]():     "OmicronZoneDataset",
+	reflect.TypeFor[sledconfig.ImageSource](): "OmicronZoneImageSource",
+	reflect.TypeFor[sledconfig.NIC]():         "NetworkInterface",
+	reflect.TypeFor[sledconfig.NICKind]():     "NetworkInterfaceKind",
+	reflect.TypeFor[sledconfig.IPConfig]():    "PrivateIpConfig",
+	reflect.TypeFor[sledconfig.SNAT]():        "SourceNatConfigGeneric",
+	reflect.TypeFor[ReconcilerStatus]():       "ConfigReconcilerInventoryStatus",
+	reflect.TypeFor[LastReconciliation]():     "ConfigReconcilerInventory",
+	reflect.TypeFor[ResultStatus]():           "ConfigReconcilerInventoryResult",
+}
+
+func schemaName(t reflect.Type, hint string) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n, ok := upstreamNames[t]; ok {
+		return n
+	}
+	return huma.DefaultSchemaNamer(t, hint)
+}
+
+type putConfigInput struct {
+	RawBody []byte `contentType:"application/json"`
+}
+
+func (s *Server) putConfig(ctx context.Context, in *putConfigInput) (*struct{}, error) {
+	err := s.deps.Configs.Put(ctx, in.RawBody)
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.Is(err, configstore.ErrInvalid), errors.Is(err, configstore.ErrOldGeneration), errors.Is(err, configstore.ErrGenerationConflict):
+		return nil, apiError(ctx, http.StatusBadRequest, err.Error())
+	case errors.Is(err, configstore.ErrUnavailable):
+		s.deps.Log.Error("ledgering config failed", "err", err)
+		return nil, apiError(ctx, http.StatusServiceUnavailable, err.Error())
+	default:
+		return nil, apiError(ctx, http.StatusInternalServerError, err.Error())
+	}
+}
+
+type faultsInput struct {
+	Body sim.Faults
+}
+
+func (s *Server) putFaults(ctx context.Context, in *faultsInput) (*struct{}, error) {
+	if err := s.deps.Faults.SetFaults(in.Body); err != nil {
+		return nil, apiError(ctx, http.StatusBadRequest, "invalid fault map: "+err.Error())
+	}
+	return nil, nil
+}
+
+// Error is the upstream error body.
+type Error struct {
+	RequestID string `json:"request_id"`
+	ErrorCode string `json:"error_code,omitempty"`
+	Message   string `json:"message"`
+	status    int
+}
+
+func (e *Error) Error() string  { return e.Message }
+func (e *Error) GetStatus() int { return e.status }
+
+type requestIDKey struct{}
+
+func init() {
+	huma.NewErrorWithContext = func(ctx huma.Context, status int, msg string, errs ...error) huma.StatusError {
+		e := newError(status, msg, errs...)
+		if ctx != nil {
+			e.RequestID, _ = ctx.Context().Value(requestIDKey{}).(string)
+		}
+		return e
+	}
+	huma.NewError = func(status int, msg string, errs ...error) huma.StatusError {
+		return newError(status, msg, errs...)
+	}
+}
+
+// apiError is an error answer carrying the request's id.
+func apiError(ctx context.Context, status int, msg string) *Error {
+	e := newError(status, msg)
+	e.RequestID, _ = ctx.Value(requestIDKey{}).(string)
+	return e
+}
+
+func newError(status int, msg string, errs ...error) *Error {
+	if status == http.StatusUnprocessableEntity {
+		status = http.StatusBadRequest // upstream answers bad input with 400
+	}
+	var details []string
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		var d *huma.ErrorDetail
+		if errors.As(err, &d) && d.Location != "" {
+			details = append(details, d.Location+": "+d.Message)
+		} else {
+			details = append(details, err.Error())
+		}
+	}
+	if len(details) > 0 {
+		msg = msg + ": " + strings.Join(details, "; ")
+	}
+	return &Error{Message: msg, ErrorCode: errorCode(status), status: status}
+}
+
+func errorCode(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "InvalidRequest"
+	case http.StatusNotFound:
+		return "ObjectNotFound"
+	case http.StatusRequestEntityTooLarge:
+		return "PayloadTooLarge"
+	case http.StatusServiceUnavailable:
+		return "ServiceNotAvailable"
+	default:
+		if status >= 500 {
+			return "Internal"
+		}
+		return ""
+	}
+}
+
+// middleware gives every request an id, refuses API versions newer than ours
+// and counts requests.
+func (s *Server) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t0 := time.Now()
+		id := uuid.NewString()
+		w.Header().Set("x-request-id", id)
+		r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
+		rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		if v := r.Header.Get("api-version"); v != "" {
+			if err := checkVersion(v); err != nil {
+				writeError(rw, http.StatusBadRequest, id, err.Error())
+				s.metrics.observe(r, "version-check", rw.status, time.Since(t0))
+				return
+			}
+		}
+		next.ServeHTTP(rw, r)
+		s.metrics.observe(r, r.Pattern, rw.status, time.Since(t0))
+	})
+}
+
+// checkVersion refuses a malformed version or one newer than Version.
+func checkVersion(v string) error {
+	want, _ := parseSemver(Version)
+	got, ok := parseSemver(v)
+	if !ok {
+		return fmt.Errorf("api-version %q is not a semantic version like %s", v, Version)
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			if got[i] > want[i] {
+				return fmt.Errorf("api-version %s is newer than the %s this server serves", v, Version)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+func parseSemver(v string) ([3]uint64, bool) {
+	var out [3]uint64
+	core, _, _ := strings.Cut(v, "-")
+	core, _, _ = strings.Cut(core, "+")
+	parts := strings.Split(core, ".")
+	if len(parts) != 3 {
+		return out, false
+	}
+	for i, p := range parts {
+		var n uint64
+		if p == "" || len(p) > 9 {
+			return out, false
+		}
+		for _, c := range p {
+			if c < '0' || c > '9' {
+				return out, false
+			}
+			n = n*10 + uint64(c-'0')
+		}
+		out[i] = n
+	}
+	return out, true
+}
+
+func writeError(w http.ResponseWriter, status int, id, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := jsonMarshal(&Error{RequestID: id, ErrorCode: errorCode(status), Message: msg})
+	w.Write(b)
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

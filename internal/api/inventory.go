@@ -1,0 +1,202 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+)
+
+var jsonMarshal = json.Marshal
+
+// Inventory is upstream's Inventory (the fields this agent reports) plus our
+// own status: the ledger's copies and every zone's state.
+type Inventory struct {
+	SledID             string              `json:"sled_id"`
+	SledAgentAddress   string              `json:"sled_agent_address"`
+	SledRole           string              `json:"sled_role" enum:"gimlet,scrimlet"`
+	LedgeredSledConfig *sledconfig.Config  `json:"ledgered_sled_config" doc:"The ledgered config; null when there is none."`
+	ReconcilerStatus   ReconcilerStatus    `json:"reconciler_status"`
+	LastReconciliation *LastReconciliation `json:"last_reconciliation" doc:"The last completed pass; null before the first."`
+
+	Ledger     LedgerStatus  `json:"ledger" doc:"State of every ledger copy (ours)."`
+	ZoneStates []ZoneSummary `json:"zone_states" doc:"Every zone the agent manages, sorted by name (ours)."`
+}
+
+// ReconcilerStatus is upstream ConfigReconcilerInventoryStatus.
+type ReconcilerStatus struct {
+	Status      string             `json:"status" enum:"not_yet_run,running,idle"`
+	Config      *sledconfig.Config `json:"config,omitempty"`
+	StartedAt   *time.Time         `json:"started_at,omitempty"`
+	RunningFor  *Duration          `json:"running_for,omitempty"`
+	CompletedAt *time.Time         `json:"completed_at,omitempty"`
+	RanFor      *Duration          `json:"ran_for,omitempty"`
+}
+
+// Duration is upstream's (Rust) Duration.
+type Duration struct {
+	Secs  uint64 `json:"secs"`
+	Nanos uint32 `json:"nanos"`
+}
+
+func duration(d time.Duration) *Duration {
+	d = max(d, 0)
+	return &Duration{Secs: uint64(d / time.Second), Nanos: uint32(d % time.Second)}
+}
+
+// LastReconciliation is upstream ConfigReconcilerInventory (the parts this
+// agent manages; disks and datasets are not, so their maps are empty).
+type LastReconciliation struct {
+	LastReconciledConfig *sledconfig.Config      `json:"last_reconciled_config"`
+	Zones                map[string]ResultStatus `json:"zones"`
+	ExternalDisks        map[string]ResultStatus `json:"external_disks"`
+	Datasets             map[string]ResultStatus `json:"datasets"`
+	OrphanedDatasets     []json.RawMessage       `json:"orphaned_datasets"`
+	CompletedAt          time.Time               `json:"completed_at" doc:"When the pass completed (ours)."`
+}
+
+// ResultStatus is upstream ConfigReconcilerInventoryResult.
+type ResultStatus struct {
+	Result  string `json:"result" enum:"ok,err"`
+	Message string `json:"message,omitempty"`
+}
+
+// LedgerStatus says where the ledger stands.
+type LedgerStatus struct {
+	Copies []LedgerCopy `json:"copies"`
+	// Problem is set when the agent started without a usable ledgered config.
+	Problem string `json:"problem,omitempty"`
+}
+
+// LedgerCopy is one copy of the ledger.
+type LedgerCopy struct {
+	Path       string `json:"path"`
+	State      string `json:"state"`
+	Generation uint64 `json:"generation,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// ZoneSummary is one zone's state, without its history.
+type ZoneSummary struct {
+	Name       string     `json:"name"`
+	ID         string     `json:"id"`
+	Kind       string     `json:"kind"`
+	Wanted     bool       `json:"wanted"`
+	State      string     `json:"state" enum:"pending,starting,running,stopping,failed,unmanaged"`
+	Since      time.Time  `json:"since"`
+	ConfigHash string     `json:"config_hash,omitempty"`
+	Attempts   int        `json:"attempts"`
+	LastError  string     `json:"last_error,omitempty"`
+	NextRetry  *time.Time `json:"next_retry,omitempty"`
+	Incidents  int        `json:"incidents"`
+}
+
+// ZoneDetail is one zone's state and history.
+type ZoneDetail struct {
+	ZoneSummary
+	History []reconciler.Event `json:"history"`
+}
+
+func summary(zs reconciler.ZoneStatus) ZoneSummary {
+	return ZoneSummary{
+		Name: zs.Name, ID: zs.ID, Kind: zs.Kind, Wanted: zs.Wanted, State: string(zs.State),
+		Since: zs.Since, ConfigHash: zs.ConfigHash, Attempts: zs.Attempts, LastError: zs.LastError,
+		NextRetry: zs.NextRetry, Incidents: zs.Incidents,
+	}
+}
+
+type inventoryOutput struct {
+	Body *Inventory
+}
+
+func (s *Server) inventory(context.Context, *struct{}) (*inventoryOutput, error) {
+	inv := &Inventory{
+		SledID:             s.deps.Identity.SledID,
+		SledAgentAddress:   s.deps.Identity.Address,
+		SledRole:           s.deps.Identity.Role,
+		LedgeredSledConfig: s.deps.Configs.Current(),
+		Ledger:             LedgerStatus{Problem: s.deps.Configs.LoadProblem(), Copies: []LedgerCopy{}},
+		ZoneStates:         []ZoneSummary{},
+	}
+	for _, c := range s.deps.Configs.CopyStatus() {
+		inv.Ledger.Copies = append(inv.Ledger.Copies, LedgerCopy{Path: c.Path, State: string(c.State), Generation: c.Generation, Error: c.Err})
+	}
+	st := s.deps.Reconciler.Status()
+	inv.ReconcilerStatus.Status = string(st.Phase)
+	switch st.Phase {
+	case reconciler.PhaseRunning:
+		t := st.StartedAt
+		inv.ReconcilerStatus.Config = st.Config
+		inv.ReconcilerStatus.StartedAt = &t
+		inv.ReconcilerStatus.RunningFor = duration(time.Since(t))
+	case reconciler.PhaseIdle:
+		t := st.CompletedAt
+		inv.ReconcilerStatus.CompletedAt = &t
+		inv.ReconcilerStatus.RanFor = duration(st.RanFor)
+	}
+	if last := st.Last; last != nil {
+		lr := &LastReconciliation{
+			LastReconciledConfig: last.Config,
+			Zones:                make(map[string]ResultStatus, len(last.Zones)),
+			ExternalDisks:        map[string]ResultStatus{},
+			Datasets:             map[string]ResultStatus{},
+			OrphanedDatasets:     []json.RawMessage{},
+			CompletedAt:          last.CompletedAt,
+		}
+		for id, res := range last.Zones {
+			if res.OK {
+				lr.Zones[id] = ResultStatus{Result: "ok"}
+			} else {
+				lr.Zones[id] = ResultStatus{Result: "err", Message: res.Message}
+			}
+		}
+		inv.LastReconciliation = lr
+	}
+	for _, zs := range s.deps.Reconciler.Zones() {
+		inv.ZoneStates = append(inv.ZoneStates, summary(zs))
+	}
+	return &inventoryOutput{Body: inv}, nil
+}
+
+type zonesOutput struct {
+	Body []string
+}
+
+func (s *Server) zonesList(context.Context, *struct{}) (*zonesOutput, error) {
+	names := s.deps.Reconciler.RunningZones()
+	if names == nil {
+		names = []string{}
+	}
+	return &zonesOutput{Body: names}, nil
+}
+
+type agentZonesOutput struct {
+	Body []ZoneSummary
+}
+
+func (s *Server) agentZones(context.Context, *struct{}) (*agentZonesOutput, error) {
+	out := []ZoneSummary{}
+	for _, zs := range s.deps.Reconciler.Zones() {
+		out = append(out, summary(zs))
+	}
+	return &agentZonesOutput{Body: out}, nil
+}
+
+type agentZoneInput struct {
+	Zone string `path:"zone" maxLength:"128" doc:"Zone name (oxz_…) or zone id."`
+}
+
+type agentZoneOutput struct {
+	Body *ZoneDetail
+}
+
+func (s *Server) agentZone(ctx context.Context, in *agentZoneInput) (*agentZoneOutput, error) {
+	zs, ok := s.deps.Reconciler.Zone(in.Zone)
+	if !ok {
+		return nil, apiError(ctx, http.StatusNotFound, "no zone named or with id "+in.Zone)
+	}
+	return &agentZoneOutput{Body: &ZoneDetail{ZoneSummary: summary(zs), History: zs.History}}, nil
+}

@@ -1,0 +1,135 @@
+// Package client talks to a sled agent's HTTP API, for the operator commands,
+// the development mode and the benchmarks.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/api"
+)
+
+// Client is a sled agent API client. Every call has a deadline: the caller's,
+// or Timeout when the caller's context has none.
+type Client struct {
+	base    string
+	http    *http.Client
+	Timeout time.Duration
+}
+
+// New returns a client for the agent at baseURL (e.g. http://[::1]:12345).
+func New(baseURL string) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("agent URL %q: want http://host:port", baseURL)
+	}
+	return &Client{base: u.String(), http: &http.Client{}, Timeout: 30 * time.Second}, nil
+}
+
+// APIError is an error answer from the agent.
+type APIError struct {
+	Status int
+	Body   api.Error
+}
+
+func (e *APIError) Error() string {
+	if e.Body.Message == "" {
+		return fmt.Sprintf("agent answered %d", e.Status)
+	}
+	return fmt.Sprintf("agent answered %d: %s", e.Status, e.Body.Message)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.Timeout)
+		defer cancel()
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("api-version", api.Version)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: reading answer: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		e := &APIError{Status: resp.StatusCode}
+		if json.Unmarshal(data, &e.Body) != nil {
+			e.Body.Message = string(bytes.TrimSpace(data))
+		}
+		return e
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: decoding answer: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// PutConfig puts a sled config document.
+func (c *Client) PutConfig(ctx context.Context, doc []byte) error {
+	return c.do(ctx, http.MethodPut, "/omicron-config", doc, nil)
+}
+
+// Inventory fetches the inventory.
+func (c *Client) Inventory(ctx context.Context) (*api.Inventory, error) {
+	var inv api.Inventory
+	return &inv, c.do(ctx, http.MethodGet, "/inventory", nil, &inv)
+}
+
+// InventoryRaw fetches the inventory as the agent sent it.
+func (c *Client) InventoryRaw(ctx context.Context) (json.RawMessage, error) {
+	var raw json.RawMessage
+	return raw, c.do(ctx, http.MethodGet, "/inventory", nil, &raw)
+}
+
+// Zones lists the running zones.
+func (c *Client) Zones(ctx context.Context) ([]string, error) {
+	var names []string
+	return names, c.do(ctx, http.MethodGet, "/zones", nil, &names)
+}
+
+// ZoneStates fetches every zone's status.
+func (c *Client) ZoneStates(ctx context.Context) ([]api.ZoneSummary, error) {
+	var out []api.ZoneSummary
+	return out, c.do(ctx, http.MethodGet, "/agent/zones", nil, &out)
+}
+
+// Zone fetches one zone's status and history, by name or id.
+func (c *Client) Zone(ctx context.Context, nameOrID string) (*api.ZoneDetail, error) {
+	var out api.ZoneDetail
+	return &out, c.do(ctx, http.MethodGet, "/agent/zones/"+url.PathEscape(nameOrID), nil, &out)
+}
+
+// SetSimFaults replaces the sim runtime's fault map.
+func (c *Client) SetSimFaults(ctx context.Context, doc []byte) error {
+	return c.do(ctx, http.MethodPut, "/debug/sim/faults", doc, nil)
+}
+
+// IsStatus reports whether err is an API error with the given status.
+func IsStatus(err error, status int) bool {
+	var e *APIError
+	return errors.As(err, &e) && e.Status == status
+}

@@ -1,0 +1,161 @@
+// Package configstore accepts sled configs: it validates them, applies the
+// generation rules, commits them durably to the ledger and hands them on. It
+// never waits for a config to be realised.
+package configstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/sled-agent/sled-agent/internal/ledger"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+)
+
+// Errors that decide the answer to a PUT. Each returned error wraps one.
+var (
+	// ErrInvalid: the document is malformed or fails validation.
+	ErrInvalid = errors.New("invalid sled config")
+	// ErrOldGeneration: the generation is older than the ledgered one.
+	ErrOldGeneration = errors.New("generation older than the ledgered config")
+	// ErrGenerationConflict: the generation is ledgered with other content.
+	ErrGenerationConflict = errors.New("generation already ledgered with different content")
+	// ErrUnavailable: the config could not be ledgered (no copy written, or
+	// the caller gave up waiting for another commit).
+	ErrUnavailable = errors.New("ledger unavailable")
+)
+
+// Ledger is the durable store the Store commits to.
+type Ledger interface {
+	Read() (ledger.Record, []ledger.CopyStatus, error)
+	Commit(rec ledger.Record) ([]ledger.CopyStatus, error)
+	Status() []ledger.CopyStatus
+}
+
+// Store holds the ledgered config.
+type Store struct {
+	ledger Ledger
+	log    *slog.Logger
+	notify func(*sledconfig.Config)
+
+	// commit serializes commits (capacity 1); a waiter gives up with its ctx.
+	commit chan struct{}
+	// current is the ledgered config, nil if none.
+	current atomic.Pointer[sledconfig.Config]
+	// loadProblem says why no config was loaded at start, "" if none.
+	loadProblem atomic.Pointer[string]
+}
+
+// Open loads the ledgered config, if any, and calls notify with it. A missing
+// ledger is normal on a new sled. A ledger that exists but cannot be read or
+// is corrupt is reported loudly and treated as "no config yet": nothing is
+// torn down on its account, and the next PUT writes a fresh one.
+func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config)) *Store {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{ledger: l, log: log, notify: notify, commit: make(chan struct{}, 1)}
+	rec, copies, err := l.Read()
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		log.Info("no ledgered sled config; waiting for one")
+		return s
+	case err != nil:
+		s.setProblem(fmt.Sprintf("ledgered sled config could not be loaded; waiting for a new config: %v", err))
+		return s
+	}
+	cfg, err := sledconfig.Parse(rec.Data)
+	if err == nil {
+		err = sledconfig.Validate(cfg)
+	}
+	if err != nil {
+		s.setProblem(fmt.Sprintf("ledgered sled config generation %d is not usable; waiting for a new config: %v", rec.Generation, err))
+		return s
+	}
+	for _, c := range copies {
+		if c.State != ledger.StateOK {
+			// Rewrite every copy from the good one now rather than at the
+			// next PUT, which may be a long time coming.
+			log.Warn("ledger copy not current; rewriting it", "path", c.Path, "state", c.State, "err", c.Err)
+			if _, err := l.Commit(rec); err != nil {
+				log.Error("rewriting ledger copies failed", "err", err)
+			}
+			break
+		}
+	}
+	log.Info("loaded ledgered sled config", "generation", cfg.Generation, "zones", len(cfg.Zones))
+	s.current.Store(cfg)
+	if notify != nil {
+		notify(cfg)
+	}
+	return s
+}
+
+func (s *Store) setProblem(p string) {
+	s.log.Error(p)
+	s.loadProblem.Store(&p)
+}
+
+// Current returns the ledgered config, or nil.
+func (s *Store) Current() *sledconfig.Config { return s.current.Load() }
+
+// LoadProblem says why no ledgered config was loaded at start; "" when there
+// was none or it loaded. It is cleared by the first successful Put.
+func (s *Store) LoadProblem() string {
+	if p := s.loadProblem.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// CopyStatus reports every ledger copy.
+func (s *Store) CopyStatus() []ledger.CopyStatus { return s.ledger.Status() }
+
+// Put validates a config document, checks its generation against the ledgered
+// one and commits it. It returns once the config is durably ledgered (or
+// recognised as already ledgered); it does not wait for the config to be
+// realised. A rejected config changes nothing.
+func (s *Store) Put(ctx context.Context, doc []byte) error {
+	cfg, err := sledconfig.Parse(doc)
+	if err != nil {
+		return invalidError{fmt.Errorf("invalid sled config: %w", err)}
+	}
+	if err := sledconfig.Validate(cfg); err != nil {
+		return invalidError{err} // its message says "invalid sled config: …"
+	}
+	select {
+	case s.commit <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for another commit: %w", ErrUnavailable, ctx.Err())
+	}
+	defer func() { <-s.commit }()
+
+	if cur := s.current.Load(); cur != nil {
+		switch {
+		case cfg.Generation < cur.Generation:
+			return fmt.Errorf("%w: generation %d is older than the ledgered generation %d", ErrOldGeneration, cfg.Generation, cur.Generation)
+		case cfg.Generation == cur.Generation && !cfg.SameContent(cur):
+			return fmt.Errorf("%w: generation %d is already ledgered with different content; a changed config needs a higher generation", ErrGenerationConflict, cfg.Generation)
+		case cfg.Generation == cur.Generation:
+			return nil // already ledgered: nothing to do
+		}
+	}
+	if _, err := s.ledger.Commit(ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical()}); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	s.current.Store(cfg)
+	s.loadProblem.Store(nil)
+	s.log.Info("ledgered sled config", "generation", cfg.Generation, "zones", len(cfg.Zones))
+	if s.notify != nil {
+		s.notify(cfg)
+	}
+	return nil
+}
+
+// invalidError is an ErrInvalid that reads as its cause alone.
+type invalidError struct{ err error }
+
+func (e invalidError) Error() string   { return e.err.Error() }
+func (e invalidError) Unwrap() []error { return []error{ErrInvalid, e.err} }
