@@ -117,6 +117,7 @@ func (r *Reconciler) setDesired(cfg *sledconfig.Config) {
 		return
 	}
 	l := &r.loop
+	r.beginPass() // the pass includes working out what changed
 	l.haveConfig = true
 	l.config = cfg
 	wanted := make(map[string]*zone.Spec, len(cfg.Zones))
@@ -166,7 +167,7 @@ func (r *Reconciler) setDesired(cfg *sledconfig.Config) {
 		r.setState(e, StatePending, "")
 		r.touch(e)
 	}
-	r.beginPass()
+	r.publishStatus() // the running pass now shows the new config
 }
 
 func sameWant(a, b *zone.Spec) bool {

@@ -1,0 +1,321 @@
+// Package agent assembles the sled agent daemon: ledger, config store, zone
+// reconciler, runtime and HTTP API, and runs them until told to stop.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sled-agent/sled-agent/internal/api"
+	"github.com/sled-agent/sled-agent/internal/configstore"
+	"github.com/sled-agent/sled-agent/internal/ledger"
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/runtime/sim"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+// LedgerFile is the name of the sled config ledger in each ledger directory.
+const LedgerFile = "omicron-sled-config.json"
+
+// Config is how the agent is set up. The JSON keys are the flag names.
+type Config struct {
+	Listen     string   `json:"listen"`
+	DataDir    string   `json:"data-dir"`
+	LedgerDirs []string `json:"ledger-dir"`
+	Runtime    string   `json:"runtime"`
+	SledID     string   `json:"sled-id"`
+	UnderlayIP string   `json:"underlay-ip"`
+	Role       string   `json:"role"`
+	SimFaults  string   `json:"sim-faults"`
+	// RelistPeriod is how often zones are listed to catch deaths (0: default).
+	RelistPeriod time.Duration `json:"-"`
+	// SimStartDelay, if set, is how long each sim zone takes to start (dev).
+	SimStartDelay func(zone.Spec) time.Duration `json:"-"`
+}
+
+// Defaults for development on one machine.
+const (
+	DefaultListen     = "[::1]:12345"
+	DefaultUnderlayIP = "fd00:1122:3344:101::1"
+	DefaultRole       = "gimlet"
+	DefaultRuntime    = "sim"
+)
+
+// LoadFile reads a config file (JSON with the flag names as keys) into c,
+// for the keys the file sets.
+func (c *Config) LoadFile(path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading agent config: %w", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return fmt.Errorf("agent config %s: %w", path, err)
+	}
+	return nil
+}
+
+// Agent is a running sled agent.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	ln       net.Listener
+	rec      *reconciler.Reconciler
+	store    *configstore.Store
+	server   *api.Server
+	sim      *sim.Runtime
+	identity api.Identity
+}
+
+// New prepares an agent: it loads the ledger, binds the listener and builds
+// every component. Nothing acts until Run.
+func New(cfg Config, log *slog.Logger) (*Agent, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.Runtime == "" {
+		cfg.Runtime = DefaultRuntime
+	}
+	if cfg.Role == "" {
+		cfg.Role = DefaultRole
+	}
+	if cfg.UnderlayIP == "" {
+		cfg.UnderlayIP = DefaultUnderlayIP
+	}
+	if cfg.Role != "gimlet" && cfg.Role != "scrimlet" {
+		return nil, fmt.Errorf("role %q: must be gimlet or scrimlet", cfg.Role)
+	}
+	if ip, err := netip.ParseAddr(cfg.UnderlayIP); err != nil || !ip.Is6() || ip.Is4In6() {
+		return nil, fmt.Errorf("underlay-ip %q: must be an IPv6 address", cfg.UnderlayIP)
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("data-dir is required")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if len(cfg.LedgerDirs) == 0 {
+		cfg.LedgerDirs = []string{filepath.Join(cfg.DataDir, "ledger-a"), filepath.Join(cfg.DataDir, "ledger-b")}
+	}
+	sledID, err := sledIdentity(cfg.DataDir, cfg.SledID)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SledID = sledID
+
+	a := &Agent{cfg: cfg, log: log.With("sled_id", sledID)}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	var rt reconciler.Runtime
+	switch cfg.Runtime {
+	case "sim":
+		a.sim = sim.New(sim.Options{StartDelay: cfg.SimStartDelay})
+		if cfg.SimFaults != "" {
+			f, err := sim.LoadFaults(cfg.SimFaults)
+			if err != nil {
+				return nil, err
+			}
+			if err := a.sim.SetFaults(f); err != nil {
+				return nil, fmt.Errorf("%s: %w", cfg.SimFaults, err)
+			}
+		}
+		rt = a.sim
+	default:
+		return nil, fmt.Errorf("runtime %q: this build supports only \"sim\"", cfg.Runtime)
+	}
+	if cfg.SimFaults != "" && a.sim == nil {
+		return nil, fmt.Errorf("sim-faults is only for the sim runtime, not %q", cfg.Runtime)
+	}
+	a.rec = reconciler.New(rt, a.log.With("component", "reconciler"), reconciler.Options{
+		RelistPeriod: cfg.RelistPeriod,
+		Metrics:      reconciler.NewMetrics(reg),
+	})
+	if a.sim != nil {
+		a.sim.SetNotify(a.rec.Poke)
+	}
+
+	l, err := ledger.Open(cfg.LedgerDirs, LedgerFile, a.log.With("component", "ledger"))
+	if err != nil {
+		return nil, fmt.Errorf("opening ledger: %w", err)
+	}
+	a.store = configstore.Open(l, a.log.With("component", "configstore"), a.rec.Update)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	a.ln = ln
+	a.identity = api.Identity{SledID: sledID, Address: ln.Addr().String(), Role: cfg.Role}
+	deps := api.Deps{
+		Identity:   a.identity,
+		Configs:    a.store,
+		Reconciler: a.rec,
+		Log:        a.log.With("component", "api"),
+		Registry:   reg,
+	}
+	if a.sim != nil {
+		deps.Faults = a.sim
+	}
+	a.server = api.New(deps)
+	return a, nil
+}
+
+// Addr is the address the API listens on.
+func (a *Agent) Addr() string { return a.ln.Addr().String() }
+
+// SledID is the sled's id.
+func (a *Agent) SledID() string { return a.cfg.SledID }
+
+// Reconciler exposes the zone reconciler (dev progress, benchmarks).
+func (a *Agent) Reconciler() *reconciler.Reconciler { return a.rec }
+
+// Store exposes the config store.
+func (a *Agent) Store() *configstore.Store { return a.store }
+
+// Sim is the sim runtime, or nil.
+func (a *Agent) Sim() *sim.Runtime { return a.sim }
+
+// Close releases what New took (the listener) when Run is not going to be
+// called. Run releases it itself.
+func (a *Agent) Close() error { return a.ln.Close() }
+
+// Run serves the API and reconciles until ctx is cancelled, then shuts down
+// gracefully. Zones are left running: stopping the agent is not destroying
+// its zones.
+func (a *Agent) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srv := &http.Server{
+		Handler:           a.server.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	wg.Go(func() {
+		if err := a.rec.Run(ctx); err != nil {
+			errc <- fmt.Errorf("reconciler: %w", err)
+		}
+	})
+	wg.Go(func() {
+		if err := srv.Serve(a.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("api server: %w", err)
+			cancel()
+		}
+	})
+	a.log.Info("sled agent serving", "addr", a.Addr(), "runtime", a.cfg.Runtime, "role", a.cfg.Role)
+	<-ctx.Done()
+	shutCtx, shutCancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer shutCancel()
+	if err := srv.Shutdown(shutCtx); err != nil {
+		srv.Close()
+	}
+	wg.Wait()
+	close(errc)
+	var errs []error
+	for err := range errc {
+		errs = append(errs, err)
+	}
+	a.log.Info("sled agent stopped; zones left running")
+	return errors.Join(errs...)
+}
+
+// sledIdentity returns the sled id: the configured one, else the one kept in
+// the data dir, else a new one, which is kept.
+func sledIdentity(dataDir, configured string) (string, error) {
+	path := filepath.Join(dataDir, "sled-id")
+	kept := ""
+	if data, err := os.ReadFile(path); err == nil {
+		s := strings.TrimSpace(string(data))
+		id, ok := parseUUID(s)
+		if !ok {
+			return "", fmt.Errorf("%s holds %q, not a UUID: fix or remove it", path, s)
+		}
+		kept = id
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("reading sled id: %w", err)
+	}
+	id := kept
+	if configured != "" {
+		var ok bool
+		if id, ok = parseUUID(configured); !ok {
+			return "", fmt.Errorf("sled-id %q is not a UUID", configured)
+		}
+		if kept != "" && id != kept {
+			return "", fmt.Errorf("sled-id %s differs from the id %s kept in %s: a sled's identity does not change; remove that file to give this data dir a new identity", id, kept, path)
+		}
+	}
+	if id == "" {
+		id = uuid.NewString()
+	}
+	if kept == "" {
+		if err := keepFile(path, []byte(id+"\n")); err != nil {
+			return "", fmt.Errorf("keeping sled id: %w", err)
+		}
+	}
+	return id, nil
+}
+
+// parseUUID accepts only the canonical 36-character form, in either case, and
+// returns it in lower case.
+func parseUUID(s string) (string, bool) {
+	u, err := uuid.Parse(s)
+	if err != nil || len(s) != 36 {
+		return "", false
+	}
+	return u.String(), true
+}
+
+// keepFile replaces path with data durably: a crash leaves the old file or
+// the new one, never an empty or partial one.
+func keepFile(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Example returns a realistic example sled config (a real one from a rack).
+func Example() []byte { return sledconfig.Example() }

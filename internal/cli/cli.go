@@ -1,0 +1,176 @@
+// Package cli holds the sled-agent command line: the daemon, the development
+// mode, the operator commands and the benchmarks.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/client"
+)
+
+// Main runs the command line and returns the exit code.
+func Main(args []string) int {
+	return run(args, os.Stdout, os.Stderr)
+}
+
+// run is Main with the command's output and error streams given.
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRoot()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintf(stderr, "sled-agent: %s\n", oneLine(err.Error()))
+		return 1
+	}
+	return 0
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// globals are the flags every operator command shares.
+type globals struct {
+	url    string
+	output string
+}
+
+func (g *globals) client() (*client.Client, error) {
+	return client.New(g.url)
+}
+
+func (g *globals) json() (bool, error) {
+	switch g.output {
+	case "table", "":
+		return false, nil
+	case "json":
+		return true, nil
+	}
+	return false, fmt.Errorf("-o %q: want table or json", g.output)
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "sled-agent",
+		Short:         "The agent that runs on every sled of a rack: zones, routes, NAT, inventory",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	defURL := os.Getenv("SLED_AGENT_URL")
+	if defURL == "" {
+		defURL = "http://" + agent.DefaultListen
+	}
+	root.PersistentFlags().StringVar(&g.url, "url", defURL, "agent API URL for operator commands (env SLED_AGENT_URL)")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format of operator commands: table or json")
+	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd())
+	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g))
+	return root
+}
+
+// agentFlags binds the daemon's flags to a config.
+func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLevel *string) {
+	f := cmd.Flags()
+	f.StringVar(configFile, "config", "", "agent config file: JSON with these flags' names as keys; flags override it")
+	f.StringVar(&c.Listen, "listen", agent.DefaultListen, "address the API listens on")
+	f.StringVar(&c.DataDir, "data-dir", defaultDataDir(), "where the agent keeps its state")
+	f.StringArrayVar(&c.LedgerDirs, "ledger-dir", nil, "directory for a copy of the config ledger (repeatable; default: two under --data-dir)")
+	f.StringVar(&c.Runtime, "runtime", agent.DefaultRuntime, "zone runtime: sim")
+	f.StringVar(&c.SledID, "sled-id", "", "this sled's UUID (default: generated once and kept in --data-dir)")
+	f.StringVar(&c.UnderlayIP, "underlay-ip", agent.DefaultUnderlayIP, "this sled's underlay IPv6 address")
+	f.StringVar(&c.Role, "role", agent.DefaultRole, "sled role: gimlet or scrimlet")
+	f.StringVar(&c.SimFaults, "sim-faults", "", "fault map file for the sim runtime")
+	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
+}
+
+// resolveConfig applies the config file, then the flags the user set.
+func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (agent.Config, error) {
+	if configFile == "" {
+		return flags, nil
+	}
+	var c agent.Config
+	if err := c.LoadFile(configFile); err != nil {
+		return c, err
+	}
+	set := func(name string, dst *string, v string) {
+		if cmd.Flags().Changed(name) || *dst == "" {
+			*dst = v
+		}
+	}
+	set("listen", &c.Listen, flags.Listen)
+	set("data-dir", &c.DataDir, flags.DataDir)
+	set("runtime", &c.Runtime, flags.Runtime)
+	set("sled-id", &c.SledID, flags.SledID)
+	set("underlay-ip", &c.UnderlayIP, flags.UnderlayIP)
+	set("role", &c.Role, flags.Role)
+	set("sim-faults", &c.SimFaults, flags.SimFaults)
+	if cmd.Flags().Changed("ledger-dir") || len(c.LedgerDirs) == 0 {
+		c.LedgerDirs = flags.LedgerDirs
+	}
+	return c, nil
+}
+
+func defaultDataDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/sled-agent"
+	}
+	if d, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(d, ".local", "state", "sled-agent")
+	}
+	return "sled-agent-data"
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// signalContext is cancelled on SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func newRunCmd() *cobra.Command {
+	var c agent.Config
+	var configFile, logLevel string
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the sled agent daemon",
+		Long:  "Run the sled agent daemon. SIGINT or SIGTERM stop the agent and leave its zones running.",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := resolveConfig(cmd, c, configFile)
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			a, err := agent.New(cfg, log)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			return a.Run(ctx)
+		},
+	}
+	agentFlags(cmd, &c, &configFile, &logLevel)
+	return cmd
+}

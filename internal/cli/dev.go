@@ -1,0 +1,187 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+func newDevCmd() *cobra.Command {
+	var (
+		c                    agent.Config
+		configFile, logLevel string
+		sledConfig           string
+		keep                 bool
+		exitWhenDone         bool
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a whole simulated sled on loopback, with a real example config",
+		Long: `Run the agent on loopback with the sim runtime, put a realistic sled config
+(a real one from a rack, unless --sled-config names another), show the zones
+converging, and keep serving so the operator commands can be tried:
+
+  sled-agent zones
+  sled-agent inventory
+  sled-agent zone show <zone name or id>
+  sled-agent config put <file>
+
+Ctrl-C stops it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := resolveConfig(cmd, c, configFile)
+			if err != nil {
+				return err
+			}
+			if cfg.Runtime != "sim" {
+				return fmt.Errorf("dev runs the sim runtime only")
+			}
+			if !cmd.Flags().Changed("data-dir") && configFile == "" {
+				dir, err := os.MkdirTemp("", "sled-agent-dev-")
+				if err != nil {
+					return err
+				}
+				cfg.DataDir = dir
+				if !keep {
+					defer os.RemoveAll(dir)
+				}
+			}
+			if cfg.UnderlayIP == agent.DefaultUnderlayIP && !cmd.Flags().Changed("underlay-ip") {
+				cfg.UnderlayIP = "fd00:1122:3344:103::1" // the example config's sled subnet
+			}
+			cfg.SimStartDelay = devStartDelay
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			doc := sledconfig.Example()
+			if sledConfig != "" {
+				if doc, err = os.ReadFile(sledConfig); err != nil {
+					return fmt.Errorf("reading sled config: %w", err)
+				}
+			}
+			return runDev(cmd.Context(), cmd.OutOrStdout(), cfg, log, doc, exitWhenDone)
+		},
+	}
+	agentFlags(cmd, &c, &configFile, &logLevel)
+	cmd.Flags().Set("log-level", "warn")
+	cmd.Flags().StringVar(&sledConfig, "sled-config", "", "sled config to put at start (default: the built-in real example)")
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary data dir")
+	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running (for scripts and CI)")
+	return cmd
+}
+
+// devStartDelay makes each simulated zone take between 0.3 s and 3 s to
+// start, fixed per zone, so convergence is something a person can follow.
+func devStartDelay(s zone.Spec) time.Duration {
+	h := fnv.New32a()
+	h.Write([]byte(s.ID))
+	return 300*time.Millisecond + time.Duration(h.Sum32()%2700)*time.Millisecond
+}
+
+// runDev runs the agent, puts the sled config over HTTP as the control plane
+// would, and prints every zone's progress until interrupted.
+func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.Logger, doc []byte, exitWhenDone bool) error {
+	ctx, cancel := signalContext()
+	defer cancel()
+	if parent != nil {
+		stop := context.AfterFunc(parent, cancel)
+		defer stop()
+	}
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- a.Run(ctx) }()
+	url := "http://" + a.Addr()
+	fmt.Fprintf(out, "sled %s: agent API on %s (sim runtime; data in %s)\n", a.SledID(), url, cfg.DataDir)
+
+	c, err := client.New(url)
+	if err != nil {
+		cancel()
+		<-errc
+		return err
+	}
+	putCtx, putCancel := context.WithTimeout(ctx, 30*time.Second)
+	err = c.PutConfig(putCtx, doc)
+	putCancel()
+	if err != nil {
+		cancel()
+		<-errc
+		return fmt.Errorf("putting the sled config: %w", err)
+	}
+	if cur := a.Store().Current(); cur != nil {
+		fmt.Fprintf(out, "put sled config generation %d: %d zones; reconciling\n", cur.Generation, len(cur.Zones))
+	}
+
+	start := time.Now()
+	seen := map[string]reconciler.State{}
+	converged := false
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			err := <-errc
+			fmt.Fprintln(out, "stopped")
+			return err
+		case err := <-errc:
+			// Run also returns when ctx ends; this case may win the race.
+			if ctx.Err() != nil {
+				fmt.Fprintln(out, "stopped")
+			}
+			return err
+		case <-tick.C:
+		}
+		zones := a.Reconciler().Zones()
+		running, wanted := 0, 0
+		for _, z := range zones {
+			if z.Wanted {
+				wanted++
+				if z.State == reconciler.StateRunning {
+					running++
+				}
+			}
+		}
+		for _, z := range zones {
+			if seen[z.Name] == z.State {
+				continue
+			}
+			seen[z.Name] = z.State
+			detail := ""
+			if z.State == reconciler.StateFailed {
+				detail = "  " + z.LastError
+			}
+			fmt.Fprintf(out, "  %6.1fs  %-58s %-9s %d/%d running%s\n", time.Since(start).Seconds(), z.Name, z.State, running, wanted, detail)
+		}
+		switch {
+		case running == wanted && !converged && a.Reconciler().Status().Phase == reconciler.PhaseIdle:
+			converged = true
+			fmt.Fprintf(out, "all %d zones running after %s\n\n", wanted, time.Since(start).Round(10*time.Millisecond))
+			fmt.Fprintf(out, "The agent keeps serving. Try, in another terminal:\n"+
+				"  go run ./cmd/sled-agent zones\n"+
+				"  go run ./cmd/sled-agent inventory\n"+
+				"  go run ./cmd/sled-agent zone show <zone name or id>\n"+
+				"  curl -s %s/inventory | head -c 600\n"+
+				"Ctrl-C stops it (zones are simulated, so they go with it).\n", url)
+			if exitWhenDone {
+				cancel()
+			}
+		case running < wanted:
+			converged = false
+		}
+	}
+}

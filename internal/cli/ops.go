@@ -1,0 +1,273 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sled-agent/sled-agent/internal/api"
+)
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newConfigCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "config", Short: "Sled config commands"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "put FILE",
+		Short: "Put a sled config (OmicronSledConfig JSON; - for standard input)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var doc []byte
+			var err error
+			if args[0] == "-" {
+				doc, err = io.ReadAll(io.LimitReader(cmd.InOrStdin(), api.MaxConfigBytes+1))
+			} else {
+				doc, err = os.ReadFile(args[0])
+			}
+			if err != nil {
+				return fmt.Errorf("reading config: %w", err)
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.PutConfig(cmd.Context(), doc); err != nil {
+				return err
+			}
+			var gen struct {
+				Generation uint64 `json:"generation"`
+			}
+			_ = json.Unmarshal(doc, &gen)
+			fmt.Fprintf(cmd.OutOrStdout(), "config generation %d ledgered; zones are being reconciled (see: sled-agent zones)\n", gen.Generation)
+			return nil
+		},
+	})
+	return cmd
+}
+
+func newInventoryCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inventory",
+		Short: "Show the sled's inventory",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := g.json()
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				raw, err := c.InventoryRaw(cmd.Context())
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", raw)
+				return err
+			}
+			inv, err := c.Inventory(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return printInventory(cmd.OutOrStdout(), inv)
+		},
+	}
+}
+
+func printInventory(w io.Writer, inv *api.Inventory) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "sled\t%s (%s)\n", inv.SledID, inv.SledRole)
+	fmt.Fprintf(tw, "agent address\t%s\n", inv.SledAgentAddress)
+	if cfg := inv.LedgeredSledConfig; cfg != nil {
+		fmt.Fprintf(tw, "ledgered config\tgeneration %d, %d zones\n", cfg.Generation, len(cfg.Zones))
+	} else {
+		fmt.Fprintf(tw, "ledgered config\tnone\n")
+	}
+	if inv.Ledger.Problem != "" {
+		fmt.Fprintf(tw, "ledger problem\t%s\n", inv.Ledger.Problem)
+	}
+	for _, c := range inv.Ledger.Copies {
+		line := c.State
+		if c.Generation > 0 {
+			line += fmt.Sprintf(" (generation %d)", c.Generation)
+		}
+		if c.Error != "" {
+			line += ": " + c.Error
+		}
+		fmt.Fprintf(tw, "ledger copy\t%s  %s\n", c.Path, line)
+	}
+	rs := inv.ReconcilerStatus
+	switch rs.Status {
+	case "running":
+		fmt.Fprintf(tw, "reconciler\trunning for %s\n", seconds(rs.RunningFor))
+	case "idle":
+		fmt.Fprintf(tw, "reconciler\tidle; last pass took %s, completed %s\n", seconds(rs.RanFor), rs.CompletedAt.Local().Format(time.DateTime))
+	default:
+		fmt.Fprintf(tw, "reconciler\t%s\n", rs.Status)
+	}
+	if lr := inv.LastReconciliation; lr != nil {
+		ok := 0
+		for _, r := range lr.Zones {
+			if r.Result == "ok" {
+				ok++
+			}
+		}
+		fmt.Fprintf(tw, "last reconciliation\tgeneration %d: %d/%d zones ok\n", lr.LastReconciledConfig.Generation, ok, len(lr.Zones))
+		for _, id := range slices.Sorted(maps.Keys(lr.Zones)) {
+			if r := lr.Zones[id]; r.Result != "ok" {
+				fmt.Fprintf(tw, "  zone %s\t%s\n", id, r.Message)
+			}
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	return printZoneTable(w, inv.ZoneStates)
+}
+
+func seconds(d *api.Duration) string {
+	if d == nil {
+		return "?"
+	}
+	return (time.Duration(d.Secs)*time.Second + time.Duration(d.Nanos)).Round(time.Millisecond).String()
+}
+
+func printZoneTable(w io.Writer, zones []api.ZoneSummary) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ZONE\tSTATE\tFOR\tATTEMPTS\tINCIDENTS\tLAST ERROR")
+	for _, z := range zones {
+		state := z.State
+		if !z.Wanted {
+			state += " (removing)"
+		}
+		lastErr := z.LastError
+		if z.NextRetry != nil {
+			lastErr += fmt.Sprintf(" [retry in %s]", time.Until(*z.NextRetry).Round(time.Second))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", z.Name, state, time.Since(z.Since).Round(time.Second), z.Attempts, z.Incidents, truncate(lastErr, 100))
+	}
+	return tw.Flush()
+}
+
+// truncate shortens s to at most n runes.
+func truncate(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+func newZonesCmd(g *globals) *cobra.Command {
+	var runningOnly bool
+	cmd := &cobra.Command{
+		Use:   "zones",
+		Short: "List zones and their states",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := g.json()
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			if runningOnly {
+				names, err := c.Zones(ctx)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), names)
+				}
+				for _, n := range names {
+					if _, err := fmt.Fprintln(cmd.OutOrStdout(), n); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			zones, err := c.ZoneStates(ctx)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), zones)
+			}
+			return printZoneTable(cmd.OutOrStdout(), zones)
+		},
+	}
+	cmd.Flags().BoolVar(&runningOnly, "running", false, "only the names of running zones (GET /zones)")
+	return cmd
+}
+
+func newZoneCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "zone", Short: "One zone's commands"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "show NAME|ID",
+		Short: "Show one zone's status and history",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := g.json()
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			z, err := c.Zone(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), z)
+			}
+			return printZone(cmd.OutOrStdout(), z)
+		},
+	})
+	return cmd
+}
+
+func printZone(w io.Writer, z *api.ZoneDetail) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "zone\t%s\n", z.Name)
+	fmt.Fprintf(tw, "id\t%s\n", z.ID)
+	fmt.Fprintf(tw, "kind\t%s\n", z.Kind)
+	wanted := "yes"
+	if !z.Wanted {
+		wanted = "no (being removed)"
+	}
+	fmt.Fprintf(tw, "wanted\t%s\n", wanted)
+	fmt.Fprintf(tw, "state\t%s since %s\n", z.State, z.Since.Local().Format(time.DateTime))
+	fmt.Fprintf(tw, "config hash\t%s\n", z.ConfigHash)
+	fmt.Fprintf(tw, "attempts\t%d\n", z.Attempts)
+	fmt.Fprintf(tw, "incidents\t%d\n", z.Incidents)
+	if z.LastError != "" {
+		fmt.Fprintf(tw, "last error\t%s\n", z.LastError)
+	}
+	if z.NextRetry != nil {
+		fmt.Fprintf(tw, "next retry\t%s\n", z.NextRetry.Local().Format(time.DateTime))
+	}
+	fmt.Fprintln(tw, "\nhistory:")
+	for _, e := range z.History {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", e.At.Local().Format("15:04:05.000"), e.Event, e.Detail)
+	}
+	return tw.Flush()
+}
