@@ -47,18 +47,17 @@ type globals struct {
 	output string
 }
 
-func (g *globals) client() (*client.Client, error) {
-	return client.New(g.url)
-}
-
-func (g *globals) json() (bool, error) {
+// setup checks the output format and returns a client for the agent.
+func (g *globals) setup() (c *client.Client, asJSON bool, err error) {
 	switch g.output {
 	case "table", "":
-		return false, nil
 	case "json":
-		return true, nil
+		asJSON = true
+	default:
+		return nil, false, fmt.Errorf("-o %q: want table or json", g.output)
 	}
-	return false, fmt.Errorf("-o %q: want table or json", g.output)
+	c, err = client.New(g.url)
+	return c, asJSON, err
 }
 
 func newRoot() *cobra.Command {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sled-agent/sled-agent/internal/api"
+	"github.com/sled-agent/sled-agent/internal/client"
 )
 
 func printJSON(w io.Writer, v any) error {
@@ -38,7 +39,7 @@ func newConfigCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("reading config: %w", err)
 			}
-			c, err := g.client()
+			c, err := client.New(g.url)
 			if err != nil {
 				return err
 			}
@@ -62,11 +63,7 @@ func newInventoryCmd(g *globals) *cobra.Command {
 		Short: "Show the sled's inventory",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := g.json()
-			if err != nil {
-				return err
-			}
-			c, err := g.client()
+			c, asJSON, err := g.setup()
 			if err != nil {
 				return err
 			}
@@ -179,11 +176,7 @@ func newZonesCmd(g *globals) *cobra.Command {
 		Short: "List zones and their states",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := g.json()
-			if err != nil {
-				return err
-			}
-			c, err := g.client()
+			c, asJSON, err := g.setup()
 			if err != nil {
 				return err
 			}
@@ -224,11 +217,7 @@ func newZoneCmd(g *globals) *cobra.Command {
 		Short: "Show one zone's status and history",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			asJSON, err := g.json()
-			if err != nil {
-				return err
-			}
-			c, err := g.client()
+			c, asJSON, err := g.setup()
 			if err != nil {
 				return err
 			}

@@ -32,7 +32,9 @@ type loopState struct {
 	seq      uint64
 	inflight int
 	listing  bool
-	counts   map[State]int
+	// listAgain: a relist was asked for while one was in flight.
+	listAgain bool
+	counts    map[State]int
 
 	passActive bool
 	passStart  time.Time
@@ -123,8 +125,13 @@ func (r *Reconciler) setDesired(cfg *sledconfig.Config) {
 	wanted := make(map[string]*zone.Spec, len(cfg.Zones))
 	for id := range cfg.Zones {
 		z := cfg.Zones[id]
+		name := z.Name()
+		if e, ok := l.zones[name]; ok && e.want != nil && e.want.Hash == z.Hash() {
+			wanted[name] = e.want // unchanged: keep the spec we have
+			continue
+		}
 		spec := zone.SpecFor(&z)
-		wanted[spec.Name] = &spec
+		wanted[name] = &spec
 	}
 	l.wanted = wanted
 	for name, e := range l.zones {
@@ -203,8 +210,9 @@ func (r *Reconciler) step(ctx context.Context) {
 func (l *loopState) nextRetryIn(now time.Time) (time.Duration, bool) {
 	var earliest time.Time
 	for name := range l.waiting {
-		if t := l.zones[name].nextTry; earliest.IsZero() || t.Before(earliest) {
-			earliest = t
+		e, ok := l.zones[name]
+		if ok && (earliest.IsZero() || e.nextTry.Before(earliest)) {
+			earliest = e.nextTry
 		}
 	}
 	if earliest.IsZero() {
@@ -444,9 +452,12 @@ func (r *Reconciler) touch(e *entry) {
 func (r *Reconciler) startList(ctx context.Context) {
 	l := &r.loop
 	if l.listing {
+		// What prompted this may have happened after the listing in flight
+		// looked: list again when it is done.
+		l.listAgain = true
 		return
 	}
-	l.listing = true
+	l.listing, l.listAgain = true, false
 	seq := l.seq
 	r.ops.Add(1)
 	go func() {
@@ -465,9 +476,12 @@ func (r *Reconciler) startList(ctx context.Context) {
 // and repairs the difference: zones that died or vanished are noted and
 // started again, zones nobody wants are removed, zones found running with the
 // wanted config are taken as running.
-func (r *Reconciler) handleList(lr listResult) {
+func (r *Reconciler) handleList(ctx context.Context, lr listResult) {
 	l := &r.loop
 	l.listing = false
+	if l.listAgain {
+		r.startList(ctx)
+	}
 	if lr.err != nil {
 		r.opts.Metrics.relists.WithLabelValues("error").Inc()
 		r.log.Warn("listing zones failed; will retry", "err", lr.err)
@@ -493,7 +507,9 @@ func (r *Reconciler) handleList(lr listResult) {
 			if e.running && e.want != nil {
 				r.incident(e, now, "vanished", "no longer exists in the runtime")
 			}
-			e.exists, e.running, e.runHash, e.addrs, e.cleanup = false, false, "", nil, false
+			// Whatever is left of a wanted zone (links, processes) goes
+			// before it is created again.
+			e.exists, e.running, e.runHash, e.addrs, e.cleanup = false, false, "", nil, e.want != nil
 			r.touch(e)
 		case !ok:
 		case e.running && !o.Running:

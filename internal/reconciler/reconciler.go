@@ -170,7 +170,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case res := <-r.results:
 			r.handleResult(res)
 		case lr := <-r.listed:
-			r.handleList(lr)
+			r.handleList(ctx, lr)
 		case <-relist.C:
 			r.startList(ctx)
 		case <-r.poke:
