@@ -8,12 +8,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"maps"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // MaxDocumentBytes bounds the size of a config document this package decodes.
@@ -39,8 +43,10 @@ func Parse(data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkFieldNames(doc, reflect.TypeFor[Config](), ""); err != nil {
-		return nil, err
+	if err := checkFieldNames(doc, reflect.TypeFor[Config](), "", false); err != nil {
+		// Walk again in key order, so the message names the same problem
+		// every time.
+		return nil, checkFieldNames(doc, reflect.TypeFor[Config](), "", true)
 	}
 	canonical, err := encodeCanonical(doc)
 	if err != nil {
@@ -66,6 +72,11 @@ func Parse(data []byte) (*Config, error) {
 		cfg.Zones[key] = z
 	}
 	cfg.canonical = canonical
+	for _, f := range []string{"datasets", "disks", "generation", "measurements", "zones"} {
+		if doc[f] == nil {
+			cfg.missing = append(cfg.missing, f)
+		}
+	}
 	return &cfg, nil
 }
 
@@ -86,13 +97,13 @@ func decodeDocument(data []byte) (map[string]any, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("config is not valid UTF-8")
 	}
-	d := docDecoder{dec: json.NewDecoder(bytes.NewReader(data))}
-	d.dec.UseNumber()
+	// Duplicate names are found (and reported with their path) by value.
+	d := docDecoder{dec: jsontext.NewDecoder(bytes.NewReader(data), jsontext.AllowDuplicateNames(true))}
 	v, err := d.value(0)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := d.dec.Token(); err != io.EOF {
+	if _, err := d.dec.ReadToken(); err != io.EOF {
 		return nil, errors.New("config has data after the JSON document")
 	}
 	obj, ok := v.(map[string]any)
@@ -103,47 +114,81 @@ func decodeDocument(data []byte) (map[string]any, error) {
 }
 
 // docDecoder decodes a JSON value token by token, which lets it refuse
-// duplicate keys (encoding/json keeps the last; serde refuses them).
+// duplicate keys (encoding/json keeps the last; serde refuses them) and say
+// where they are.
 type docDecoder struct {
-	dec  *json.Decoder
-	path []string // keys and indexes leading to the value being decoded
+	dec  *jsontext.Decoder
+	path []pathElem // keys and indexes leading to the value being decoded
 }
 
+// pathElem is an object key, or an array index when key is "" and index ≥ 0.
+type pathElem struct {
+	key   string
+	index int
+}
+
+// where renders the path, for messages.
 func (d *docDecoder) where() string {
 	if len(d.path) == 0 {
 		return "the top level"
 	}
-	return strings.TrimPrefix(strings.Join(d.path, ""), ".")
-}
-
-// pathKey renders an object key as a path element: ["key"] for keys of the
-// id-keyed maps (zones, disks, datasets) and keys that are not field-like,
-// .name for others.
-func (d *docDecoder) pathKey(key string) string {
-	if len(d.path) == 1 && slices.Contains([]string{".zones", ".disks", ".datasets"}, d.path[0]) {
-		return "[" + strconv.Quote(key) + "]"
-	}
-	for i, r := range key {
-		if !(r == '_' || 'a' <= r && r <= 'z' || i > 0 && '0' <= r && r <= '9') {
-			return "[" + strconv.Quote(key) + "]"
+	var b strings.Builder
+	for i, e := range d.path {
+		switch {
+		case e.index >= 0:
+			b.WriteString("[" + strconv.Itoa(e.index) + "]")
+		case i == 1 && slices.Contains([]string{"zones", "disks", "datasets"}, d.path[0].key), !fieldLike(e.key):
+			// Keys of the id-keyed maps, and keys that are not field-like.
+			b.WriteString("[" + strconv.Quote(e.key) + "]")
+		default:
+			if i > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(e.key)
 		}
 	}
-	if key == "" {
-		return `[""]`
-	}
-	return "." + key
+	return b.String()
 }
 
-// token reads the next token, which must be there.
-func (d *docDecoder) token() (json.Token, error) {
-	tok, err := d.dec.Token()
+func fieldLike(key string) bool {
+	for i, r := range key {
+		if !(r == '_' || 'a' <= r && r <= 'z' || i > 0 && '0' <= r && r <= '9') {
+			return false
+		}
+	}
+	return key != ""
+}
+
+// token reads the next token, which must be there. The token is valid until
+// the next read.
+func (d *docDecoder) token() (jsontext.Token, error) {
+	tok, err := d.dec.ReadToken()
 	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
-		return nil, errors.New("malformed JSON: unexpected end of input")
+		return tok, errors.New("malformed JSON: unexpected end of input")
 	}
 	if err != nil {
-		return nil, describeJSONError(err, "")
+		var se *jsontext.SyntacticError
+		if errors.As(err, &se) {
+			return tok, fmt.Errorf("malformed JSON at byte %d (%s): %w", se.ByteOffset, d.where(), se.Err)
+		}
+		return tok, fmt.Errorf("malformed JSON: %w", err)
 	}
 	return tok, nil
+}
+
+// more reports whether the object or array being read has another member.
+func (d *docDecoder) more(end jsontext.Kind) (bool, error) {
+	switch d.dec.PeekKind() {
+	case end:
+		return false, nil
+	case 0: // an error, which reading says
+		_, err := d.token()
+		if err == nil {
+			err = errors.New("malformed JSON")
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 func (d *docDecoder) value(depth int) (any, error) {
@@ -151,29 +196,39 @@ func (d *docDecoder) value(depth int) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	delim, ok := tok.(json.Delim)
-	if !ok {
-		return tok, nil // string, json.Number, bool or nil
+	switch tok.Kind() {
+	case 'n':
+		return nil, nil
+	case 't', 'f':
+		return tok.Bool(), nil
+	case '"':
+		return tok.String(), nil
+	case '0':
+		return json.Number(tok.String()), nil
 	}
 	if depth >= maxNesting {
 		return nil, fmt.Errorf("config nests deeper than %d levels at %s", maxNesting, d.where())
 	}
-	switch delim {
+	switch tok.Kind() {
 	case '{':
 		obj := map[string]any{}
-		for d.dec.More() {
+		for {
+			more, err := d.more('}')
+			if err != nil {
+				return nil, err
+			}
+			if !more {
+				break
+			}
 			tok, err := d.token()
 			if err != nil {
 				return nil, err
 			}
-			key, ok := tok.(string)
-			if !ok {
-				return nil, fmt.Errorf("malformed JSON: object key %v at %s is not a string", tok, d.where())
-			}
+			key := tok.String()
 			if _, dup := obj[key]; dup {
 				return nil, fmt.Errorf("duplicate key %q at %s", key, d.where())
 			}
-			d.path = append(d.path, d.pathKey(key))
+			d.path = append(d.path, pathElem{key: key, index: -1})
 			v, err := d.value(depth + 1)
 			if err != nil {
 				return nil, err
@@ -185,10 +240,17 @@ func (d *docDecoder) value(depth int) (any, error) {
 			return nil, err
 		}
 		return obj, nil
-	case '[':
+	default: // '['
 		arr := []any{}
-		for d.dec.More() {
-			d.path = append(d.path, "["+strconv.Itoa(len(arr))+"]")
+		for {
+			more, err := d.more(']')
+			if err != nil {
+				return nil, err
+			}
+			if !more {
+				break
+			}
+			d.path = append(d.path, pathElem{index: len(arr)})
 			v, err := d.value(depth + 1)
 			if err != nil {
 				return nil, err
@@ -201,7 +263,6 @@ func (d *docDecoder) value(depth int) (any, error) {
 		}
 		return arr, nil
 	}
-	return nil, fmt.Errorf("malformed JSON: unexpected %q at %s", rune(delim), d.where())
 }
 
 func encodeCanonical(doc map[string]any) ([]byte, error) {
@@ -218,7 +279,9 @@ func encodeCanonical(doc map[string]any) ([]byte, error) {
 // struct they decode into only in letter case: encoding/json matches field
 // names case-insensitively, so it would decode them into the field, while
 // upstream treats them as unknown fields. t is the Go type v decodes into.
-func checkFieldNames(v any, t reflect.Type, path string) error {
+// With sorted, keys are visited in order, so the first problem is always the
+// same one; without, the walk is cheaper.
+func checkFieldNames(v any, t reflect.Type, path string, sorted bool) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -232,13 +295,13 @@ func checkFieldNames(v any, t reflect.Type, path string) error {
 			return nil // a type mismatch; decoding reports it
 		}
 		fields := jsonFields(t)
-		for _, key := range slices.Sorted(maps.Keys(obj)) {
+		for key := range keys(obj, sorted) {
 			sub := key
 			if path != "" {
 				sub = path + "." + key
 			}
 			if ft, ok := fields[key]; ok {
-				if err := checkFieldNames(obj[key], ft, sub); err != nil {
+				if err := checkFieldNames(obj[key], ft, sub, sorted); err != nil {
 					return err
 				}
 				continue
@@ -254,8 +317,8 @@ func checkFieldNames(v any, t reflect.Type, path string) error {
 		if !ok {
 			return nil
 		}
-		for _, key := range slices.Sorted(maps.Keys(obj)) {
-			if err := checkFieldNames(obj[key], t.Elem(), fmt.Sprintf("%s[%q]", path, key)); err != nil {
+		for key := range keys(obj, sorted) {
+			if err := checkFieldNames(obj[key], t.Elem(), path+"["+strconv.Quote(key)+"]", sorted); err != nil {
 				return err
 			}
 		}
@@ -265,7 +328,7 @@ func checkFieldNames(v any, t reflect.Type, path string) error {
 			return nil
 		}
 		for i, elem := range arr {
-			if err := checkFieldNames(elem, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+			if err := checkFieldNames(elem, t.Elem(), path+"["+strconv.Itoa(i)+"]", sorted); err != nil {
 				return err
 			}
 		}
@@ -273,8 +336,21 @@ func checkFieldNames(v any, t reflect.Type, path string) error {
 	return nil
 }
 
+func keys(obj map[string]any, sorted bool) iter.Seq[string] {
+	if sorted {
+		return slices.Values(slices.Sorted(maps.Keys(obj)))
+	}
+	return maps.Keys(obj)
+}
+
+// fieldsByType caches jsonFields.
+var fieldsByType sync.Map // reflect.Type → map[string]reflect.Type
+
 // jsonFields maps the JSON names of t's fields to their types.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
+	if f, ok := fieldsByType.Load(t); ok {
+		return f.(map[string]reflect.Type)
+	}
 	fields := make(map[string]reflect.Type, t.NumField())
 	for i := range t.NumField() {
 		f := t.Field(i)
@@ -290,6 +366,7 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 		}
 		fields[name] = f.Type
 	}
+	fieldsByType.Store(t, fields)
 	return fields
 }
 

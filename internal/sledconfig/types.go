@@ -25,6 +25,9 @@ type Config struct {
 	// canonical is the canonical JSON of the whole document (sorted keys, compact),
 	// set by Parse.
 	canonical []byte
+	// missing lists the required top-level members that the parsed document
+	// lacks or has as null (Validate reports them).
+	missing []string
 }
 
 // Zone is one Omicron zone (upstream OmicronZoneConfig).

@@ -104,18 +104,8 @@ func zonePath(key string) string { return fmt.Sprintf("zones[%q]", key) }
 // requires. A config built in code cannot tell absent from empty, so it is
 // not checked.
 func (v *validator) requiredTopLevel(c *Config) {
-	if c.canonical == nil {
-		return
-	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(c.canonical, &top); err != nil {
-		v.add("", "config is not a JSON object")
-		return
-	}
-	for _, f := range []string{"datasets", "disks", "generation", "measurements", "zones"} {
-		if raw, ok := top[f]; !ok || string(raw) == "null" {
-			v.add(f, "is required")
-		}
+	for _, f := range c.missing {
+		v.add(f, "is required")
 	}
 }
 
