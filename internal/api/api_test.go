@@ -33,7 +33,7 @@ const sledID = "1c3c0b4f-6c8a-4d4e-9a7e-2f1b5a9d0e11"
 // sim runtime. Requests go straight to the handler, so tests can run inside a
 // synctest bubble.
 type sled struct {
-	t      *testing.T
+	t      testing.TB
 	dirs   []string
 	store  *configstore.Store
 	rec    *reconciler.Reconciler
@@ -41,7 +41,7 @@ type sled struct {
 	server *api.Server
 }
 
-func newSled(t *testing.T, simOpts sim.Options) *sled {
+func newSled(t testing.TB, simOpts sim.Options) *sled {
 	t.Helper()
 	base := t.TempDir()
 	s := &sled{t: t, dirs: []string{filepath.Join(base, "a"), filepath.Join(base, "b")}}
