@@ -1,0 +1,146 @@
+package zonenet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// Ensure makes the zone's plumbing match c, creating whatever is missing and
+// fixing whatever is wrong. It may be called again with the same c at any
+// time, including after it failed or the process died part-way through.
+func Ensure(ctx context.Context, c Config) error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	if err := ensure(ctx, c); err != nil {
+		return fmt.Errorf("zonenet: ensuring %s: %w", c.Netns, err)
+	}
+	return nil
+}
+
+func ensure(ctx context.Context, c Config) error {
+	if err := createNetns(c.Netns); err != nil {
+		return err
+	}
+	s, err := openSession(ctx, c.Netns)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	if s.zone == nil {
+		return fmt.Errorf("namespace %s vanished while being set up", c.Netns)
+	}
+	lo, err := s.zone.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("looking up lo: %w", err)
+	}
+	if err := setUp(s.zone, lo); err != nil {
+		return err
+	}
+
+	up, np := pairs(c.Tag, c.ZoneID)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	hl, zl, err := s.ensurePair(up, nil)
+	if err != nil {
+		return err
+	}
+	for _, step := range []func() error{
+		func() error { return setUp(s.zone, zl) },
+		func() error { return syncAddrs(s.zone, zl, []netip.Prefix{underlayPrefix(c.Underlay)}) },
+		func() error { return setUp(s.host, hl) },
+		func() error { return addAddr(s.host, hl, hostLinkLocal) },
+		func() error { return syncHostRoute(s.host, hl, hostRoute(hl, c.Underlay)) },
+		func() error { return ensureRoute(s.zone, zl, defaultRoute(zl)) },
+	} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if c.NIC == nil {
+		return s.removePair(np)
+	}
+	if hl, zl, err = s.ensurePair(np, c.NIC.MAC); err != nil {
+		return err
+	}
+	if mac := c.NIC.MAC; mac != nil && zl.Attrs().HardwareAddr.String() != mac.String() {
+		if err := s.zone.LinkSetDown(zl); err != nil {
+			return fmt.Errorf("setting %s down to change its MAC: %w", np.zone, err)
+		}
+		if err := s.zone.LinkSetHardwareAddr(zl, mac); err != nil {
+			return fmt.Errorf("setting the MAC of %s: %w", np.zone, err)
+		}
+		zl.Attrs().Flags &^= net.FlagUp // so that setUp below sets it up again
+	}
+	if err := setUp(s.zone, zl); err != nil {
+		return err
+	}
+	if err := syncAddrs(s.zone, zl, c.NIC.Addrs); err != nil {
+		return err
+	}
+	return setUp(s.host, hl)
+}
+
+// removePair deletes p's host end (and so its zone end) if it is ours, and a
+// zone end left without it.
+func (s *session) removePair(p pair) error {
+	hl, zl, err := s.look(p)
+	if err != nil {
+		return err
+	}
+	if hl == nil {
+		if zl != nil {
+			return delLink(s.zone, zl)
+		}
+		return nil
+	}
+	ok, err := s.owns(hl, zl, p)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%s has alias %q, want %q; left alone: %w", p.host, hl.Attrs().Alias, p.alias, ErrNotOwned)
+	}
+	return delLink(s.host, hl)
+}
+
+// Remove deletes the zone's host links (each takes its peer with it) and its
+// namespace (unmounted with MNT_DETACH, file deleted, as `ip netns delete`
+// does). Missing parts are not errors. A link with the zone's name that is
+// not provably ours is left alone and reported with ErrNotOwned.
+func Remove(ctx context.Context, netnsName, tag, zoneID string) error {
+	for _, err := range []error{validNetns(netnsName), validTag(tag), validZoneID(zoneID)} {
+		if err != nil {
+			return err
+		}
+	}
+	var errs []error
+	s, err := openSession(ctx, netnsName)
+	if err != nil {
+		return fmt.Errorf("zonenet: removing %s: %w", netnsName, err)
+	}
+	up, np := pairs(tag, zoneID)
+	for _, p := range []pair{up, np} {
+		if err := s.removePair(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.close()
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, err)
+	} else if err := removeNetns(netnsName); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("zonenet: removing %s: %w", netnsName, err)
+	}
+	return nil
+}

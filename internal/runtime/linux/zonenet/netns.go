@@ -1,0 +1,192 @@
+package zonenet
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+const netnsDir = "/run/netns"
+
+// NetnsExists reports whether the namespace called name exists: its file is
+// there and has a namespace mounted on it. One statfs; cheap enough to poll.
+func NetnsExists(name string) bool {
+	if validNetns(name) != nil {
+		return false
+	}
+	return isNetnsMount(NetnsPath(name))
+}
+
+func isNetnsMount(path string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
+}
+
+// runDir guards the one-time preparation of /run/netns. It is held across
+// mount(2) calls on a local directory, which do not wait on anything; without
+// it two zones created at once could each find /run/netns not yet a mount
+// point and stack two bind mounts on it.
+var runDir struct {
+	mu    sync.Mutex
+	ready bool
+}
+
+// prepareNetnsDir creates /run/netns and makes it a shared mount point, as
+// iproute2 does, so that namespace mounts under it propagate to mount
+// namespaces created later (and their unmounts too).
+func prepareNetnsDir() error {
+	runDir.mu.Lock()
+	defer runDir.mu.Unlock()
+	if runDir.ready {
+		return nil
+	}
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return err
+	}
+	for boundOnItself := false; ; boundOnItself = true {
+		err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		if err == nil {
+			runDir.ready = true
+			return nil
+		}
+		if !errors.Is(err, unix.EINVAL) || boundOnItself {
+			return fmt.Errorf("making %s a shared mount: %w", netnsDir, err)
+		}
+		// Not a mount point yet: bind it onto itself, then retry.
+		if err := unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind-mounting %s onto itself: %w", netnsDir, err)
+		}
+	}
+}
+
+// createNetns makes the namespace called name exist. A leftover file without
+// a namespace mounted on it (a crash between creating and mounting it) is
+// replaced.
+func createNetns(name string) error {
+	path := NetnsPath(name)
+	if isNetnsMount(path) {
+		return nil
+	}
+	if err := prepareNetnsDir(); err != nil {
+		return err
+	}
+	if err := removeNetns(name); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0)
+	if err != nil {
+		return fmt.Errorf("creating namespace file: %w", err)
+	}
+	f.Close()
+
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: when this goroutine returns, its thread, now in
+		// the new namespace, exits with it instead of serving other
+		// goroutines.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
+			return
+		}
+		self := "/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net"
+		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
+			errc <- fmt.Errorf("bind-mounting the new namespace on %s: %w", path, err)
+			return
+		}
+		errc <- nil
+	}()
+	if err := <-errc; err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
+
+// openNetns opens the namespace called name, or returns netns.None() if it
+// does not exist (no file, or no namespace mounted on it).
+func openNetns(name string) (netns.NsHandle, error) {
+	ns, err := netns.GetFromPath(NetnsPath(name))
+	if errors.Is(err, unix.ENOENT) {
+		return netns.None(), nil
+	}
+	if err != nil {
+		return netns.None(), fmt.Errorf("opening namespace %s: %w", name, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(ns), &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		ns.Close()
+		return netns.None(), err
+	}
+	return ns, nil
+}
+
+// handleIn opens a netlink handle whose sockets live in ns. Its thread enters
+// ns and is then discarded: the goroutine locks it and never unlocks it, so no
+// other goroutine ever runs in the wrong namespace, whatever fails.
+func handleIn(ns netns.NsHandle) (*netlink.Handle, error) {
+	type result struct {
+		h   *netlink.Handle
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked
+		if err := netns.Set(ns); err != nil {
+			ch <- result{err: fmt.Errorf("setns: %w", err)}
+			return
+		}
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		ch <- result{h, err}
+	}()
+	r := <-ch
+	return r.h, r.err
+}
+
+// removeNetns unmounts and deletes the namespace file, as `ip netns delete`
+// does. The namespace itself goes when nothing else holds it. A missing file
+// is not an error.
+func removeNetns(name string) error {
+	path := NetnsPath(name)
+	// More than one mount may be stacked on the file; take them all off.
+	for range 8 {
+		err := unix.Unmount(path, unix.MNT_DETACH)
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("unmounting %s: %w", path, err)
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing %s: %w", path, err)
+	}
+	return nil
+}
+
+// listNetns returns the names in /run/netns that start with prefix.
+func listNetns(prefix string) ([]string, error) {
+	ents, err := os.ReadDir(netnsDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) && validNetns(e.Name()) == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
