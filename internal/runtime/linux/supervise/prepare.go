@@ -1,0 +1,188 @@
+//go:build linux
+
+package supervise
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// MarkerEnv is the environment entry the run script gives the service, with
+// the service directory as its value: the mark by which Stop and Status
+// recognise the service's processes without asking runsv.
+const MarkerEnv = "SLED_AGENT_SUPERVISE_DIR"
+
+// Names of the files in a service directory.
+const (
+	runFile      = "run"
+	finishFile   = "finish"
+	logFile      = "runsv.log"
+	lastExitFile = "last-exit"
+)
+
+// finishScript records how the service last exited. runsv runs it in the
+// service directory with two arguments: the exit code of ./run, or -1 when a
+// signal ended it, and the low byte of the wait status (the signal number).
+const finishScript = `#!/bin/sh
+# Written by sled-agent (package supervise). Records how ./run last exited.
+PATH=/usr/sbin:/usr/bin:/sbin:/bin
+printf '%s %s\n' "$1" "$2" >` + lastExitFile + `.new && exec mv -f ` + lastExitFile + `.new ` + lastExitFile + `
+`
+
+// defaultPath is the service's PATH when env does not set one.
+const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Prepare writes the runit service directory dir, creating it if missing: an
+// executable run script that execs argv with exactly the environment env
+// (plus MarkerEnv, and defaultPath when env has no PATH; nothing is inherited
+// from the agent or runsv), and a finish script that records the exit status in
+// dir/last-exit. Every argument and environment entry is single-quoted, so the
+// shell interprets none of it; NUL bytes are refused. Prepare is idempotent: a
+// file is rewritten (temp file and rename) only when its content changed.
+func Prepare(dir string, argv []string, env []string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("supervise: prepare %s: %w", dir, err)
+	}
+	abs, err := canonical(dir)
+	if err != nil {
+		return fmt.Errorf("supervise: prepare %s: %w", dir, err)
+	}
+	run, err := runScript(abs, argv, env)
+	if err != nil {
+		return fmt.Errorf("supervise: prepare %s: %w", abs, err)
+	}
+	if err := writeIfChanged(filepath.Join(abs, runFile), run, 0o755); err != nil {
+		return fmt.Errorf("supervise: prepare %s: %w", abs, err)
+	}
+	if err := writeIfChanged(filepath.Join(abs, finishFile), []byte(finishScript), 0o755); err != nil {
+		return fmt.Errorf("supervise: prepare %s: %w", abs, err)
+	}
+	return nil
+}
+
+// runScript returns the run script for the service in directory abs.
+func runScript(abs string, argv, env []string) ([]byte, error) {
+	if len(argv) == 0 || argv[0] == "" {
+		return nil, errors.New("empty argv")
+	}
+	// env(1) takes every leading argument with a '=' for an assignment.
+	if strings.Contains(argv[0], "=") {
+		return nil, fmt.Errorf("argv[0] %q contains '='", argv[0])
+	}
+	for i, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, fmt.Errorf("argv[%d] contains a NUL byte", i)
+		}
+	}
+	for _, e := range env {
+		k, _, ok := strings.Cut(e, "=")
+		switch {
+		case strings.IndexByte(e, 0) >= 0:
+			return nil, fmt.Errorf("environment entry %q contains a NUL byte", k)
+		case !ok || !validEnvName(k):
+			return nil, fmt.Errorf("environment entry %q is not NAME=value", e)
+		case k == MarkerEnv:
+			return nil, fmt.Errorf("environment entry %s is reserved", MarkerEnv)
+		}
+	}
+	if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "PATH=") }) {
+		env = append([]string{defaultPath}, env...)
+	}
+	envBin := "/usr/bin/env"
+	if _, err := os.Stat(envBin); err != nil {
+		if envBin, err = exec.LookPath("env"); err != nil {
+			return nil, fmt.Errorf("find env(1): %w", err)
+		}
+	}
+	var b bytes.Buffer
+	b.WriteString("#!/bin/sh\n# Written by sled-agent (package supervise); rewritten by every Prepare.\n")
+	b.WriteString("exec " + shellQuote(envBin) + " -i --")
+	for _, w := range append([]string{MarkerEnv + "=" + abs}, env...) {
+		b.WriteString(" " + shellQuote(w))
+	}
+	for _, a := range argv {
+		b.WriteString(" " + shellQuote(a))
+	}
+	b.WriteString("\n")
+	return b.Bytes(), nil
+}
+
+// shellQuote quotes s for sh: inside single quotes nothing is special but the
+// single quote itself, which closes the quotes, is written escaped and
+// reopens them.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func validEnvName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i, c := range k {
+		switch {
+		case c == '_', c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// writeIfChanged makes path hold content with mode perm, replacing it
+// atomically (temp file, fsync, rename) only when its content differs.
+func writeIfChanged(path string, content []byte, perm fs.FileMode) error {
+	old, err := os.ReadFile(path)
+	if err == nil && bytes.Equal(old, content) {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm() != perm {
+			return os.Chmod(path, perm)
+		}
+		return nil
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // fails harmlessly after the rename
+	if _, err := f.Write(content); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// canonical returns dir as an absolute path without symbolic links: the form
+// in which the kernel reports runsv's working directory and open files.
+func canonical(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	return filepath.EvalSymlinks(abs)
+}
