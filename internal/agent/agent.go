@@ -25,6 +25,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/zone"
@@ -43,6 +44,10 @@ type Config struct {
 	UnderlayIP string   `json:"underlay-ip"`
 	Role       string   `json:"role"`
 	SimFaults  string   `json:"sim-faults"`
+	// Images overrides what runs in the zones of a kind (linux runtime):
+	// {"crucible": ["/usr/bin/crucible-downstairs", "--listen", "{listen}"]}.
+	// See internal/runtime/linux for the placeholders.
+	Images map[string][]string `json:"images"`
 	// RelistPeriod is how often zones are listed to catch deaths (0: default).
 	RelistPeriod time.Duration `json:"-"`
 	// SimStartDelay, if set, is how long each sim zone takes to start (dev).
@@ -82,6 +87,8 @@ type Agent struct {
 	server   *api.Server
 	sim      *sim.Runtime
 	identity api.Identity
+	// watch, if set, reports runtime events until its ctx ends.
+	watch func(context.Context) error
 }
 
 // New prepares an agent: it loads the ledger, binds the listener and builds
@@ -127,7 +134,10 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	var rt reconciler.Runtime
+	var rt interface {
+		reconciler.Runtime
+		SetNotify(func())
+	}
 	switch cfg.Runtime {
 	case "sim":
 		a.sim = sim.New(sim.Options{StartDelay: cfg.SimStartDelay})
@@ -141,8 +151,22 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 			}
 		}
 		rt = a.sim
+	case "linux":
+		images := map[string]linux.Image{}
+		for kind, argv := range cfg.Images {
+			if !sledconfig.KnownZoneType(kind) || len(argv) == 0 {
+				return nil, fmt.Errorf("images: %q: want a known zone type and a non-empty command", kind)
+			}
+			images[kind] = argv
+		}
+		lrt, err := linux.New(linux.Options{DataDir: cfg.DataDir, Images: images, Log: a.log.With("component", "runtime")})
+		if err != nil {
+			return nil, err
+		}
+		a.watch = lrt.Watch
+		rt = lrt
 	default:
-		return nil, fmt.Errorf("runtime %q: this build supports only \"sim\"", cfg.Runtime)
+		return nil, fmt.Errorf("runtime %q: want sim or linux", cfg.Runtime)
 	}
 	if cfg.SimFaults != "" && a.sim == nil {
 		return nil, fmt.Errorf("sim-faults is only for the sim runtime, not %q", cfg.Runtime)
@@ -151,9 +175,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 		RelistPeriod: cfg.RelistPeriod,
 		Metrics:      reconciler.NewMetrics(reg),
 	})
-	if a.sim != nil {
-		a.sim.SetNotify(a.rec.Poke)
-	}
+	rt.SetNotify(a.rec.Poke)
 
 	l, err := ledger.Open(cfg.LedgerDirs, LedgerFile, a.log.With("component", "ledger"))
 	if err != nil {
@@ -218,6 +240,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("reconciler: %w", err)
 		}
 	})
+	if a.watch != nil {
+		wg.Go(func() {
+			if err := a.watch(ctx); err != nil && ctx.Err() == nil {
+				// The relist still catches dead zones, only later.
+				a.log.Error("watching zone events failed; relying on the periodic relist", "err", err)
+			}
+		})
+	}
 	wg.Go(func() {
 		if err := srv.Serve(a.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("api server: %w", err)

@@ -76,6 +76,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format of operator commands: table or json")
 	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd())
 	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g))
+	root.AddCommand(newZoneServiceCmd())
 	return root
 }
 
@@ -86,7 +87,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.Listen, "listen", agent.DefaultListen, "address the API listens on")
 	f.StringVar(&c.DataDir, "data-dir", defaultDataDir(), "where the agent keeps its state")
 	f.StringArrayVar(&c.LedgerDirs, "ledger-dir", nil, "directory for a copy of the config ledger (repeatable; default: two under --data-dir)")
-	f.StringVar(&c.Runtime, "runtime", agent.DefaultRuntime, "zone runtime: sim")
+	f.StringVar(&c.Runtime, "runtime", agent.DefaultRuntime, "zone runtime: sim (simulated zones) or linux (real ones; needs root)")
 	f.StringVar(&c.SledID, "sled-id", "", "this sled's UUID (default: generated once and kept in --data-dir)")
 	f.StringVar(&c.UnderlayIP, "underlay-ip", agent.DefaultUnderlayIP, "this sled's underlay IPv6 address")
 	f.StringVar(&c.Role, "role", agent.DefaultRole, "sled role: gimlet or scrimlet")

@@ -89,22 +89,16 @@ func createNetns(name string) error {
 	f.Close()
 
 	errc := make(chan error, 1)
-	go func() {
-		// Never unlocked: when this goroutine returns, its thread, now in
-		// the new namespace, exits with it instead of serving other
-		// goroutines.
-		runtime.LockOSThread()
+	go inNamespace(func() error {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
-			return
+			return fmt.Errorf("unshare(CLONE_NEWNET): %w", err)
 		}
 		self := "/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net"
 		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
-			errc <- fmt.Errorf("bind-mounting the new namespace on %s: %w", path, err)
-			return
+			return fmt.Errorf("bind-mounting the new namespace on %s: %w", path, err)
 		}
-		errc <- nil
-	}()
+		return nil
+	}, errc)
 	if err := <-errc; err != nil {
 		os.Remove(path)
 		return err
@@ -130,26 +124,42 @@ func openNetns(name string) (netns.NsHandle, error) {
 	return ns, nil
 }
 
-// handleIn opens a netlink handle whose sockets live in ns. Its thread enters
-// ns and is then discarded: the goroutine locks it and never unlocks it, so no
-// other goroutine ever runs in the wrong namespace, whatever fails.
+// handleIn opens a netlink handle whose sockets live in ns (a socket stays in
+// the namespace it was made in).
 func handleIn(ns netns.NsHandle) (*netlink.Handle, error) {
-	type result struct {
-		h   *netlink.Handle
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked
+	var h *netlink.Handle
+	errc := make(chan error, 1)
+	go inNamespace(func() error {
 		if err := netns.Set(ns); err != nil {
-			ch <- result{err: fmt.Errorf("setns: %w", err)}
-			return
+			return fmt.Errorf("setns: %w", err)
 		}
-		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		ch <- result{h, err}
-	}()
-	r := <-ch
-	return r.h, r.err
+		var err error
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+		return err
+	}, errc)
+	return h, <-errc
+}
+
+// inNamespace runs f on a locked thread that f may move into another network
+// namespace, sends f's result to errc, and moves the thread back to where it
+// was. Only a thread that is back where it started is unlocked and reused;
+// one that could not be moved back stays locked, so the Go runtime discards
+// it with this goroutine and no other goroutine ever runs in the wrong
+// namespace. (Discarding every such thread instead would, when the thread is
+// the process's main one, leave the whole process looking as if it lived in
+// the zone and keep the zone's namespace alive.)
+func inNamespace(f func() error, errc chan<- error) {
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		errc <- fmt.Errorf("getting the thread's namespace: %w", err)
+		return // thread discarded
+	}
+	defer orig.Close()
+	errc <- f()
+	if netns.Set(orig) == nil {
+		runtime.UnlockOSThread()
+	}
 }
 
 // removeNetns unmounts and deletes the namespace file, as `ip netns delete`

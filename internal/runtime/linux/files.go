@@ -1,0 +1,181 @@
+package linux
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+)
+
+// writeFileAtomic replaces path with data: temp file, fsync, rename, fsync
+// dir. Missing directories are created.
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// keepAgentBinary copies the agent binary into the data dir (if it differs
+// from the copy there), so the zones' services keep working when the file
+// the agent ran from goes away, as `go run`'s does.
+func (r *Runtime) keepAgentBinary() error {
+	src := r.opts.AgentBinary
+	if src == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding the agent binary: %w", err)
+		}
+		src = exe
+	}
+	dst := filepath.Join(r.opts.DataDir, "bin", "sled-agent")
+	r.agent = dst
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return fmt.Errorf("reading the agent binary: %w", err)
+	}
+	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	if err := writeFileAtomic(dst, data); err != nil {
+		return fmt.Errorf("keeping the agent binary: %w", err)
+	}
+	return os.Chmod(dst, 0o755)
+}
+
+// nicConfig turns a zone's NIC config into the addresses of its link.
+func nicConfig(nic *sledconfig.NIC) (*zonenet.NIC, error) {
+	var out zonenet.NIC
+	if nic.MAC != "" {
+		mac, err := net.ParseMAC(nic.MAC)
+		if err != nil {
+			return nil, fmt.Errorf("nic mac: %w", err)
+		}
+		out.MAC = mac
+	}
+	add := func(ip, subnet string) error {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			return fmt.Errorf("nic ip: %w", err)
+		}
+		p, err := netip.ParsePrefix(subnet)
+		if err != nil {
+			return fmt.Errorf("nic subnet: %w", err)
+		}
+		out.Addrs = append(out.Addrs, netip.PrefixFrom(a, p.Bits()))
+		return nil
+	}
+	v := nic.IPConfig.Value
+	if v.IP != "" {
+		if err := add(v.IP, v.Subnet); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range []*sledconfig.PrivateIP{v.V4, v.V6} {
+		if p != nil {
+			if err := add(p.IP, p.Subnet); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return &out, nil
+}
+
+// killNamespaceProcs kills every process whose network namespace is the one
+// bound at nsPath, and waits (until ctx ends) for them to go. A missing
+// namespace has no processes.
+func killNamespaceProcs(ctx context.Context, nsPath string) error {
+	var st syscall.Stat_t
+	if err := syscall.Stat(nsPath, &st); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("namespace %s: %w", nsPath, err)
+	}
+	want := "net:[" + strconv.FormatUint(st.Ino, 10) + "]"
+	delay := 10 * time.Millisecond
+	for {
+		pids, err := namespacePIDs(want)
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("processes %v in %s did not exit: %w", pids, nsPath, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
+}
+
+// namespacePIDs lists processes whose network namespace link reads want.
+func namespacePIDs(want string) ([]int, error) {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil && err != io.EOF {
+		return nil, err
+	}
+	var pids []int
+	self := os.Getpid()
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil || pid == self {
+			// Never ourselves: /proc shows a process's namespace as its main
+			// thread's, and a thread that entered a zone's namespace and was
+			// then discarded by the Go runtime may be the main one.
+			continue
+		}
+		if link, err := os.Readlink("/proc/" + n + "/ns/net"); err == nil && link == want {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}

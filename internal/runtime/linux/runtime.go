@@ -1,0 +1,381 @@
+// Package linux is the zone runtime for Linux. A zone oxz_<kind>_<id> is a
+// named network namespace with veth links holding its addresses
+// (internal/runtime/linux/zonenet), a zone root directory on its pool under
+// the data dir, and its service started inside the namespace under runit's
+// runsv (internal/runtime/linux/supervise), which keeps it running whether or
+// not the agent is alive. A file in the zone root and the links' aliases mark
+// every part as this agent's, so a restarted agent can prove what it owns.
+package linux
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/zone"
+	"github.com/sled-agent/sled-agent/internal/zoneservice"
+)
+
+// Options set up the runtime.
+type Options struct {
+	// DataDir holds the pools (DataDir/pools/<pool>/zones/<zone>) and the
+	// agent binary the default image runs (DataDir/bin).
+	DataDir string
+	// Tag marks every object as this agent's (default "sled-agent"). Tests
+	// use a unique tag.
+	Tag string
+	// NetnsPrefix is put before every zone name to make its namespace name
+	// (default none). Tests use a unique prefix.
+	NetnsPrefix string
+	// Images maps a zone type to what runs in its zones; others run
+	// DefaultImage.
+	Images map[string]Image
+	// AgentBinary is the binary DefaultImage runs (default: this executable).
+	// It is copied into the data dir, so zones outlive the file it came from.
+	AgentBinary string
+	// HealthTimeout bounds one health check (default 1s).
+	HealthTimeout time.Duration
+	// Notify is called when a zone may have died: its namespace or a link
+	// was deleted, or its supervisor exited. The reconciler's Poke fits.
+	Notify func()
+	Log    *slog.Logger
+}
+
+// Runtime creates, lists and destroys zones on Linux. It needs root.
+type Runtime struct {
+	opts  Options
+	agent string // the kept agent binary
+
+	mu       sync.Mutex
+	watchers map[string]context.CancelFunc // guarded by mu; supervisor watchers by zone name
+}
+
+// New prepares the runtime: it checks the tools it needs and keeps a copy
+// of the agent binary in the data dir.
+func New(opts Options) (*Runtime, error) {
+	opts.Tag = cmp.Or(opts.Tag, "sled-agent")
+	opts.HealthTimeout = cmp.Or(opts.HealthTimeout, time.Second)
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the linux runtime needs root (it creates network namespaces and links)")
+	}
+	if opts.DataDir == "" {
+		return nil, errors.New("the linux runtime needs a data dir")
+	}
+	r := &Runtime{opts: opts, watchers: map[string]context.CancelFunc{}}
+	if err := r.keepAgentBinary(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// owner is the file in a zone root that proves the zone is ours.
+type owner struct {
+	Tag   string `json:"tag"`
+	ID    string `json:"id"`
+	Name  string `json:"name"`
+	Hash  string `json:"config_hash"`
+	Netns string `json:"netns"`
+	// Config is the zone's config, for people and for the restore protocol.
+	Config json.RawMessage `json:"config"`
+}
+
+const ownerFile = "zone.json"
+
+// zoneRoot is where the zone's root lives: on its pool, if it has one.
+func (r *Runtime) zoneRoot(spec zone.Spec) string {
+	pool := "nopool"
+	if p := spec.Config.FilesystemPool; p != nil && *p != "" {
+		pool = *p // validated: ox[ip]_<uuid>
+	}
+	return filepath.Join(r.opts.DataDir, "pools", pool, "zones", spec.Name)
+}
+
+func (r *Runtime) netnsName(zoneName string) string { return r.opts.NetnsPrefix + zoneName }
+
+func serviceDir(root string) string { return filepath.Join(root, "service") }
+
+func (r *Runtime) netConfig(spec zone.Spec) (zonenet.Config, error) {
+	addr, ok := spec.Config.ServiceAddr()
+	if !ok {
+		return zonenet.Config{}, fmt.Errorf("zone %s has no underlay service address", spec.Name)
+	}
+	c := zonenet.Config{Netns: r.netnsName(spec.Name), Tag: r.opts.Tag, ZoneID: spec.ID, Underlay: addr.Addr()}
+	if nic := spec.Config.ZoneType.NIC; nic != nil {
+		n, err := nicConfig(nic)
+		if err != nil {
+			return zonenet.Config{}, fmt.Errorf("zone %s: %w", spec.Name, err)
+		}
+		c.NIC = n
+	}
+	return c, nil
+}
+
+// Ensure creates the zone (whatever of it is missing) and returns once its
+// service is up and answers its health check.
+func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
+	root := r.zoneRoot(spec)
+	netCfg, err := r.netConfig(spec)
+	if err != nil {
+		return err
+	}
+	addr, _ := spec.Config.ServiceAddr()
+	// The ownership mark goes first, so a crash at any later point leaves
+	// parts that are provably ours.
+	cfgJSON, err := json.Marshal(spec.Config)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(root, ownerFile), mustJSON(owner{
+		Tag: r.opts.Tag, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Config: cfgJSON,
+	})); err != nil {
+		return fmt.Errorf("zone %s: writing its root: %w", spec.Name, err)
+	}
+	if err := zonenet.Ensure(ctx, netCfg); err != nil {
+		return fmt.Errorf("zone %s: network: %w", spec.Name, err)
+	}
+	img := DefaultImage
+	if i, ok := r.opts.Images[spec.Config.ZoneType.Type]; ok {
+		img = i
+	}
+	argv, err := img.expand(spec, addr, r.agent, root)
+	if err != nil {
+		return err
+	}
+	// nsenter starts the service inside the zone's namespace; runsv keeps
+	// it there.
+	argv = append([]string{"nsenter", "--net=" + zonenet.NetnsPath(netCfg.Netns), "--"}, argv...)
+	svc := serviceDir(root)
+	if err := supervise.Prepare(svc, argv, nil); err != nil {
+		return fmt.Errorf("zone %s: service: %w", spec.Name, err)
+	}
+	proc, err := supervise.StartContext(ctx, svc)
+	if err != nil {
+		return fmt.Errorf("zone %s: starting its supervisor: %w", spec.Name, err)
+	}
+	if err := r.waitReady(ctx, spec.Name, netCfg.Netns, svc, proc, addr.String()); err != nil {
+		return err
+	}
+	r.watchSupervisor(spec.Name, proc)
+	return nil
+}
+
+// waitReady waits, until ctx ends, for the zone's service to be up and
+// healthy. Every poll also checks that the zone still exists: if its
+// namespace or its supervisor is gone, the wait ends at once with a
+// zone.GoneError.
+func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *supervise.Proc, addr string) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited := proc.Watch(wctx)
+	delay := 10 * time.Millisecond
+	lastErr := errors.New("service not up yet")
+	for {
+		if !zonenet.NetnsExists(netns) {
+			return &zone.GoneError{Name: name, Reason: "its network namespace was deleted while its service was starting"}
+		}
+		select {
+		case <-exited:
+			return &zone.GoneError{Name: name, Reason: "its supervisor exited while its service was starting"}
+		default:
+		}
+		st, err := supervise.Status(svc)
+		switch {
+		case err != nil:
+			lastErr = err
+		case !st.Up:
+			lastErr = errors.New("service not up yet")
+		default:
+			hctx, hcancel := context.WithTimeout(ctx, r.opts.HealthTimeout)
+			err := zoneservice.Check(hctx, addr)
+			hcancel()
+			if err == nil {
+				return nil
+			}
+			lastErr = fmt.Errorf("health check: %w", err)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("zone %s not ready: %v: %w", name, lastErr, ctx.Err())
+		case <-exited:
+			t.Stop()
+		case <-t.C:
+		}
+		delay = min(delay*2, 250*time.Millisecond)
+	}
+}
+
+// watchSupervisor notifies when the zone's supervisor exits.
+func (r *Runtime) watchSupervisor(name string, proc *supervise.Proc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.mu.Lock()
+	if old, ok := r.watchers[name]; ok {
+		old()
+	}
+	r.watchers[name] = cancel
+	r.mu.Unlock()
+	exited := proc.Watch(ctx)
+	go func() {
+		select {
+		case <-exited:
+			r.opts.Log.Warn("zone supervisor exited", "zone", name)
+			r.notify()
+		case <-ctx.Done():
+		}
+	}()
+}
+
+func (r *Runtime) stopWatching(name string) {
+	r.mu.Lock()
+	if cancel, ok := r.watchers[name]; ok {
+		cancel()
+		delete(r.watchers, name)
+	}
+	r.mu.Unlock()
+}
+
+// Destroy removes every part of the named zone: its service and supervisor,
+// any process left in its namespace, its links and namespace, and its root.
+// Parts that do not exist are skipped; parts not marked as ours are left
+// alone.
+func (r *Runtime) Destroy(ctx context.Context, name string) error {
+	r.stopWatching(name)
+	netns := r.netnsName(name)
+	roots, err := r.rootsOf(name)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	zoneID := ""
+	for _, root := range roots {
+		o, err := readOwner(root)
+		if err != nil || o.Tag != r.opts.Tag {
+			continue // not provably ours
+		}
+		zoneID = o.ID
+		if err := supervise.Stop(ctx, serviceDir(root)); err != nil {
+			errs = append(errs, fmt.Errorf("stopping its service: %w", err))
+		}
+	}
+	if err := killNamespaceProcs(ctx, zonenet.NetnsPath(netns)); err != nil {
+		errs = append(errs, err)
+	}
+	if zoneID == "" {
+		zoneID = idFromName(name)
+	}
+	if err := zonenet.Remove(ctx, netns, r.opts.Tag, zoneID); err != nil {
+		errs = append(errs, fmt.Errorf("network: %w", err))
+	}
+	if len(errs) == 0 {
+		for _, root := range roots {
+			if o, err := readOwner(root); err == nil && o.Tag == r.opts.Tag {
+				if err := os.RemoveAll(root); err != nil {
+					errs = append(errs, fmt.Errorf("zone root: %w", err))
+				}
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroying zone %s: %w", name, err)
+	}
+	return nil
+}
+
+// List returns every zone whose root carries this agent's mark, with whether
+// it is complete and its service up.
+func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
+	roots, err := filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", "oxz_*"))
+	if err != nil {
+		return nil, err
+	}
+	var out []zone.Observed
+	for _, root := range roots {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		o, err := readOwner(root)
+		if err != nil || o.Tag != r.opts.Tag {
+			continue
+		}
+		obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
+		obs.Running, obs.Detail = r.inspect(o, root)
+		out = append(out, obs)
+	}
+	return out, nil
+}
+
+// inspect says whether a zone is whole and its service up, and if not, why.
+func (r *Runtime) inspect(o owner, root string) (bool, string) {
+	if !zonenet.NetnsExists(o.Netns) {
+		return false, "network namespace missing"
+	}
+	var z sledconfig.Zone
+	if err := json.Unmarshal(o.Config, &z); err == nil {
+		if nc, err := r.netConfig(zone.Spec{Name: o.Name, ID: o.ID, Config: z}); err == nil {
+			parts, err := zonenet.Inspect(nc)
+			if err != nil {
+				return false, "inspecting network: " + err.Error()
+			}
+			if !parts.Complete() {
+				return false, fmt.Sprintf("network incomplete: %+v", parts)
+			}
+		}
+	}
+	st, err := supervise.Status(serviceDir(root))
+	switch {
+	case err != nil:
+		return false, "service status: " + err.Error()
+	case !st.Supervised:
+		return false, "supervisor not running"
+	case !st.Up:
+		return false, "service down"
+	}
+	return true, ""
+}
+
+func readOwner(root string) (owner, error) {
+	var o owner
+	data, err := os.ReadFile(filepath.Join(root, ownerFile))
+	if err != nil {
+		return o, err
+	}
+	if err := json.Unmarshal(data, &o); err != nil {
+		return o, fmt.Errorf("%s: %w", filepath.Join(root, ownerFile), err)
+	}
+	return o, nil
+}
+
+// rootsOf finds the roots of a zone on any pool.
+func (r *Runtime) rootsOf(name string) ([]string, error) {
+	return filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", name))
+}
+
+// idFromName returns the zone id at the end of a zone name.
+func idFromName(name string) string {
+	if len(name) < 36 {
+		return ""
+	}
+	return name[len(name)-36:]
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		panic(err)
+	}
+	return append(b, '\n')
+}

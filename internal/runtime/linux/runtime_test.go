@@ -1,0 +1,346 @@
+package linux_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/zone"
+	"github.com/sled-agent/sled-agent/internal/zoneservice"
+)
+
+// TestMain lets the test binary play the agent binary that zone images run:
+// "zone-service …" serves like `sled-agent zone-service`, "never-ready"
+// runs without ever answering a health check.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "zone-service":
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+			defer stop()
+			if err := zoneservice.Serve(ctx, os.Args[3], zoneservice.Info{Name: os.Args[5], ID: os.Args[7], Kind: os.Args[9]}); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			os.Exit(0)
+		case "never-ready":
+			time.Sleep(time.Hour)
+			os.Exit(0)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// Hang detectors: bounds on waits, not assertions about speed.
+const (
+	startTimeout = 30 * time.Second
+	eventTimeout = 5 * time.Second
+)
+
+type env struct {
+	t      *testing.T
+	rt     *linux.Runtime
+	tag    string
+	prefix string
+	dir    string
+	pokes  chan struct{}
+}
+
+func newEnv(t *testing.T, images map[string]linux.Image) *env {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, links and processes")
+	}
+	if _, err := exec.LookPath("runsv"); err != nil {
+		t.Skip("needs runit's runsv (scripts/setup installs it)")
+	}
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		t.Skip("needs nsenter (util-linux)")
+	}
+	b := make([]byte, 3)
+	rand.Read(b)
+	e := &env{t: t, tag: "zt" + hex.EncodeToString(b), dir: t.TempDir(), pokes: make(chan struct{}, 100)}
+	e.prefix = e.tag + "-"
+	// Clean up everything with our tag, even if the test fails half-way.
+	t.Cleanup(e.cleanup)
+	rt, err := linux.New(linux.Options{
+		DataDir:     e.dir,
+		Tag:         e.tag,
+		NetnsPrefix: e.prefix,
+		Images:      images,
+		Notify: func() {
+			select {
+			case e.pokes <- struct{}{}:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.rt = rt
+	return e
+}
+
+func (e *env) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if e.rt != nil {
+		if obs, err := e.rt.List(ctx); err == nil {
+			for _, o := range obs {
+				if err := e.rt.Destroy(ctx, o.Name); err != nil {
+					e.t.Errorf("cleanup: %v", err)
+				}
+			}
+		}
+	}
+	// Whatever a failed test left outside a zone root.
+	services, _ := filepath.Glob(filepath.Join(e.dir, "pools", "*", "zones", "*", "service"))
+	for _, s := range services {
+		supervise.Stop(ctx, s)
+	}
+	nss, links, _ := zonenet.List(e.prefix, e.tag)
+	for _, ns := range nss {
+		zonenet.Remove(ctx, ns, e.tag, "")
+	}
+	for _, l := range links {
+		zonenet.Remove(ctx, e.prefix+"none", e.tag, l.ZoneID)
+	}
+}
+
+// spec is a crucible zone with index i, on its own /64.
+func spec(i int) zone.Spec {
+	z := sledconfigtest.Crucible(i)
+	z.ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1%02x::5]:32345", i)
+	return zone.SpecFor(&z)
+}
+
+func (e *env) ensure(s zone.Spec) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := e.rt.Ensure(ctx, s); err != nil {
+		e.t.Fatalf("Ensure %s: %v", s.Name, err)
+	}
+}
+
+func (e *env) observed(name string) (zone.Observed, bool) {
+	e.t.Helper()
+	obs, err := e.rt.List(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, o := range obs {
+		if o.Name == name {
+			return o, true
+		}
+	}
+	return zone.Observed{}, false
+}
+
+func healthy(t *testing.T, s zone.Spec) {
+	t.Helper()
+	addr, _ := s.Config.ServiceAddr()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := zoneservice.Check(ctx, addr.String()); err != nil {
+		t.Fatalf("zone %s does not answer from the host at %s: %v", s.Name, addr, err)
+	}
+}
+
+func TestZoneComesUpAndAnswersFromTheHost(t *testing.T) {
+	e := newEnv(t, nil)
+	plain := spec(1)
+	withNIC := sledconfigtest.Crucible(2)
+	withNIC.ZoneType.Type = "nexus"
+	withNIC.ZoneType.InternalAddress = "[fd00:1122:3344:102::6]:12221"
+	withNIC.ZoneType.Address, withNIC.ZoneType.Dataset = "", nil
+	withNIC.ZoneType.NIC = &sledconfig.NIC{MAC: "A8:40:25:FF:80:05", VNI: 100,
+		IPConfig: sledconfig.IPConfig{Type: "v4", Value: sledconfig.IPConfigValue{IP: "172.30.2.9", Subnet: "172.30.2.0/24"}}}
+	nexus := zone.SpecFor(&withNIC)
+
+	for _, s := range []zone.Spec{plain, nexus} {
+		e.ensure(s)
+		healthy(t, s)
+		o, ok := e.observed(s.Name)
+		if !ok || !o.Running || o.Hash != s.Hash || o.ID != s.ID {
+			t.Fatalf("List for %s: %+v (found %v)", s.Name, o, ok)
+		}
+		if _, err := os.Stat("/run/netns/" + e.prefix + s.Name); err != nil {
+			t.Errorf("namespace not visible to ip netns: %v", err)
+		}
+	}
+	// Ensure of a running zone is a no-op that returns at once.
+	e.ensure(plain)
+	healthy(t, plain)
+}
+
+func TestSupervisorRestartsAKilledService(t *testing.T) {
+	e := newEnv(t, nil)
+	s := spec(3)
+	e.ensure(s)
+	svc := serviceDir(t, e, s)
+	st, err := supervise.Status(svc)
+	if err != nil || !st.Up || st.PID == 0 {
+		t.Fatalf("status %+v, %v", st, err)
+	}
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(startTimeout)
+	for {
+		now, err := supervise.Status(svc)
+		if err == nil && now.Up && now.PID != st.PID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("service not restarted: %+v, %v", now, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitHealthy(t, s)
+}
+
+func waitHealthy(t *testing.T, s zone.Spec) {
+	t.Helper()
+	addr, _ := s.Config.ServiceAddr()
+	deadline := time.Now().Add(startTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := zoneservice.Check(ctx, addr.String())
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zone %s never healthy again: %v", s.Name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func serviceDir(t *testing.T, e *env, s zone.Spec) string {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join(e.dir, "pools", "*", "zones", s.Name, "service"))
+	if len(dirs) != 1 {
+		t.Fatalf("service dirs of %s: %v", s.Name, dirs)
+	}
+	return dirs[0]
+}
+
+func TestNamespaceDeletedDuringReadinessWaitIsZoneGone(t *testing.T) {
+	e := newEnv(t, map[string]linux.Image{"crucible": {"{agent}", "never-ready"}})
+	s := spec(4)
+	errc := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go func() { errc <- e.rt.Ensure(ctx, s) }()
+	ns := e.prefix + s.Name
+	deadline := time.Now().Add(startTimeout)
+	for !zonenet.NetnsExists(ns) {
+		if time.Now().After(deadline) {
+			t.Fatal("namespace never created")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // well into the wait
+	deleted := time.Now()
+	if err := zonenet.Remove(context.Background(), ns, e.tag, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, zone.ErrGone) {
+			t.Fatalf("Ensure returned %v, want a zone-gone error", err)
+		}
+		t.Logf("zone gone reported %s after the namespace was deleted", time.Since(deleted))
+	case <-time.After(eventTimeout):
+		t.Fatal("Ensure still waiting after the namespace was deleted")
+	}
+}
+
+func TestDeletedNamespaceOfARunningZoneIsNoticed(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watchDone := make(chan error, 1)
+	go func() { watchDone <- e.rt.Watch(ctx) }()
+	s := spec(5)
+	e.ensure(s)
+	for len(e.pokes) > 0 {
+		<-e.pokes
+	}
+	if err := zonenet.Remove(context.Background(), e.prefix+s.Name, e.tag, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.pokes:
+	case <-time.After(eventTimeout):
+		t.Fatal("no notification after the zone's namespace was deleted")
+	}
+	o, ok := e.observed(s.Name)
+	if !ok || o.Running || !strings.Contains(o.Detail, "namespace") {
+		t.Fatalf("List after deletion: %+v (found %v)", o, ok)
+	}
+	cancel()
+	if err := <-watchDone; err != nil {
+		t.Errorf("Watch: %v", err)
+	}
+}
+
+func TestDestroyLeavesNothing(t *testing.T) {
+	e := newEnv(t, nil)
+	s := spec(6)
+	e.ensure(s)
+	svc := serviceDir(t, e, s)
+	st, _ := supervise.Status(svc)
+	runsv, found, err := supervise.Find(svc)
+	if err != nil || !found {
+		t.Fatalf("runsv not found: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := e.rt.Destroy(ctx, s.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.Destroy(ctx, s.Name); err != nil {
+		t.Fatalf("second Destroy: %v", err)
+	}
+	for _, pid := range []int{st.PID, runsv.PID} {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+			t.Errorf("process %d still exists", pid)
+		}
+	}
+	nss, links, err := zonenet.List(e.prefix, e.tag)
+	if err != nil || len(nss) != 0 || len(links) != 0 {
+		t.Errorf("left: namespaces %v, links %v (%v)", nss, links, err)
+	}
+	if roots, _ := filepath.Glob(filepath.Join(e.dir, "pools", "*", "zones", "*")); len(roots) != 0 {
+		t.Errorf("zone roots left: %v", roots)
+	}
+	if _, ok := e.observed(s.Name); ok {
+		t.Error("List still shows the zone")
+	}
+	addr, _ := s.Config.ServiceAddr()
+	if c, err := net.DialTimeout("tcp", addr.String(), 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Error("the zone's address still answers")
+	}
+}
