@@ -52,6 +52,10 @@ type Config struct {
 	RelistPeriod time.Duration `json:"-"`
 	// SimStartDelay, if set, is how long each sim zone takes to start (dev).
 	SimStartDelay func(zone.Spec) time.Duration `json:"-"`
+	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
+	// ownership tag and name prefix (tests; default "sled-agent" and none).
+	ZoneTag     string `json:"-"`
+	NetnsPrefix string `json:"-"`
 }
 
 // Defaults for development on one machine.
@@ -159,7 +163,13 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 			}
 			images[kind] = argv
 		}
-		lrt, err := linux.New(linux.Options{DataDir: cfg.DataDir, Images: images, Log: a.log.With("component", "runtime")})
+		lrt, err := linux.New(linux.Options{
+			DataDir:     cfg.DataDir,
+			Tag:         cfg.ZoneTag,
+			NetnsPrefix: cfg.NetnsPrefix,
+			Images:      images,
+			Log:         a.log.With("component", "runtime"),
+		})
 		if err != nil {
 			return nil, err
 		}

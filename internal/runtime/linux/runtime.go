@@ -94,6 +94,10 @@ type owner struct {
 
 const ownerFile = "zone.json"
 
+// deadZoneGrace is how long the service of a zone whose namespace is gone
+// gets to stop before it is killed.
+const deadZoneGrace = 100 * time.Millisecond
+
 // zoneRoot is where the zone's root lives: on its pool, if it has one.
 func (r *Runtime) zoneRoot(spec zone.Spec) string {
 	pool := "nopool"
@@ -126,6 +130,7 @@ func (r *Runtime) netConfig(spec zone.Spec) (zonenet.Config, error) {
 // Ensure creates the zone (whatever of it is missing) and returns once its
 // service is up and answers its health check.
 func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
+	t0 := time.Now()
 	root := r.zoneRoot(spec)
 	netCfg, err := r.netConfig(spec)
 	if err != nil {
@@ -146,6 +151,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	if err := zonenet.Ensure(ctx, netCfg); err != nil {
 		return fmt.Errorf("zone %s: network: %w", spec.Name, err)
 	}
+	tNet := time.Now()
 	img := DefaultImage
 	if i, ok := r.opts.Images[spec.Config.ZoneType.Type]; ok {
 		img = i
@@ -165,9 +171,11 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	if err != nil {
 		return fmt.Errorf("zone %s: starting its supervisor: %w", spec.Name, err)
 	}
+	tSup := time.Now()
 	if err := r.waitReady(ctx, spec.Name, netCfg.Netns, svc, proc, addr.String()); err != nil {
 		return err
 	}
+	r.opts.Log.Debug("zone ready", "zone", spec.Name, "network", tNet.Sub(t0), "supervisor", tSup.Sub(tNet), "service", time.Since(tSup))
 	r.watchSupervisor(spec.Name, proc)
 	return nil
 }
@@ -253,6 +261,8 @@ func (r *Runtime) stopWatching(name string) {
 // Parts that do not exist are skipped; parts not marked as ours are left
 // alone.
 func (r *Runtime) Destroy(ctx context.Context, name string) error {
+	t0 := time.Now()
+	defer func() { r.opts.Log.Debug("zone destroyed", "zone", name, "took", time.Since(t0)) }()
 	r.stopWatching(name)
 	netns := r.netnsName(name)
 	roots, err := r.rootsOf(name)
@@ -261,13 +271,21 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	}
 	var errs []error
 	zoneID := ""
+	// A zone whose namespace is gone is dead already: there is nothing to
+	// shut down gracefully, so do not wait out runsv's restart throttle.
+	stopCtx := ctx
+	if !zonenet.NetnsExists(netns) {
+		var cancel context.CancelFunc
+		stopCtx, cancel = context.WithTimeout(ctx, deadZoneGrace)
+		defer cancel()
+	}
 	for _, root := range roots {
 		o, err := readOwner(root)
 		if err != nil || o.Tag != r.opts.Tag {
 			continue // not provably ours
 		}
 		zoneID = o.ID
-		if err := supervise.Stop(ctx, serviceDir(root)); err != nil {
+		if err := supervise.Stop(stopCtx, serviceDir(root)); err != nil {
 			errs = append(errs, fmt.Errorf("stopping its service: %w", err))
 		}
 	}

@@ -1,0 +1,208 @@
+package agent_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/zoneservice"
+)
+
+// TestMain lets this test binary stand in for the agent binary that the
+// linux runtime's default image runs: `<binary> zone-service --listen A
+// --zone N --id I --kind K`.
+func TestMain(m *testing.M) {
+	if len(os.Args) == 10 && os.Args[1] == "zone-service" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		defer stop()
+		if err := zoneservice.Serve(ctx, os.Args[3], zoneservice.Info{Name: os.Args[5], ID: os.Args[7], Kind: os.Args[9]}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// linuxZones is a config of three zones on addresses no other test uses: two
+// crucibles and a nexus with a NIC.
+func linuxZones(t *testing.T, gen uint64) ([]byte, []sledconfig.Zone) {
+	zones := []sledconfig.Zone{sledconfigtest.Crucible(0), sledconfigtest.Crucible(1)}
+	for i := range zones {
+		zones[i].ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1e0::%x]:32345", i+5)
+	}
+	nexus := sledconfigtest.Crucible(2)
+	nexus.ZoneType = sledconfig.ZoneType{
+		Type:               "nexus",
+		InternalAddress:    "[fd00:1122:3344:1e0::7]:12221",
+		ExternalIP:         "192.0.2.10",
+		ExternalTLS:        new(bool),
+		ExternalDNSServers: []string{"192.0.2.53"},
+		NIC: &sledconfig.NIC{
+			ID: "98d2e08e-a3a6-43ed-a2a0-7cf52fd211f8", Name: "nexus-0", MAC: "A8:40:25:FF:80:05", VNI: 100,
+			Kind:     sledconfig.NICKind{Type: "service", ID: sledconfigtest.ZoneID(2)},
+			IPConfig: sledconfig.IPConfig{Type: "v4", Value: sledconfig.IPConfigValue{IP: "172.30.2.9", Subnet: "172.30.2.0/24"}},
+		},
+	}
+	zones = append(zones, nexus)
+	doc, err := json.Marshal(sledconfigtest.Config(gen, zones...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return doc, zones
+}
+
+// TestLinuxZonesComeUpAndComeBack is the outside check of the linux
+// runtime: every zone of a config becomes a namespace whose service accepts
+// TCP from the host; a zone whose namespace is deleted and processes killed
+// comes back; stopping the agent leaves the zones running.
+func TestLinuxZonesComeUpAndComeBack(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, links and processes")
+	}
+	if _, err := exec.LookPath("runsv"); err != nil {
+		t.Skip("needs runit's runsv (scripts/setup installs it)")
+	}
+	b := make([]byte, 3)
+	rand.Read(b)
+	tag := "zt" + hex.EncodeToString(b)
+	prefix := tag + "-"
+	dir := t.TempDir()
+	t.Cleanup(func() { destroyAll(t, dir, tag, prefix) })
+
+	a := newAgent(t, agent.Config{DataDir: dir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second})
+	stop := run(t, a)
+	c := newClient(t, a)
+	doc, zones := linuxZones(t, 1)
+	if err := c.PutConfig(t.Context(), doc); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, z := range zones {
+		want[z.Name()] = "running"
+	}
+	waitStates(t, c, want)
+	for _, z := range zones {
+		if !zonenet.NetnsExists(prefix + z.Name()) {
+			t.Errorf("no namespace for %s", z.Name())
+		}
+		addr, _ := z.ServiceAddr()
+		conn, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+		if err != nil {
+			t.Fatalf("zone %s does not accept TCP at %s: %v", z.Name(), addr, err)
+		}
+		conn.Close()
+	}
+
+	// Delete a zone behind the agent's back: its namespace and its processes.
+	victim := zones[0]
+	ns := prefix + victim.Name()
+	pids := namespacePIDs(t, ns)
+	// As `ip netns delete` does.
+	if err := syscall.Unmount(zonenet.NetnsPath(ns), syscall.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(zonenet.NetnsPath(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	gone := time.Now()
+	addr, _ := victim.ServiceAddr()
+	waitFor(t, "the deleted zone to answer again", func() (bool, string) {
+		// A short timeout: a check sent while the zone is gone waits for
+		// nothing, and should not hold up the next one.
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		err := zoneservice.Check(ctx, addr.String())
+		return err == nil, fmt.Sprint(err)
+	})
+	t.Logf("zone back %s after its namespace was deleted", time.Since(gone).Round(time.Millisecond))
+	if zs, err := c.Zone(t.Context(), victim.ID); err == nil {
+		for _, e := range zs.History {
+			t.Logf("  %s %+.3fs %s %s", victim.Name(), e.At.Sub(gone).Seconds(), e.Event, e.Detail)
+		}
+	}
+	zs, err := c.Zone(t.Context(), victim.ID)
+	if err != nil || zs.Incidents != 1 || zs.State != "running" {
+		t.Fatalf("zone status after its deletion: %+v, %v", zs, err)
+	}
+
+	// Shutdown is not Destroy.
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range zones {
+		addr, _ := z.ServiceAddr()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		if err := zoneservice.Check(ctx, addr.String()); err != nil {
+			t.Errorf("zone %s down after the agent stopped: %v", z.Name(), err)
+		}
+		cancel()
+	}
+}
+
+// namespacePIDs lists the processes in the named network namespace.
+func namespacePIDs(t *testing.T, ns string) []int {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(zonenet.NetnsPath(ns), &st); err != nil {
+		t.Fatal(err)
+	}
+	want := "net:[" + strconv.FormatUint(st.Ino, 10) + "]"
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if link, _ := os.Readlink("/proc/" + e.Name() + "/ns/net"); link == want {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// destroyAll removes every zone with the test's tag.
+func destroyAll(t *testing.T, dir, tag, prefix string) {
+	rt, err := linux.New(linux.Options{DataDir: dir, Tag: tag, NetnsPrefix: prefix})
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	obs, err := rt.List(ctx)
+	if err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	for _, o := range obs {
+		if err := rt.Destroy(ctx, o.Name); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	}
+	nss, links, _ := zonenet.List(prefix, tag)
+	if len(nss)+len(links) > 0 {
+		t.Errorf("left behind: namespaces %v, links %v", nss, links)
+	}
+}
