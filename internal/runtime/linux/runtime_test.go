@@ -190,6 +190,21 @@ func TestZoneComesUpAndAnswersFromTheHost(t *testing.T) {
 	// Ensure of a running zone is a no-op that returns at once.
 	e.ensure(plain)
 	healthy(t, plain)
+
+	// Everything carrying our marks is listed: both zones, their
+	// namespaces, three links (the nexus has a NIC) and both services.
+	owned, err := e.rt.Owned(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(owned.Zones) != 2 || len(owned.Namespaces) != 2 || len(owned.Links) != 3 || len(owned.Processes) != 2 {
+		t.Fatalf("owned: %+v", owned)
+	}
+	for _, p := range owned.Processes {
+		if p.Comm != "sled-agent" || !strings.HasSuffix(p.Dir, "/service") {
+			t.Errorf("marked process %+v", p)
+		}
+	}
 }
 
 func TestSupervisorRestartsAKilledService(t *testing.T) {

@@ -330,3 +330,47 @@ func closeAll(ps []*Proc) {
 		p.Close()
 	}
 }
+
+// MarkedProcess is a live process that carries a service's ownership mark.
+type MarkedProcess struct {
+	PID int
+	// Dir is the service directory its mark names.
+	Dir string
+	// Comm is the process's command name, for people.
+	Comm string
+}
+
+// ListMarked returns every live process whose ownership mark names a service
+// directory under root: services and whatever they started, including those
+// whose supervisor or zone is gone. runsv itself carries no mark (Find finds
+// it).
+func ListMarked(root string) ([]MarkedProcess, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	all, err := pids()
+	if err != nil {
+		return nil, err
+	}
+	prefix := []byte(MarkerEnv + "=" + abs + string(filepath.Separator))
+	self := os.Getpid()
+	var out []MarkedProcess
+	for _, pid := range all {
+		if pid == self {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
+		if err != nil {
+			continue // gone, or a kernel thread
+		}
+		for e := range bytes.SplitSeq(b, []byte{0}) {
+			if bytes.HasPrefix(e, prefix) {
+				comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+				out = append(out, MarkedProcess{PID: pid, Dir: string(e[len(MarkerEnv)+1:]), Comm: string(bytes.TrimSpace(comm))})
+				break
+			}
+		}
+	}
+	return out, nil
+}
