@@ -1,0 +1,842 @@
+package bench
+
+// The zone benchmark: how much the Linux runtime (internal/runtime/linux)
+// adds to the cost of the bare primitives a zone is made of. The floor does,
+// for each zone, only what a zone must have: a named network namespace, a
+// veth pair with its addresses and routes (netlink calls, no checks of what
+// exists), and one service process started by nsenter with no supervisor,
+// polled with the runtime's health check and schedule. The runtime does the
+// same through Ensure and Destroy. Both run N zones at once, as the
+// reconciler does, alternately over a few rounds.
+//
+// The floor also waits, while its service starts, for the kernel to finish
+// the network (waitNetLive): without that, a health check sent too early is
+// dropped and costs a 1 s retransmission, and the floor would measure the
+// kernel's timing luck rather than its cost.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/zone"
+	"github.com/sled-agent/sled-agent/internal/zoneservice"
+)
+
+// ZonesOptions size the zone benchmark.
+type ZonesOptions struct {
+	// Count is how many zones each phase creates and destroys at once (200).
+	Count int
+	// Rounds is how many times floor and runtime each run (3); the result is
+	// the median.
+	Rounds int
+	// TempDir is where the runtime's data dir is made (default os.TempDir()).
+	TempDir string
+	// PhaseTimeout bounds each phase: bringing N zones up, or down (2m).
+	PhaseTimeout time.Duration
+	// RuntimeLog receives the runtime's log (default: discarded).
+	RuntimeLog *slog.Logger
+}
+
+// ZonesResult is what `bench zones` prints.
+type ZonesResult struct {
+	Machine  ZonesMachine `json:"machine"`
+	Zones    int          `json:"zones"`
+	Rounds   int          `json:"rounds"`
+	Up       Comparison   `json:"up"`
+	Down     Comparison   `json:"down"`
+	PerRound []RoundTimes `json:"per_round"`
+}
+
+// ZonesMachine describes where the benchmark ran.
+type ZonesMachine struct {
+	CPUs   int    `json:"cpus"`
+	Kernel string `json:"kernel"`
+	Go     string `json:"go"`
+}
+
+// Comparison compares the runtime with the floor for one direction (up or
+// down): medians over the rounds.
+type Comparison struct {
+	FloorS           float64 `json:"floor_s"`
+	RuntimeS         float64 `json:"runtime_s"`
+	Ratio            float64 `json:"ratio"`
+	FloorZoneP50ms   float64 `json:"floor_zone_p50_ms"`
+	FloorZoneP99ms   float64 `json:"floor_zone_p99_ms"`
+	RuntimeZoneP50ms float64 `json:"runtime_zone_p50_ms"`
+	RuntimeZoneP99ms float64 `json:"runtime_zone_p99_ms"`
+}
+
+// RoundTimes are one round's wall-clock times, in seconds.
+type RoundTimes struct {
+	First        string  `json:"first"` // "floor" or "runtime": which ran first this round
+	FloorUpS     float64 `json:"floor_up_s"`
+	RuntimeUpS   float64 `json:"runtime_up_s"`
+	FloorDownS   float64 `json:"floor_down_s"`
+	RuntimeDownS float64 `json:"runtime_down_s"`
+}
+
+// phaseTimes is one phase's outcome: the wall-clock time from the first
+// start to the last finish, and each zone's own time.
+type phaseTimes struct {
+	wall  time.Duration
+	zones []time.Duration
+}
+
+const (
+	// zonePrefix is the /64 the zones' addresses come from (host 0x10+i).
+	zonePrefix  = "fd00:1122:3344:1f0::"
+	servicePort = 32345
+	// zoneIfName is the zone end of a floor zone's veth pair.
+	zoneIfName = "underlay0"
+	// healthTimeout, firstPoll and maxPoll are the runtime's health-check
+	// timeout and polling schedule (linux.Runtime.waitReady).
+	healthTimeout = time.Second
+	firstPoll     = 10 * time.Millisecond
+	maxPoll       = 250 * time.Millisecond
+	// netlinkTimeout bounds every netlink reply.
+	netlinkTimeout = 10 * time.Second
+	// settle is the pause between phases, so that the kernel's deferred
+	// namespace cleanup of one phase mostly lands outside the next.
+	settle = time.Second
+	// servicePath is the PATH of the floor's service, as the run script
+	// the runtime writes gives its service.
+	servicePath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+var hostLinkLocal = netip.MustParsePrefix("fe80::1/64")
+
+// zonesBench is one run of the benchmark: its unique names and everything
+// it created, so that cleanup finds it all.
+type zonesBench struct {
+	opts    ZonesOptions
+	prefix  string // of every namespace and floor link: "bz<6 hex>-"
+	tag     string // the runtime's ownership tag: "bz<6 hex>"
+	agent   string // the agent binary the floor's services run
+	dataDir string // the runtime's data dir, removed at the end
+	rt      *linux.Runtime
+	specs   []zone.Spec
+
+	mu    sync.Mutex
+	floor []*floorZone // guarded by mu: the floor zones of the current round
+}
+
+// Zones runs the zone benchmark. It needs root, nsenter and runsv.
+func Zones(ctx context.Context, opts ZonesOptions) (res *ZonesResult, err error) {
+	if opts.Count < 1 || opts.Count > 10000 {
+		return nil, fmt.Errorf("zone count %d: want 1–10000", opts.Count)
+	}
+	if opts.Rounds < 1 {
+		return nil, fmt.Errorf("rounds %d: want at least 1", opts.Rounds)
+	}
+	if opts.PhaseTimeout <= 0 {
+		opts.PhaseTimeout = 2 * time.Minute
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("bench zones needs root: it creates network namespaces, links and supervised processes")
+	}
+	for _, tool := range []string{"nsenter", "runsv"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("bench zones needs %s: %w", tool, err)
+		}
+	}
+	agent, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding the agent binary: %w", err)
+	}
+	var rnd [3]byte
+	rand.Read(rnd[:])
+	id := "bz" + hex.EncodeToString(rnd[:])
+	b := &zonesBench{opts: opts, prefix: id + "-", tag: id, agent: agent}
+
+	if b.dataDir, err = os.MkdirTemp(opts.TempDir, "sled-agent-bench-zones-"); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := b.cleanup(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))
+			res = nil
+		}
+	}()
+	if err := prepareNetnsDir(); err != nil {
+		return nil, err
+	}
+	b.rt, err = linux.New(linux.Options{DataDir: b.dataDir, Tag: b.tag, NetnsPrefix: b.prefix, AgentBinary: agent, Log: opts.RuntimeLog})
+	if err != nil {
+		return nil, err
+	}
+	for i := range opts.Count {
+		z := sledconfigtest.Crucible(i)
+		z.ZoneType.Address = netip.AddrPortFrom(zoneAddr(i), servicePort).String()
+		b.specs = append(b.specs, zone.SpecFor(&z))
+	}
+	return b.run(ctx)
+}
+
+func (b *zonesBench) run(ctx context.Context) (*ZonesResult, error) {
+	var ups, downs [2][]phaseTimes // [0] floor, [1] runtime
+	var rounds []RoundTimes
+	for r := range b.opts.Rounds {
+		order := []int{0, 1}
+		if r%2 == 1 {
+			order = []int{1, 0} // alternate which goes first
+		}
+		for _, which := range order {
+			up, down, err := b.measure(ctx, which == 1)
+			if err != nil {
+				return nil, fmt.Errorf("round %d, %s: %w", r+1, kindName(which), err)
+			}
+			ups[which] = append(ups[which], up)
+			downs[which] = append(downs[which], down)
+		}
+		rounds = append(rounds, RoundTimes{
+			First:        kindName(order[0]),
+			FloorUpS:     seconds(ups[0][r].wall),
+			RuntimeUpS:   seconds(ups[1][r].wall),
+			FloorDownS:   seconds(downs[0][r].wall),
+			RuntimeDownS: seconds(downs[1][r].wall),
+		})
+	}
+	res := &ZonesResult{Zones: b.opts.Count, Rounds: b.opts.Rounds, PerRound: rounds}
+	res.Machine = ZonesMachine{CPUs: runtime.NumCPU(), Kernel: kernel(), Go: runtime.Version()}
+	res.Up = compare(ups[0], ups[1])
+	res.Down = compare(downs[0], downs[1])
+	return res, nil
+}
+
+func kindName(which int) string { return [...]string{"floor", "runtime"}[which] }
+
+// measure brings every zone up and then down, through the runtime or as the
+// floor, each phase under its own deadline.
+func (b *zonesBench) measure(ctx context.Context, viaRuntime bool) (up, down phaseTimes, err error) {
+	upFn, downFn := b.floorUp, b.floorDown
+	if viaRuntime {
+		upFn, downFn = b.runtimeUp, b.runtimeDown
+	}
+	for _, p := range []struct {
+		f   func(context.Context, int) error
+		out *phaseTimes
+	}{{upFn, &up}, {downFn, &down}} {
+		if err := sleepCtx(ctx, settle); err != nil {
+			return up, down, err
+		}
+		pctx, cancel := context.WithTimeout(ctx, b.opts.PhaseTimeout)
+		*p.out, err = b.phase(pctx, p.f)
+		cancel()
+		if err != nil {
+			return up, down, err
+		}
+	}
+	return up, down, nil
+}
+
+// phase runs f for every zone at once and times it. It returns only when
+// every call has returned.
+func (b *zonesBench) phase(ctx context.Context, f func(context.Context, int) error) (phaseTimes, error) {
+	n := b.opts.Count
+	took := make([]time.Duration, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range n {
+		wg.Go(func() {
+			t := time.Now()
+			errs[i] = f(ctx, i)
+			took[i] = time.Since(t)
+		})
+	}
+	wg.Wait()
+	wall := time.Since(t0)
+	if err := firstErrors(errs, 3); err != nil {
+		return phaseTimes{}, err
+	}
+	return phaseTimes{wall: wall, zones: took}, nil
+}
+
+// firstErrors joins up to max of errs, saying how many there were.
+func firstErrors(errs []error, max int) error {
+	var some []error
+	count := 0
+	for _, err := range errs {
+		if err != nil {
+			count++
+			if len(some) < max {
+				some = append(some, err)
+			}
+		}
+	}
+	if count == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of %d zones failed: %w", count, len(errs), errors.Join(some...))
+}
+
+// The runtime.
+
+func (b *zonesBench) runtimeUp(ctx context.Context, i int) error {
+	return b.rt.Ensure(ctx, b.specs[i])
+}
+
+func (b *zonesBench) runtimeDown(ctx context.Context, i int) error {
+	return b.rt.Destroy(ctx, b.specs[i].Name)
+}
+
+// The floor.
+
+// floorZone is a zone made of the bare primitives.
+type floorZone struct {
+	netns     string // namespace name; also the zone's name
+	host      string // host end of its veth pair
+	hostIndex int
+	addr      netip.Addr
+	id        string
+	cmd       *exec.Cmd
+	stderr    bytes.Buffer
+	exited    chan struct{} // closed when cmd has been waited for
+}
+
+func (b *zonesBench) newFloorZone(i int) *floorZone {
+	z := &floorZone{
+		netns: b.prefix + "f" + strconv.Itoa(i),
+		host:  b.prefix + "f" + strconv.Itoa(i), // ≤ 15 bytes: "bz" + 6 hex + "-f" + ≤ 4 digits
+		addr:  zoneAddr(i),
+		id:    sledconfigtest.ZoneID(i),
+	}
+	b.mu.Lock()
+	if b.floor == nil {
+		b.floor = make([]*floorZone, b.opts.Count)
+	}
+	b.floor[i] = z
+	b.mu.Unlock()
+	return z
+}
+
+func (b *zonesBench) floorZone(i int) *floorZone {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.floor[i]
+}
+
+// floorUp creates zone i from the bare primitives and returns once its
+// service answers its health check.
+func (b *zonesBench) floorUp(ctx context.Context, i int) error {
+	z := b.newFloorZone(i)
+	path := netnsPath(z.netns)
+	ns, zh, err := newNetns(path)
+	if err != nil {
+		return fmt.Errorf("zone %s: %w", z.netns, err)
+	}
+	defer ns.Close()
+	defer zh.Close()
+	hh, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("zone %s: netlink: %w", z.netns, err)
+	}
+	defer hh.Close()
+	if err := hh.SetSocketTimeout(netlinkTimeout); err != nil {
+		return fmt.Errorf("zone %s: netlink: %w", z.netns, err)
+	}
+
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = z.host
+	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: zoneIfName, PeerNamespace: netlink.NsFd(ns)}
+	if err := hh.LinkAdd(veth); err != nil { // sets veth.Index
+		return fmt.Errorf("zone %s: creating veth: %w", z.netns, err)
+	}
+	z.hostIndex = veth.Index
+	zl, err := zh.LinkByName(zoneIfName)
+	if err != nil {
+		return fmt.Errorf("zone %s: %w", z.netns, err)
+	}
+	// The loopback of a new namespace is always index 1.
+	lo := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: 1, Name: "lo"}}
+	for _, step := range []struct {
+		what string
+		do   func() error
+	}{
+		{"lo up", func() error { return zh.LinkSetUp(lo) }},
+		{"zone address", func() error { return zh.AddrAdd(zl, nodadAddr(netip.PrefixFrom(z.addr, 128))) }},
+		{"zone end up", func() error { return zh.LinkSetUp(zl) }},
+		{"host address", func() error { return hh.AddrAdd(veth, nodadAddr(hostLinkLocal)) }},
+		{"host end up", func() error { return hh.LinkSetUp(veth) }},
+		{"host route", func() error {
+			return hh.RouteAdd(&netlink.Route{LinkIndex: veth.Index, Dst: ipNet(netip.PrefixFrom(z.addr, 128))})
+		}},
+		{"zone default route", func() error {
+			return zh.RouteAdd(&netlink.Route{LinkIndex: zl.Attrs().Index, Gw: hostLinkLocal.Addr().AsSlice(), Dst: ipNet(netip.MustParsePrefix("::/0"))})
+		}},
+	} {
+		if err := step.do(); err != nil {
+			return fmt.Errorf("zone %s: %s: %w", z.netns, step.what, err)
+		}
+	}
+
+	listen := netip.AddrPortFrom(z.addr, servicePort).String()
+	z.cmd = exec.Command("nsenter", "--net="+path, "--", b.agent, "zone-service",
+		"--listen", listen, "--zone", z.netns, "--id", z.id, "--kind", "crucible")
+	z.cmd.Env = []string{servicePath}
+	z.cmd.Stderr = &z.stderr
+	z.exited = make(chan struct{})
+	if err := z.cmd.Start(); err != nil {
+		z.cmd = nil
+		return fmt.Errorf("zone %s: starting its service: %w", z.netns, err)
+	}
+	go func() {
+		z.cmd.Wait()
+		close(z.exited)
+	}()
+	if err := waitNetLive(ctx, hh, zh, veth.Index, zl.Attrs().Index, z.addr); err != nil {
+		return fmt.Errorf("zone %s: %w", z.netns, err)
+	}
+	if err := waitServing(ctx, listen, z.exited); err != nil {
+		select {
+		case <-z.exited: // z.stderr is complete
+			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(z.stderr.Bytes()))
+		default:
+		}
+		return fmt.Errorf("zone %s: %w", z.netns, err)
+	}
+	return nil
+}
+
+// waitNetLive waits until the kernel has finished what it does after the
+// netlink calls return, without which the first packets to the zone are
+// dropped and a connection attempt costs a 1 s retransmission (of the SYN, or
+// of the neighbour solicitation it waits on):
+//
+//   - an address, even a NODAD one, is added in two steps; the second
+//     (joining its solicited-node group, inserting its local route) runs
+//     later from a work queue that needs the RTNL lock. Done when the local
+//     route is there.
+//   - a link that comes up drops what it sends until the kernel's linkwatch
+//     work activates its queueing discipline, which it does as it sets the
+//     operational state up.
+func waitNetLive(ctx context.Context, hh, zh *netlink.Handle, hostIndex, zoneIndex int, addr netip.Addr) error {
+	checks := []struct {
+		what string
+		live func() (bool, error)
+	}{
+		{"zone address", func() (bool, error) { return hasLocalRoute(zh, zoneIndex, addr) }},
+		{"host address", func() (bool, error) { return hasLocalRoute(hh, hostIndex, hostLinkLocal.Addr()) }},
+		{"host end", func() (bool, error) { return operUp(hh, hostIndex) }},
+		{"zone end", func() (bool, error) { return operUp(zh, zoneIndex) }},
+	}
+	for delay := time.Millisecond; ; delay = min(2*delay, 16*time.Millisecond) {
+		for len(checks) > 0 {
+			ok, err := checks[0].live()
+			if err != nil {
+				return fmt.Errorf("%s: %w", checks[0].what, err)
+			}
+			if !ok {
+				break
+			}
+			checks = checks[1:]
+		}
+		if len(checks) == 0 {
+			return nil
+		}
+		if err := sleepCtx(ctx, delay); err != nil {
+			return fmt.Errorf("%s not live: %w", checks[0].what, err)
+		}
+	}
+}
+
+// hasLocalRoute reports whether the local route of addr on link index is in
+// place in the namespace h works in.
+func hasLocalRoute(h *netlink.Handle, index int, addr netip.Addr) (bool, error) {
+	filter := &netlink.Route{Table: unix.RT_TABLE_LOCAL, LinkIndex: index, Dst: ipNet(netip.PrefixFrom(addr, 128))}
+	rs, err := h.RouteListFiltered(netlink.FAMILY_V6, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF|netlink.RT_FILTER_DST)
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return false, fmt.Errorf("listing local routes: %w", err)
+	}
+	return len(rs) > 0, nil
+}
+
+func operUp(h *netlink.Handle, index int) (bool, error) {
+	l, err := h.LinkByIndex(index)
+	if err != nil {
+		return false, fmt.Errorf("looking up link %d: %w", index, err)
+	}
+	return l.Attrs().OperState == netlink.OperUp, nil
+}
+
+// waitServing polls the service at addr as the runtime does, until it
+// answers, it exits, or ctx ends.
+func waitServing(ctx context.Context, addr string, exited <-chan struct{}) error {
+	delay := firstPoll
+	for {
+		select {
+		case <-exited:
+			return errors.New("its service exited while starting")
+		default:
+		}
+		hctx, cancel := context.WithTimeout(ctx, healthTimeout)
+		err := zoneservice.Check(hctx, addr)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("not ready: %v: %w", err, ctx.Err())
+		case <-exited:
+			t.Stop()
+		case <-t.C:
+		}
+		delay = min(2*delay, maxPoll)
+	}
+}
+
+// floorDown stops zone i's service and removes its link and namespace.
+func (b *zonesBench) floorDown(ctx context.Context, i int) error {
+	z := b.floorZone(i)
+	if z.cmd != nil {
+		z.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-z.exited:
+		case <-ctx.Done():
+			return fmt.Errorf("zone %s: service did not stop: %w", z.netns, ctx.Err())
+		}
+	}
+	hh, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("zone %s: netlink: %w", z.netns, err)
+	}
+	defer hh.Close()
+	if err := hh.SetSocketTimeout(netlinkTimeout); err != nil {
+		return fmt.Errorf("zone %s: netlink: %w", z.netns, err)
+	}
+	if err := hh.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: z.host, Index: z.hostIndex}}); err != nil {
+		return fmt.Errorf("zone %s: deleting its link: %w", z.netns, err)
+	}
+	return removeNetns(netnsPath(z.netns))
+}
+
+// newNetns creates a network namespace bound at path, as `ip netns add`
+// does, and returns it with a netlink handle inside it.
+func newNetns(path string) (netns.NsHandle, *netlink.Handle, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0)
+	if err != nil {
+		return netns.None(), nil, fmt.Errorf("creating namespace file: %w", err)
+	}
+	f.Close()
+	type result struct {
+		ns  netns.NsHandle
+		h   *netlink.Handle
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- result{err: err}
+			return // the thread is discarded
+		}
+		defer orig.Close()
+		done <- func() result {
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				return result{err: fmt.Errorf("unshare(CLONE_NEWNET): %w", err)}
+			}
+			self := "/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net"
+			if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
+				return result{err: fmt.Errorf("bind-mounting the namespace on %s: %w", path, err)}
+			}
+			ns, err := netns.Get()
+			if err != nil {
+				return result{err: err}
+			}
+			h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+			if err == nil {
+				err = h.SetSocketTimeout(netlinkTimeout)
+			}
+			if err != nil {
+				ns.Close()
+				return result{err: fmt.Errorf("netlink in the namespace: %w", err)}
+			}
+			return result{ns: ns, h: h}
+		}()
+		// Only a thread back in its own namespace goes back to the pool.
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	r := <-done
+	if r.err != nil {
+		removeNetns(path)
+		return netns.None(), nil, r.err
+	}
+	return r.ns, r.h, nil
+}
+
+// prepareNetnsDir makes /run/netns exist as a shared mount point, as
+// iproute2 does.
+func prepareNetnsDir() error {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if errors.Is(err, unix.EINVAL) { // not a mount point yet
+		if err := unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind-mounting %s onto itself: %w", netnsDir, err)
+		}
+		err = unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	}
+	if err != nil {
+		return fmt.Errorf("making %s a shared mount: %w", netnsDir, err)
+	}
+	return nil
+}
+
+const netnsDir = "/run/netns"
+
+func netnsPath(name string) string { return netnsDir + "/" + name }
+
+// removeNetns unmounts and deletes a namespace file, as `ip netns delete`
+// does. A missing one is not an error.
+func removeNetns(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmounting %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("removing %s: %w", path, err)
+	}
+	return nil
+}
+
+func nodadAddr(p netip.Prefix) *netlink.Addr {
+	return &netlink.Addr{IPNet: ipNet(p), Flags: unix.IFA_F_NODAD}
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// zoneAddr is zone i's address: host 0x10+i of the benchmark's /64.
+func zoneAddr(i int) netip.Addr {
+	a := netip.MustParseAddr(zonePrefix).As16()
+	v := uint32(0x10 + i)
+	a[12], a[13], a[14], a[15] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+	return netip.AddrFrom16(a)
+}
+
+// Cleanup.
+
+// cleanup removes everything the run created, whatever state it was left
+// in: floor services, runtime zones, then by name any process, link and
+// namespace that is still there, and the data dir.
+func (b *zonesBench) cleanup() error {
+	ctx, cancel := context.WithTimeout(context.Background(), b.opts.PhaseTimeout)
+	defer cancel()
+	var errs []error
+	b.mu.Lock()
+	floor := slices.Clone(b.floor)
+	b.mu.Unlock()
+	for _, z := range floor {
+		if z != nil && z.cmd != nil {
+			z.cmd.Process.Kill()
+		}
+	}
+	for _, z := range floor {
+		if z != nil && z.cmd != nil {
+			select {
+			case <-z.exited:
+			case <-ctx.Done():
+				errs = append(errs, fmt.Errorf("service of %s (pid %d) did not exit", z.netns, z.cmd.Process.Pid))
+			}
+		}
+	}
+	if b.rt != nil {
+		obs, err := b.rt.List(ctx)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		derrs := make([]error, len(obs))
+		var wg sync.WaitGroup
+		for i, o := range obs {
+			wg.Go(func() { derrs[i] = b.rt.Destroy(ctx, o.Name) })
+		}
+		wg.Wait()
+		errs = append(errs, derrs...)
+	}
+	if err := b.sweep(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(b.dataDir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// sweep kills every process in one of the run's namespaces or supervised
+// from its data dir, and removes the run's links and namespaces.
+func (b *zonesBench) sweep(ctx context.Context) error {
+	var errs []error
+	ents, err := os.ReadDir(netnsDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	var nsPaths []string
+	nsIDs := map[string]bool{} // "net:[inode]", as /proc/PID/ns/net reads
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), b.prefix) {
+			p := netnsPath(e.Name())
+			nsPaths = append(nsPaths, p)
+			var st unix.Stat_t
+			if unix.Stat(p, &st) == nil {
+				nsIDs["net:["+strconv.FormatUint(st.Ino, 10)+"]"] = true
+			}
+		}
+	}
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, 200*time.Millisecond) {
+		pids := b.leftoverProcs(nsIDs)
+		if len(pids) == 0 {
+			break
+		}
+		for _, pid := range pids {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		if sleepCtx(ctx, delay) != nil {
+			errs = append(errs, fmt.Errorf("processes %v did not exit", pids))
+			break
+		}
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		if strings.HasPrefix(a.Name, b.prefix) || strings.HasPrefix(a.Alias, b.tag+":") {
+			if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+				errs = append(errs, fmt.Errorf("deleting link %s: %w", a.Name, err))
+			}
+		}
+	}
+	for _, p := range nsPaths {
+		if err := removeNetns(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// leftoverProcs lists the processes in one of the namespaces nsIDs, the
+// runsvs working in the data dir, and the processes carrying the mark of a
+// service dir under it.
+func (b *zonesBench) leftoverProcs(nsIDs map[string]bool) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	under := b.dataDir + "/"
+	mark := []byte("SLED_AGENT_SUPERVISE_DIR=" + under)
+	self := os.Getpid()
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		dir := "/proc/" + e.Name()
+		if l, err := os.Readlink(dir + "/ns/net"); err == nil && nsIDs[l] {
+			out = append(out, pid)
+			continue
+		}
+		if cwd, err := os.Readlink(dir + "/cwd"); err == nil && strings.HasPrefix(cwd, under) {
+			out = append(out, pid)
+			continue
+		}
+		if env, err := os.ReadFile(dir + "/environ"); err == nil && bytes.Contains(env, mark) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// Summaries.
+
+func compare(floor, rt []phaseTimes) Comparison {
+	med := func(ps []phaseTimes, f func(phaseTimes) float64) float64 {
+		xs := make([]float64, len(ps))
+		for i, p := range ps {
+			xs[i] = f(p)
+		}
+		return median(xs)
+	}
+	wall := func(p phaseTimes) float64 { return seconds(p.wall) }
+	p50 := func(p phaseTimes) float64 { return summarize(p.zones).P50ms }
+	p99 := func(p phaseTimes) float64 { return summarize(p.zones).P99ms }
+	c := Comparison{
+		FloorS:           med(floor, wall),
+		RuntimeS:         med(rt, wall),
+		FloorZoneP50ms:   med(floor, p50),
+		FloorZoneP99ms:   med(floor, p99),
+		RuntimeZoneP50ms: med(rt, p50),
+		RuntimeZoneP99ms: med(rt, p99),
+	}
+	if c.FloorS > 0 {
+		c.Ratio = round3(c.RuntimeS / c.FloorS)
+	}
+	return c
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func seconds(d time.Duration) float64 { return round3(d.Seconds()) }
+
+func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
+
+func kernel() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "unknown"
+	}
+	return unix.ByteSliceToString(u.Sysname[:]) + " " + unix.ByteSliceToString(u.Release[:]) + " " + unix.ByteSliceToString(u.Version[:])
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
