@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,8 +37,11 @@ const LedgerFile = "omicron-sled-config.json"
 
 // Config is how the agent is set up. The JSON keys are the flag names.
 type Config struct {
-	Listen     string   `json:"listen"`
-	DataDir    string   `json:"data-dir"`
+	Listen  string `json:"listen"`
+	DataDir string `json:"data-dir"`
+	// RunDir holds per-boot state of the linux runtime (default
+	// /run/sled-agent, on a tmpfs).
+	RunDir     string   `json:"run-dir"`
 	LedgerDirs []string `json:"ledger-dir"`
 	Runtime    string   `json:"runtime"`
 	SledID     string   `json:"sled-id"`
@@ -64,6 +68,7 @@ const (
 	DefaultUnderlayIP = "fd00:1122:3344:101::1"
 	DefaultRole       = "gimlet"
 	DefaultRuntime    = "sim"
+	DefaultRunDir     = "/run/sled-agent"
 )
 
 // LoadFile reads a config file (JSON with the flag names as keys) into c,
@@ -163,8 +168,11 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 			}
 			images[kind] = argv
 		}
+		runDir := cmp.Or(cfg.RunDir, DefaultRunDir)
 		lrt, err := linux.New(linux.Options{
 			DataDir:     cfg.DataDir,
+			RunDir:      runDir,
+			TmpfsRunDir: runDir == DefaultRunDir,
 			Tag:         cfg.ZoneTag,
 			NetnsPrefix: cfg.NetnsPrefix,
 			Images:      images,

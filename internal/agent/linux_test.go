@@ -83,9 +83,10 @@ func TestLinuxZonesComeUpAndComeBack(t *testing.T) {
 	tag := "zt" + hex.EncodeToString(b)
 	prefix := tag + "-"
 	dir := t.TempDir()
-	t.Cleanup(func() { destroyAll(t, dir, tag, prefix) })
+	runDir := t.TempDir()
+	t.Cleanup(func() { destroyAll(t, dir, runDir, tag, prefix) })
 
-	a := newAgent(t, agent.Config{DataDir: dir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second})
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second})
 	stop := run(t, a)
 	c := newClient(t, a)
 	doc, zones := linuxZones(t, 1)
@@ -184,8 +185,8 @@ func namespacePIDs(t *testing.T, ns string) []int {
 }
 
 // destroyAll removes every zone with the test's tag.
-func destroyAll(t *testing.T, dir, tag, prefix string) {
-	rt, err := linux.New(linux.Options{DataDir: dir, Tag: tag, NetnsPrefix: prefix})
+func destroyAll(t *testing.T, dir, runDir, tag, prefix string) {
+	rt, err := linux.New(linux.Options{DataDir: dir, RunDir: runDir, Tag: tag, NetnsPrefix: prefix})
 	if err != nil {
 		t.Errorf("cleanup: %v", err)
 		return

@@ -136,6 +136,7 @@ type zonesBench struct {
 	tag     string // the runtime's ownership tag: "bz<6 hex>"
 	agent   string // the agent binary the floor's services run
 	dataDir string // the runtime's data dir, removed at the end
+	runDir  string // the runtime's run dir, removed at the end
 	rt      *linux.Runtime
 	specs   []zone.Spec
 
@@ -183,7 +184,13 @@ func Zones(ctx context.Context, opts ZonesOptions) (res *ZonesResult, err error)
 	if err := prepareNetnsDir(); err != nil {
 		return nil, err
 	}
-	b.rt, err = linux.New(linux.Options{DataDir: b.dataDir, Tag: b.tag, NetnsPrefix: b.prefix, AgentBinary: agent, Log: opts.RuntimeLog})
+	// The runtime keeps its per-boot state on a tmpfs, as the agent does
+	// (it mounts one on /run/sled-agent when /run is not a tmpfs). /dev/shm
+	// is one everywhere, and needs no mount that would outlive the run.
+	if b.runDir, err = os.MkdirTemp("/dev/shm", "sled-agent-bench-zones-"); err != nil {
+		return nil, err
+	}
+	b.rt, err = linux.New(linux.Options{DataDir: b.dataDir, RunDir: b.runDir, Tag: b.tag, NetnsPrefix: b.prefix, AgentBinary: agent, Log: opts.RuntimeLog})
 	if err != nil {
 		return nil, err
 	}
@@ -686,8 +693,13 @@ func (b *zonesBench) cleanup() error {
 	if err := b.sweep(ctx); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.RemoveAll(b.dataDir); err != nil {
-		errs = append(errs, err)
+	for _, d := range []string{b.dataDir, b.runDir} {
+		if d == "" {
+			continue
+		}
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -753,7 +765,7 @@ func (b *zonesBench) leftoverProcs(nsIDs map[string]bool) []int {
 	if err != nil {
 		return nil
 	}
-	under := b.dataDir + "/"
+	under := b.runDir + "/"
 	mark := []byte("SLED_AGENT_SUPERVISE_DIR=" + under)
 	self := os.Getpid()
 	var out []int

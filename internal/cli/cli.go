@@ -86,6 +86,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(configFile, "config", "", "agent config file: JSON with these flags' names as keys; flags override it")
 	f.StringVar(&c.Listen, "listen", agent.DefaultListen, "address the API listens on")
 	f.StringVar(&c.DataDir, "data-dir", defaultDataDir(), "where the agent keeps its state")
+	f.StringVar(&c.RunDir, "run-dir", agent.DefaultRunDir, "where the linux runtime keeps per-boot state (a tmpfs is mounted there if it is not on one)")
 	f.StringArrayVar(&c.LedgerDirs, "ledger-dir", nil, "directory for a copy of the config ledger (repeatable; default: two under --data-dir)")
 	f.StringVar(&c.Runtime, "runtime", agent.DefaultRuntime, "zone runtime: sim (simulated zones) or linux (real ones; needs root)")
 	f.StringVar(&c.SledID, "sled-id", "", "this sled's UUID (default: generated once and kept in --data-dir)")
@@ -111,6 +112,7 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	}
 	set("listen", &c.Listen, flags.Listen)
 	set("data-dir", &c.DataDir, flags.DataDir)
+	set("run-dir", &c.RunDir, flags.RunDir)
 	set("runtime", &c.Runtime, flags.Runtime)
 	set("sled-id", &c.SledID, flags.SledID)
 	set("underlay-ip", &c.UnderlayIP, flags.UnderlayIP)

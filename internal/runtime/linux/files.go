@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 )
@@ -178,4 +180,26 @@ func namespacePIDs(want string) ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// prepareRunDir creates the run dir and, if asked, mounts a tmpfs on it
+// unless it is on one already.
+func prepareRunDir(dir string, tmpfs bool) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("run dir: %w", err)
+	}
+	if !tmpfs {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("run dir: %w", err)
+	}
+	if st.Type == unix.TMPFS_MAGIC {
+		return nil
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700"); err != nil {
+		return fmt.Errorf("mounting a tmpfs on the run dir %s: %w", dir, err)
+	}
+	return nil
 }

@@ -19,7 +19,7 @@ type Owned struct {
 	Namespaces []string
 	// Links are the host links whose alias carries our tag.
 	Links []zonenet.Link
-	// Processes carry the mark of a service directory under our pools.
+	// Processes carry the mark of a service directory under our run dir.
 	Processes []supervise.MarkedProcess
 }
 
@@ -34,7 +34,7 @@ func (r *Runtime) Owned(ctx context.Context) (Owned, error) {
 	if o.Namespaces, o.Links, err = zonenet.List(r.opts.NetnsPrefix+sledconfig.ZoneNamePrefix, r.opts.Tag); err != nil {
 		return o, err
 	}
-	if o.Processes, err = supervise.ListMarked(filepath.Join(r.opts.DataDir, "pools")); err != nil {
+	if o.Processes, err = supervise.ListMarked(filepath.Join(r.opts.RunDir, r.opts.Tag)); err != nil {
 		return o, err
 	}
 	return o, nil

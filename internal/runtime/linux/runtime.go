@@ -31,6 +31,13 @@ type Options struct {
 	// DataDir holds the pools (DataDir/pools/<pool>/zones/<zone>) and the
 	// agent binary the default image runs (DataDir/bin).
 	DataDir string
+	// RunDir holds what lasts one boot, like the zones themselves: each
+	// zone's runit service directory (RunDir/<tag>/<zone>), whose state
+	// runsv rewrites on every change. Default /run/sled-agent.
+	RunDir string
+	// TmpfsRunDir mounts a tmpfs on RunDir if it is not on one already (the
+	// agent sets it; on most systems /run is a tmpfs anyway).
+	TmpfsRunDir bool
 	// Tag marks every object as this agent's (default "sled-agent"). Tests
 	// use a unique tag.
 	Tag string
@@ -65,6 +72,7 @@ type Runtime struct {
 func New(opts Options) (*Runtime, error) {
 	opts.Tag = cmp.Or(opts.Tag, "sled-agent")
 	opts.HealthTimeout = cmp.Or(opts.HealthTimeout, time.Second)
+	opts.RunDir = cmp.Or(opts.RunDir, "/run/sled-agent")
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -76,6 +84,9 @@ func New(opts Options) (*Runtime, error) {
 	}
 	r := &Runtime{opts: opts, watchers: map[string]context.CancelFunc{}}
 	if err := r.keepAgentBinary(); err != nil {
+		return nil, err
+	}
+	if err := prepareRunDir(opts.RunDir, opts.TmpfsRunDir); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -109,7 +120,11 @@ func (r *Runtime) zoneRoot(spec zone.Spec) string {
 
 func (r *Runtime) netnsName(zoneName string) string { return r.opts.NetnsPrefix + zoneName }
 
-func serviceDir(root string) string { return filepath.Join(root, "service") }
+// serviceDir is where the zone's runit service lives: under the run dir,
+// which is per boot (tmpfs), like the zone's namespace and processes.
+func (r *Runtime) serviceDir(zoneName string) string {
+	return filepath.Join(r.opts.RunDir, r.opts.Tag, zoneName)
+}
 
 func (r *Runtime) netConfig(spec zone.Spec) (zonenet.Config, error) {
 	addr, ok := spec.Config.ServiceAddr()
@@ -163,7 +178,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	// nsenter starts the service inside the zone's namespace; runsv keeps
 	// it there.
 	argv = append([]string{"nsenter", "--net=" + zonenet.NetnsPath(netCfg.Netns), "--"}, argv...)
-	svc := serviceDir(root)
+	svc := r.serviceDir(spec.Name)
 	if err := supervise.Prepare(svc, argv, nil); err != nil {
 		return fmt.Errorf("zone %s: service: %w", spec.Name, err)
 	}
@@ -189,6 +204,11 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 	defer cancel()
 	exited := proc.Watch(wctx)
 	delay := 10 * time.Millisecond
+	// Health checks start impatient: a connection attempt made while the
+	// zone's new links are still settling can lose its first SYN, and
+	// waiting out TCP's one-second retransmission is slower than trying
+	// again.
+	checkTimeout := 50 * time.Millisecond
 	lastErr := errors.New("service not up yet")
 	for {
 		if !zonenet.NetnsExists(netns) {
@@ -206,13 +226,14 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 		case !st.Up:
 			lastErr = errors.New("service not up yet")
 		default:
-			hctx, hcancel := context.WithTimeout(ctx, r.opts.HealthTimeout)
+			hctx, hcancel := context.WithTimeout(ctx, checkTimeout)
 			err := zoneservice.Check(hctx, addr)
 			hcancel()
 			if err == nil {
 				return nil
 			}
 			lastErr = fmt.Errorf("health check: %w", err)
+			checkTimeout = min(2*checkTimeout, r.opts.HealthTimeout)
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -223,7 +244,7 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 			t.Stop()
 		case <-t.C:
 		}
-		delay = min(delay*2, 250*time.Millisecond)
+		delay = min(delay*2, 100*time.Millisecond)
 	}
 }
 
@@ -271,26 +292,32 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	}
 	var errs []error
 	zoneID := ""
-	// A zone whose namespace is gone is dead already: there is nothing to
-	// shut down gracefully, so do not wait out runsv's restart throttle.
-	stopCtx := ctx
-	if !zonenet.NetnsExists(netns) {
-		var cancel context.CancelFunc
-		stopCtx, cancel = context.WithTimeout(ctx, deadZoneGrace)
-		defer cancel()
-	}
 	for _, root := range roots {
-		o, err := readOwner(root)
-		if err != nil || o.Tag != r.opts.Tag {
-			continue // not provably ours
+		if o, err := readOwner(root); err == nil && o.Tag == r.opts.Tag {
+			zoneID = o.ID
 		}
-		zoneID = o.ID
-		if err := supervise.Stop(stopCtx, serviceDir(root)); err != nil {
+	}
+	// The service directory is under our run dir, which holds only ours.
+	svc := r.serviceDir(name)
+	if zonenet.NetnsExists(netns) {
+		// Whatever the service left behind is in the namespace, and
+		// killed with it below.
+		if err := supervise.StopSupervisor(ctx, svc); err != nil {
 			errs = append(errs, fmt.Errorf("stopping its service: %w", err))
 		}
-	}
-	if err := killNamespaceProcs(ctx, zonenet.NetnsPath(netns)); err != nil {
-		errs = append(errs, err)
+		if err := killNamespaceProcs(ctx, zonenet.NetnsPath(netns)); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		// The zone is dead already: nothing to shut down gracefully, so
+		// do not wait out runsv's restart throttle; its leftovers are
+		// found by their mark.
+		stopCtx, cancel := context.WithTimeout(ctx, deadZoneGrace)
+		err := supervise.Stop(stopCtx, svc)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("stopping its service: %w", err))
+		}
 	}
 	if zoneID == "" {
 		zoneID = idFromName(name)
@@ -299,6 +326,9 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
 	if len(errs) == 0 {
+		if err := os.RemoveAll(svc); err != nil {
+			errs = append(errs, fmt.Errorf("service directory: %w", err))
+		}
 		for _, root := range roots {
 			if o, err := readOwner(root); err == nil && o.Tag == r.opts.Tag {
 				if err := os.RemoveAll(root); err != nil {
@@ -353,7 +383,7 @@ func (r *Runtime) inspect(o owner, root string) (bool, string) {
 			}
 		}
 	}
-	st, err := supervise.Status(serviceDir(root))
+	st, err := supervise.Status(r.serviceDir(o.Name))
 	switch {
 	case err != nil:
 		return false, "service status: " + err.Error()

@@ -60,6 +60,7 @@ type env struct {
 	tag    string
 	prefix string
 	dir    string
+	run    string
 	pokes  chan struct{}
 }
 
@@ -76,12 +77,15 @@ func newEnv(t *testing.T, images map[string]linux.Image) *env {
 	}
 	b := make([]byte, 3)
 	rand.Read(b)
-	e := &env{t: t, tag: "zt" + hex.EncodeToString(b), dir: t.TempDir(), pokes: make(chan struct{}, 100)}
+	// The directories first: cleanups run last-registered first, and ours
+	// needs them.
+	e := &env{t: t, tag: "zt" + hex.EncodeToString(b), dir: t.TempDir(), run: t.TempDir(), pokes: make(chan struct{}, 100)}
 	e.prefix = e.tag + "-"
 	// Clean up everything with our tag, even if the test fails half-way.
 	t.Cleanup(e.cleanup)
 	rt, err := linux.New(linux.Options{
 		DataDir:     e.dir,
+		RunDir:      e.run,
 		Tag:         e.tag,
 		NetnsPrefix: e.prefix,
 		Images:      images,
@@ -112,7 +116,7 @@ func (e *env) cleanup() {
 		}
 	}
 	// Whatever a failed test left outside a zone root.
-	services, _ := filepath.Glob(filepath.Join(e.dir, "pools", "*", "zones", "*", "service"))
+	services, _ := filepath.Glob(filepath.Join(e.run, e.tag, "*"))
 	for _, s := range services {
 		supervise.Stop(ctx, s)
 	}
@@ -201,7 +205,7 @@ func TestZoneComesUpAndAnswersFromTheHost(t *testing.T) {
 		t.Fatalf("owned: %+v", owned)
 	}
 	for _, p := range owned.Processes {
-		if p.Comm != "sled-agent" || !strings.HasSuffix(p.Dir, "/service") {
+		if p.Comm != "sled-agent" || filepath.Dir(p.Dir) != filepath.Join(e.run, e.tag) {
 			t.Errorf("marked process %+v", p)
 		}
 	}
@@ -253,11 +257,7 @@ func waitHealthy(t *testing.T, s zone.Spec) {
 
 func serviceDir(t *testing.T, e *env, s zone.Spec) string {
 	t.Helper()
-	dirs, _ := filepath.Glob(filepath.Join(e.dir, "pools", "*", "zones", s.Name, "service"))
-	if len(dirs) != 1 {
-		t.Fatalf("service dirs of %s: %v", s.Name, dirs)
-	}
-	return dirs[0]
+	return filepath.Join(e.run, e.tag, s.Name)
 }
 
 func TestNamespaceDeletedDuringReadinessWaitIsZoneGone(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -40,9 +39,9 @@ printf '%s %s\n' "$1" "$2" >` + lastExitFile + `.new && exec mv -f ` + lastExitF
 const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Prepare writes the runit service directory dir, creating it if missing: an
-// executable run script that execs argv with exactly the environment env
-// (plus MarkerEnv, and defaultPath when env has no PATH; nothing is inherited
-// from the agent or runsv), and a finish script that records the exit status in
+// executable run script that execs argv with the environment env (plus
+// MarkerEnv, and defaultPath when env has no PATH; nothing else is inherited
+// from the agent, and runsv has only PATH), and a finish script that records the exit status in
 // dir/last-exit. Every argument and environment entry is single-quoted, so the
 // shell interprets none of it; NUL bytes are refused. Prepare is idempotent: a
 // file is rewritten (temp file and rename) only when its content changed.
@@ -72,10 +71,6 @@ func runScript(abs string, argv, env []string) ([]byte, error) {
 	if len(argv) == 0 || argv[0] == "" {
 		return nil, errors.New("empty argv")
 	}
-	// env(1) takes every leading argument with a '=' for an assignment.
-	if strings.Contains(argv[0], "=") {
-		return nil, fmt.Errorf("argv[0] %q contains '='", argv[0])
-	}
 	for i, a := range argv {
 		if strings.IndexByte(a, 0) >= 0 {
 			return nil, fmt.Errorf("argv[%d] contains a NUL byte", i)
@@ -95,18 +90,16 @@ func runScript(abs string, argv, env []string) ([]byte, error) {
 	if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "PATH=") }) {
 		env = append([]string{defaultPath}, env...)
 	}
-	envBin := "/usr/bin/env"
-	if _, err := os.Stat(envBin); err != nil {
-		if envBin, err = exec.LookPath("env"); err != nil {
-			return nil, fmt.Errorf("find env(1): %w", err)
-		}
-	}
+	// runsv runs the script with only PATH in its environment (see
+	// spawn); the script sets exactly the service's and execs it, with no
+	// program in between.
 	var b bytes.Buffer
 	b.WriteString("#!/bin/sh\n# Written by sled-agent (package supervise); rewritten by every Prepare.\n")
-	b.WriteString("exec " + shellQuote(envBin) + " -i --")
 	for _, w := range append([]string{MarkerEnv + "=" + abs}, env...) {
-		b.WriteString(" " + shellQuote(w))
+		k, v, _ := strings.Cut(w, "=")
+		b.WriteString(k + "=" + shellQuote(v) + "; export " + k + "\n")
 	}
+	b.WriteString("exec")
 	for _, a := range argv {
 		b.WriteString(" " + shellQuote(a))
 	}

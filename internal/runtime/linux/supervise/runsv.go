@@ -93,20 +93,17 @@ func startOnce(ctx context.Context, abs string) (*Proc, error) {
 			return nil, err
 		}
 		if held {
-			// Find sees a runsv by its working directory from the moment it
-			// could take the lock; one we cannot see is someone else's.
-			if p, ok, err = find(abs); err != nil || !ok {
-				return nil, errors.Join(ErrLockedElsewhere, err)
-			}
+			// find sees a runsv by its working directory from the moment it
+			// could take the lock; one it cannot see is someone else's.
+			return nil, ErrLockedElsewhere
 		}
-	}
-	if !ok {
 		if err := killOrphans(ctx, abs); err != nil {
 			return nil, err
 		}
 		if p, err = spawn(abs); err != nil {
 			return nil, err
 		}
+		recordSpawned(abs, p)
 	}
 	if err := waitReady(ctx, p, abs); err != nil {
 		if !errors.Is(err, errGone) && !ok {
@@ -217,7 +214,52 @@ func Find(dir string) (*Proc, bool, error) {
 	return p, ok, nil
 }
 
+// find looks first where spawn recorded the runsv it started (no scan of
+// /proc); if that one is gone and nobody holds the directory's lock, no runsv
+// supervises abs. Only a lock held by an unrecorded process costs a scan.
 func find(abs string) (*Proc, bool, error) {
+	if p, ok := findRecorded(abs); ok {
+		return p, true, nil
+	}
+	held, err := lockHeld(abs)
+	if err != nil || !held {
+		return nil, false, err
+	}
+	return scan(abs)
+}
+
+// pidFile records the runsv that spawn started: "<pid> <start time>".
+const pidFile = "runsv.pid"
+
+func recordSpawned(abs string, p *Proc) {
+	// Best effort: without the record, find scans /proc instead.
+	os.WriteFile(filepath.Join(abs, pidFile), fmt.Appendf(nil, "%d %d\n", p.PID, p.start), 0o644)
+}
+
+// findRecorded returns the recorded runsv if it still runs.
+func findRecorded(abs string) (*Proc, bool) {
+	b, err := os.ReadFile(filepath.Join(abs, pidFile))
+	if err != nil {
+		return nil, false
+	}
+	var pid int
+	var start uint64
+	if _, err := fmt.Sscanf(string(b), "%d %d", &pid, &start); err != nil {
+		return nil, false
+	}
+	st, err := readStat(pid)
+	if err != nil || st.comm != "runsv" || st.start != start || st.state == 'Z' {
+		return nil, false
+	}
+	p, err := newProc(pid)
+	if err != nil {
+		return nil, false
+	}
+	return p, true
+}
+
+// scan finds the runsv supervising abs among all processes.
+func scan(abs string) (*Proc, bool, error) {
 	all, err := pids()
 	if err != nil {
 		return nil, false, err
@@ -396,7 +438,30 @@ func Stop(ctx context.Context, dir string) error {
 	return nil
 }
 
-func stop(ctx context.Context, abs string) error {
+// StopSupervisor is Stop for a caller that is tearing the service down for
+// good and finds its leftovers itself (the zone runtime kills everything in
+// the zone's namespace): when runsv takes the service down and exits as
+// told, it does not look for processes the service left behind, which costs
+// a scan of every process, and the finish script does not run.
+func StopSupervisor(ctx context.Context, dir string) error {
+	abs, err := canonical(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("supervise: stop %s: %w", dir, err)
+	}
+	if err := stopWith(ctx, abs, false); err != nil {
+		return fmt.Errorf("supervise: stop %s: %w", abs, err)
+	}
+	return nil
+}
+
+func stop(ctx context.Context, abs string) error { return stopWith(ctx, abs, true) }
+
+// stopWith stops runsv and its service; thorough also looks for marked
+// processes after a clean exit of runsv.
+func stopWith(ctx context.Context, abs string, thorough bool) error {
 	var procs []*Proc
 	defer func() { closeAll(procs) }()
 	r, ok, err := find(abs)
@@ -405,11 +470,21 @@ func stop(ctx context.Context, abs string) error {
 	}
 	if ok {
 		procs = append(procs, r)
+		if !thorough {
+			// The finish script only records how the service exited,
+			// which a caller tearing the zone down will not read: skip it.
+			if err := os.Remove(filepath.Join(abs, finishFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+		}
 		if err := control(abs, "dx"); err != nil {
 			return err
 		}
 		if waitExited(ctx, []*Proc{r}) != nil {
 			return killAll(procs, abs)
+		}
+		if !thorough {
+			return nil // runsv exits on x only once the service is down
 		}
 	}
 	// runsv is gone: its service is down, or was left behind by a runsv
@@ -470,6 +545,9 @@ func killAll(procs []*Proc, abs string) error {
 // killOrphans SIGKILLs a service left running by a runsv that died, and its
 // children, before a new runsv starts the service again.
 func killOrphans(ctx context.Context, abs string) error {
+	if _, err := os.Stat(filepath.Join(abs, "supervise", "status")); errors.Is(err, fs.ErrNotExist) {
+		return nil // runsv never ran here, so no service did either
+	}
 	ps, err := findMarked(abs)
 	defer closeAll(ps)
 	if err != nil || len(ps) == 0 {

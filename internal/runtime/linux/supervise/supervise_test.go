@@ -496,7 +496,7 @@ func TestPrepareQuoting(t *testing.T) {
 	}
 	ents, _ := os.ReadDir(s.dir)
 	for _, e := range ents {
-		if !slices.Contains([]string{"run", "finish", "supervise", "runsv.log"}, e.Name()) {
+		if !slices.Contains([]string{"run", "finish", "supervise", "runsv.log", "runsv.pid"}, e.Name()) {
 			t.Errorf("unexpected file %s in the service directory", e.Name())
 		}
 	}
@@ -512,7 +512,6 @@ func TestPrepareRejects(t *testing.T) {
 		"env without =":   {[]string{"/bin/true"}, []string{"A"}},
 		"bad env name":    {[]string{"/bin/true"}, []string{"A B=c"}},
 		"marker in env":   {[]string{"/bin/true"}, []string{MarkerEnv + "=/x"}},
-		"= in argv[0]":    {[]string{"A=b"}, nil},
 	} {
 		dir := filepath.Join(t.TempDir(), "svc")
 		if err := Prepare(dir, c.argv, c.env); err == nil {
@@ -575,5 +574,26 @@ func TestStatusNeverStarted(t *testing.T) {
 	st, err := Status(dir)
 	if err != nil || st.Up || st.Supervised || st.Phase != "down" {
 		t.Errorf("Status of a never-started service = %+v, %v; want down", st, err)
+	}
+}
+
+func TestStopSupervisor(t *testing.T) {
+	t.Parallel()
+	s := newService(t, nil)
+	p := start(t, s.dir)
+	pid := s.waitUp(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := StopSupervisor(ctx, s.dir); err != nil {
+		t.Fatal(err)
+	}
+	if running(p.PID) || running(pid) {
+		t.Errorf("after StopSupervisor: runsv running %v, service running %v", running(p.PID), running(pid))
+	}
+	if st, err := Status(s.dir); err != nil || st.Up || st.Supervised || st.LastExit != nil {
+		t.Errorf("status after StopSupervisor %+v (%v), want down, unsupervised, finish not run", st, err)
+	}
+	if err := StopSupervisor(ctx, s.dir); err != nil {
+		t.Errorf("second StopSupervisor: %v", err)
 	}
 }
