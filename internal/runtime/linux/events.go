@@ -28,7 +28,11 @@ func (r *Runtime) notify() {
 // namespace or of one of its links, as the kernel tells it. Supervisors
 // exiting are watched per zone from Ensure. The reconciler's periodic relist
 // catches whatever an event misses.
+//
+// When Watch returns, the per-zone supervisor watchers stop too: whoever
+// ran it (the agent) is going away.
 func (r *Runtime) Watch(ctx context.Context) error {
+	defer r.stopAllWatching()
 	return zonenet.Watch(ctx, r.opts.NetnsPrefix+sledconfig.ZoneNamePrefix, r.opts.Tag, func(ev zonenet.Event) {
 		switch ev.Kind {
 		case zonenet.EventNetnsDeleted, zonenet.EventLinkDeleted:
@@ -40,4 +44,13 @@ func (r *Runtime) Watch(ctx context.Context) error {
 		}
 		r.notify()
 	})
+}
+
+func (r *Runtime) stopAllWatching() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, cancel := range r.watchers {
+		cancel()
+		delete(r.watchers, name)
+	}
 }
