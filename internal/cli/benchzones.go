@@ -3,6 +3,7 @@ package cli
 import (
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,6 +14,7 @@ import (
 func newBenchZonesCmd() *cobra.Command {
 	opts := bench.ZonesOptions{}
 	var runtimeLog bool
+	var cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "zones",
 		Short: "Compare the Linux runtime's zone start and teardown with the bare primitives; needs root; prints JSON",
@@ -32,6 +34,17 @@ prefix and is removed on exit, error or Ctrl-C.`,
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			res, err := bench.Zones(ctx, opts)
 			if err != nil {
 				return err
@@ -44,6 +57,7 @@ prefix and is removed on exit, error or Ctrl-C.`,
 	f.IntVar(&opts.Rounds, "rounds", 3, "rounds of floor and runtime; the median is reported")
 	f.StringVar(&opts.TempDir, "temp-dir", "", "where the runtime's temporary data dir is made (default: the system's temp dir)")
 	f.DurationVar(&opts.PhaseTimeout, "phase-timeout", 2*time.Minute, "deadline of each phase (all zones up, or all down)")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write the agent process's CPU profile of the whole run to this file")
 	f.BoolVar(&runtimeLog, "runtime-log", false, "write the runtime's debug log (per-zone phase timings) to stderr as JSON")
 	return cmd
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -133,10 +134,11 @@ func killNamespaceProcs(ctx context.Context, nsPath string) error {
 	want := "net:[" + strconv.FormatUint(st.Ino, 10) + "]"
 	delay := 10 * time.Millisecond
 	for {
-		pids, err := namespacePIDs(want)
+		byNS, err := procs.walk(ctx)
 		if err != nil {
 			return err
 		}
+		pids := byNS[want]
 		if len(pids) == 0 {
 			return nil
 		}
@@ -154,8 +156,64 @@ func killNamespaceProcs(ctx context.Context, nsPath string) error {
 	}
 }
 
-// namespacePIDs lists processes whose network namespace link reads want.
-func namespacePIDs(want string) ([]int, error) {
+// procs shares walks of /proc between the zones being destroyed at once.
+var procs procWalker
+
+// procWalker walks /proc for callers that need to know which processes are
+// in which network namespace. A caller gets the result of a walk that began
+// after it asked, and every caller waiting when a walk begins shares it, so
+// destroying many zones at once costs a few walks, not one each.
+type procWalker struct {
+	mu      sync.Mutex
+	waiting []chan walkResult // guarded by mu; callers for the next walk
+	running bool              // guarded by mu
+}
+
+type walkResult struct {
+	byNS map[string][]int // "net:[inode]" → pids
+	err  error
+}
+
+func (w *procWalker) walk(ctx context.Context) (map[string][]int, error) {
+	ch := make(chan walkResult, 1)
+	w.mu.Lock()
+	w.waiting = append(w.waiting, ch)
+	if !w.running {
+		w.running = true
+		go w.loop()
+	}
+	w.mu.Unlock()
+	select {
+	case r := <-ch:
+		return r.byNS, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// loop walks while anyone waits. It ends when nobody does; walking /proc
+// is local and bounded, so it never waits on anything else.
+func (w *procWalker) loop() {
+	for {
+		w.mu.Lock()
+		batch := w.waiting
+		w.waiting = nil
+		if len(batch) == 0 {
+			w.running = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		byNS, err := namespacePIDs()
+		for _, ch := range batch {
+			ch <- walkResult{byNS, err} // buffered: never blocks
+		}
+	}
+}
+
+// namespacePIDs maps every network namespace (as /proc/<pid>/ns/net reads)
+// to its processes.
+func namespacePIDs() (map[string][]int, error) {
 	d, err := os.Open("/proc")
 	if err != nil {
 		return nil, err
@@ -165,7 +223,7 @@ func namespacePIDs(want string) ([]int, error) {
 	if err != nil && err != io.EOF {
 		return nil, err
 	}
-	var pids []int
+	byNS := map[string][]int{}
 	self := os.Getpid()
 	for _, n := range names {
 		pid, err := strconv.Atoi(n)
@@ -175,11 +233,11 @@ func namespacePIDs(want string) ([]int, error) {
 			// then discarded by the Go runtime may be the main one.
 			continue
 		}
-		if link, err := os.Readlink("/proc/" + n + "/ns/net"); err == nil && link == want {
-			pids = append(pids, pid)
+		if link, err := os.Readlink("/proc/" + n + "/ns/net"); err == nil {
+			byNS[link] = append(byNS[link], pid)
 		}
 	}
-	return pids, nil
+	return byNS, nil
 }
 
 // prepareRunDir creates the run dir and, if asked, mounts a tmpfs on it

@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Ensure makes the zone's plumbing match c, creating whatever is missing and
@@ -45,16 +49,27 @@ func ensure(ctx context.Context, c Config) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	hl, zl, err := s.ensurePair(up, nil)
+	hl, zl, created, err := s.ensurePair(up, nil)
 	if err != nil {
 		return err
+	}
+	hostRouteStep := func() error { return syncHostRoute(s.host, hl, hostRoute(hl, c.Underlay)) }
+	if created {
+		// A new link has no routes to check or clean up: add the one it
+		// needs, without listing the host's whole routing table.
+		hostRouteStep = func() error {
+			if err := s.host.RouteReplace(hostRoute(hl, c.Underlay)); err != nil {
+				return fmt.Errorf("adding route to %s via %s: %w", c.Underlay, up.host, err)
+			}
+			return nil
+		}
 	}
 	for _, step := range []func() error{
 		func() error { return setUp(s.zone, zl) },
 		func() error { return syncAddrs(s.zone, zl, []netip.Prefix{underlayPrefix(c.Underlay)}) },
 		func() error { return setUp(s.host, hl) },
 		func() error { return addAddr(s.host, hl, hostLinkLocal) },
-		func() error { return syncHostRoute(s.host, hl, hostRoute(hl, c.Underlay)) },
+		hostRouteStep,
 		func() error { return ensureRoute(s.zone, zl, defaultRoute(zl)) },
 	} {
 		if err := step(); err != nil {
@@ -68,7 +83,7 @@ func ensure(ctx context.Context, c Config) error {
 	if c.NIC == nil {
 		return s.removePair(np)
 	}
-	if hl, zl, err = s.ensurePair(np, c.NIC.MAC); err != nil {
+	if hl, zl, _, err = s.ensurePair(np, c.NIC.MAC); err != nil {
 		return err
 	}
 	if mac := c.NIC.MAC; mac != nil && zl.Attrs().HardwareAddr.String() != mac.String() {
@@ -123,17 +138,25 @@ func Remove(ctx context.Context, netnsName, tag, zoneID string) error {
 		}
 	}
 	var errs []error
-	s, err := openSession(ctx, netnsName)
+	up, np := pairs(tag, zoneID)
+	left, err := removeMarked(ctx, []pair{up, np})
 	if err != nil {
 		return fmt.Errorf("zonenet: removing %s: %w", netnsName, err)
 	}
-	up, np := pairs(tag, zoneID)
-	for _, p := range []pair{up, np} {
-		if err := s.removePair(p); err != nil {
-			errs = append(errs, err)
+	if len(left) > 0 {
+		// A link without our alias is ours only if its peer is the zone
+		// end in this zone's namespace: that takes a look inside.
+		s, err := openSession(ctx, netnsName)
+		if err != nil {
+			return fmt.Errorf("zonenet: removing %s: %w", netnsName, err)
 		}
+		for _, p := range left {
+			if err := s.removePair(p); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		s.close()
 	}
-	s.close()
 	if err := ctx.Err(); err != nil {
 		errs = append(errs, err)
 	} else if err := removeNetns(netnsName); err != nil {
@@ -143,4 +166,37 @@ func Remove(ctx context.Context, netnsName, tag, zoneID string) error {
 		return fmt.Errorf("zonenet: removing %s: %w", netnsName, err)
 	}
 	return nil
+}
+
+// removeMarked deletes the host links of pairs that carry their alias (the
+// pair goes with them), using only the host's namespace; it returns the
+// pairs whose host link exists without that alias, for the careful path.
+func removeMarked(ctx context.Context, ps []pair) (left []pair, err error) {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	timeout := maxCallTime
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)
+	}
+	if err := h.SetSocketTimeout(timeout); err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	for _, p := range ps {
+		hl, err := linkByName(h, p.host)
+		switch {
+		case err != nil:
+			return nil, err
+		case hl == nil:
+		case hl.Attrs().Alias == p.alias:
+			if err := delLink(h, hl); err != nil {
+				return nil, err
+			}
+		default:
+			left = append(left, p)
+		}
+	}
+	return left, nil
 }

@@ -142,56 +142,57 @@ func (s *session) owns(hl, zl netlink.Link, p pair) (bool, error) {
 // ensurePair makes p exist with its zone end in the zone's namespace and
 // returns both ends. A host end of ours whose peer is anywhere else (still in
 // the host namespace after a crash, or in an older namespace that something
-// keeps alive) is deleted, with its peer, and the pair made again.
-func (s *session) ensurePair(p pair, mac net.HardwareAddr) (hl, zl netlink.Link, err error) {
+// keeps alive) is deleted, with its peer, and the pair made again. created
+// says the pair was made just now (so it has no routes yet).
+func (s *session) ensurePair(p pair, mac net.HardwareAddr) (hl, zl netlink.Link, created bool, err error) {
 	if hl, zl, err = s.look(p); err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	if hl != nil {
 		ok, err := s.owns(hl, zl, p)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		if !ok {
-			return nil, nil, fmt.Errorf("%s has alias %q, want %q: %w", p.host, hl.Attrs().Alias, p.alias, ErrNotOwned)
+			return nil, nil, false, fmt.Errorf("%s has alias %q, want %q: %w", p.host, hl.Attrs().Alias, p.alias, ErrNotOwned)
 		}
 		if ok, err := s.paired(hl, zl); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		} else if ok {
 			if hl.Attrs().Alias != p.alias {
 				if err := s.host.LinkSetAlias(hl, p.alias); err != nil {
-					return nil, nil, fmt.Errorf("marking %s: %w", p.host, err)
+					return nil, nil, false, fmt.Errorf("marking %s: %w", p.host, err)
 				}
 			}
-			return hl, zl, nil
+			return hl, zl, false, nil
 		}
 		if err := delLink(s.host, hl); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 	}
 	if zl != nil {
 		// A zone end without our host end: the namespace is this zone's,
 		// and so is whatever is in it.
 		if err := delLink(s.zone, zl); err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 	}
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = p.host
 	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: p.zone, PeerNamespace: netlink.NsFd(s.ns), PeerHardwareAddr: mac}
 	if err := s.host.LinkAdd(veth); err != nil {
-		return nil, nil, fmt.Errorf("creating veth %s/%s: %w", p.host, p.zone, err)
+		return nil, nil, false, fmt.Errorf("creating veth %s/%s: %w", p.host, p.zone, err)
 	}
 	if hl, zl, err = s.look(p); err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	if hl == nil || zl == nil {
-		return nil, nil, fmt.Errorf("veth %s/%s vanished right after creation", p.host, p.zone)
+		return nil, nil, false, fmt.Errorf("veth %s/%s vanished right after creation", p.host, p.zone)
 	}
 	if err := s.host.LinkSetAlias(hl, p.alias); err != nil {
-		return nil, nil, fmt.Errorf("marking %s: %w", p.host, err)
+		return nil, nil, false, fmt.Errorf("marking %s: %w", p.host, err)
 	}
-	return hl, zl, nil
+	return hl, zl, true, nil
 }
 
 func delLink(h *netlink.Handle, l netlink.Link) error {
