@@ -21,9 +21,10 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 )
 
-// writeFileAtomic replaces path with data: temp file, fsync, rename, fsync
-// dir. Missing directories are created.
-func writeFileAtomic(path string, data []byte) error {
+// writeFileAtomic replaces path with data: temp file, rename; with durable,
+// fsync before the rename and of the directory after it. Missing directories
+// are created.
+func writeFileAtomic(path string, data []byte, durable bool) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -34,7 +35,7 @@ func writeFileAtomic(path string, data []byte) error {
 	}
 	tmp := f.Name()
 	_, err = f.Write(data)
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -46,6 +47,9 @@ func writeFileAtomic(path string, data []byte) error {
 	if err != nil {
 		os.Remove(tmp)
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	d, err := os.Open(dir)
 	if err != nil {
@@ -76,7 +80,7 @@ func (r *Runtime) keepAgentBinary() error {
 	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
-	if err := writeFileAtomic(dst, data); err != nil {
+	if err := writeFileAtomic(dst, data, true); err != nil {
 		return fmt.Errorf("keeping the agent binary: %w", err)
 	}
 	return os.Chmod(dst, 0o755)

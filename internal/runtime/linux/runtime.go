@@ -152,15 +152,17 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		return err
 	}
 	addr, _ := spec.Config.ServiceAddr()
-	// The ownership mark goes first, so a crash at any later point leaves
-	// parts that are provably ours.
+	// The ownership mark goes first, so a crash of the agent at any later
+	// point leaves parts that are provably ours. It is not fsynced: what it
+	// marks (namespace, links, processes) does not survive a crash of the
+	// machine either, and a root whose mark was lost with it is litter in
+	// our own data dir, for the restore protocol to clear.
 	cfgJSON, err := json.Marshal(spec.Config)
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(root, ownerFile), mustJSON(owner{
-		Tag: r.opts.Tag, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Config: cfgJSON,
-	})); err != nil {
+	mark := mustJSON(owner{Tag: r.opts.Tag, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Config: cfgJSON})
+	if err := writeFileAtomic(filepath.Join(root, ownerFile), mark, false); err != nil {
 		return fmt.Errorf("zone %s: writing its root: %w", spec.Name, err)
 	}
 	if err := zonenet.Ensure(ctx, netCfg); err != nil {

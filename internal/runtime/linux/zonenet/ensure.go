@@ -53,24 +53,24 @@ func ensure(ctx context.Context, c Config) error {
 	if err != nil {
 		return err
 	}
-	hostRouteStep := func() error { return syncHostRoute(s.host, hl, hostRoute(hl, c.Underlay)) }
+	zoneAddr := func() error { return syncAddrs(s.zone, zl, []netip.Prefix{underlayPrefix(c.Underlay)}) }
+	hostRoute := func() error { return syncHostRoute(s.host, hl, hostRouteTo(hl, c.Underlay)) }
+	zoneRoute := func() error { return ensureRoute(s.zone, zl, defaultRoute(zl)) }
 	if created {
-		// A new link has no routes to check or clean up: add the one it
-		// needs, without listing the host's whole routing table.
-		hostRouteStep = func() error {
-			if err := s.host.RouteReplace(hostRoute(hl, c.Underlay)); err != nil {
-				return fmt.Errorf("adding route to %s via %s: %w", c.Underlay, up.host, err)
-			}
-			return nil
-		}
+		// A pair made just now has no addresses or routes to check or
+		// clean up: add what it needs without listing anything (the
+		// host's routing table grows with every zone).
+		zoneAddr = func() error { return addAddr(s.zone, zl, underlayPrefix(c.Underlay)) }
+		hostRoute = func() error { return replaceRoute(s.host, hl, hostRouteTo(hl, c.Underlay)) }
+		zoneRoute = func() error { return replaceRoute(s.zone, zl, defaultRoute(zl)) }
 	}
 	for _, step := range []func() error{
 		func() error { return setUp(s.zone, zl) },
-		func() error { return syncAddrs(s.zone, zl, []netip.Prefix{underlayPrefix(c.Underlay)}) },
+		zoneAddr,
 		func() error { return setUp(s.host, hl) },
 		func() error { return addAddr(s.host, hl, hostLinkLocal) },
-		hostRouteStep,
-		func() error { return ensureRoute(s.zone, zl, defaultRoute(zl)) },
+		hostRoute,
+		zoneRoute,
 	} {
 		if err := step(); err != nil {
 			return err

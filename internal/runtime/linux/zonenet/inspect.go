@@ -104,7 +104,7 @@ func (s *session) inspectUnderlay(c Config, p *Parts) error {
 	if err != nil {
 		return err
 	}
-	p.Route = hasRoute(hr, hostRoute(hl, c.Underlay)) && hasRoute(zr, defaultRoute(zl))
+	p.Route = hasRoute(hr, hostRouteTo(hl, c.Underlay)) && hasRoute(zr, defaultRoute(zl))
 	return nil
 }
 

@@ -303,7 +303,7 @@ func routes(h *netlink.Handle, l netlink.Link) ([]netlink.Route, error) {
 }
 
 // hostRoute is the route to the zone's underlay address through the host end.
-func hostRoute(hl netlink.Link, underlay netip.Addr) *netlink.Route {
+func hostRouteTo(hl netlink.Link, underlay netip.Addr) *netlink.Route {
 	return &netlink.Route{LinkIndex: hl.Attrs().Index, Dst: &net.IPNet{IP: underlay.AsSlice(), Mask: net.CIDRMask(128, 128)}}
 }
 
@@ -330,6 +330,10 @@ func ensureRoute(h *netlink.Handle, l netlink.Link, want *netlink.Route) error {
 	if err != nil || hasRoute(rs, want) {
 		return err
 	}
+	return replaceRoute(h, l, want)
+}
+
+func replaceRoute(h *netlink.Handle, l netlink.Link, want *netlink.Route) error {
 	if err := h.RouteReplace(want); err != nil {
 		return fmt.Errorf("adding route to %v via %s: %w", want.Dst, l.Attrs().Name, err)
 	}
