@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sled-agent/sled-agent/internal/api"
+	"github.com/sled-agent/sled-agent/internal/atomicfile"
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
@@ -318,7 +319,7 @@ func sledIdentity(dataDir, configured string) (string, error) {
 		id = uuid.NewString()
 	}
 	if kept == "" {
-		if err := keepFile(path, []byte(id+"\n")); err != nil {
+		if err := atomicfile.WriteFile(path, []byte(id+"\n"), atomicfile.Options{Perm: 0o600, Durable: true}); err != nil {
 			return "", fmt.Errorf("keeping sled id: %w", err)
 		}
 	}
@@ -333,36 +334,6 @@ func parseUUID(s string) (string, bool) {
 		return "", false
 	}
 	return u.String(), true
-}
-
-// keepFile replaces path with data durably: a crash leaves the old file or
-// the new one, never an empty or partial one.
-func keepFile(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // Example returns a realistic example sled config (a real one from a rack).

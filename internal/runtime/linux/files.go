@@ -17,47 +17,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sled-agent/sled-agent/internal/atomicfile"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 )
-
-// writeFileAtomic replaces path with data: temp file, rename; with durable,
-// fsync before the rename and of the directory after it. Missing directories
-// are created.
-func writeFileAtomic(path string, data []byte, durable bool) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil && durable {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if !durable {
-		return nil
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
 
 // keepAgentBinary copies the agent binary into the data dir (if it differs
 // from the copy there), so the zones' services keep working when the file
@@ -80,10 +43,10 @@ func (r *Runtime) keepAgentBinary() error {
 	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
-	if err := writeFileAtomic(dst, data, true); err != nil {
+	if err := atomicfile.WriteFile(dst, data, atomicfile.Options{Perm: 0o755, Durable: true}); err != nil {
 		return fmt.Errorf("keeping the agent binary: %w", err)
 	}
-	return os.Chmod(dst, 0o755)
+	return nil
 }
 
 // nicConfig turns a zone's NIC config into the addresses of its link.

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/atomicfile"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -162,7 +163,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		return err
 	}
 	mark := mustJSON(owner{Tag: r.opts.Tag, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Config: cfgJSON})
-	if err := writeFileAtomic(filepath.Join(root, ownerFile), mark, false); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(root, ownerFile), mark, atomicfile.Options{}); err != nil {
 		return fmt.Errorf("zone %s: writing its root: %w", spec.Name, err)
 	}
 	if err := zonenet.Ensure(ctx, netCfg); err != nil {

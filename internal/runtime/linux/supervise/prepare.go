@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/sled-agent/sled-agent/internal/atomicfile"
 )
 
 // MarkerEnv is the environment entry the run script gives the service, with
@@ -132,42 +134,7 @@ func validEnvName(k string) bool {
 // writeIfChanged makes path hold content with mode perm, replacing it
 // atomically (temp file, fsync, rename) only when its content differs.
 func writeIfChanged(path string, content []byte, perm fs.FileMode) error {
-	old, err := os.ReadFile(path)
-	if err == nil && bytes.Equal(old, content) {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return err
-		}
-		if fi.Mode().Perm() != perm {
-			return os.Chmod(path, perm)
-		}
-		return nil
-	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // fails harmlessly after the rename
-	if _, err := f.Write(content); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteFileIfChanged(path, content, atomicfile.Options{Perm: perm, Durable: true})
 }
 
 // canonical returns dir as an absolute path without symbolic links: the form
