@@ -424,26 +424,16 @@ func lastExit(abs string) *Exit {
 // by a dead runsv gets SIGTERM from Stop itself. When ctx ends first, Stop
 // SIGKILLs whatever is left and waits a short grace period for it to die.
 // Nothing running is success; an error means something may still run.
-func Stop(ctx context.Context, dir string) error {
-	abs, err := canonical(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("supervise: stop %s: %w", dir, err)
-	}
-	if err := stop(ctx, abs); err != nil {
-		return fmt.Errorf("supervise: stop %s: %w", abs, err)
-	}
-	return nil
-}
+func Stop(ctx context.Context, dir string) error { return stopDir(ctx, dir, true) }
 
 // StopSupervisor is Stop for a caller that is tearing the service down for
 // good and finds its leftovers itself (the zone runtime kills everything in
 // the zone's namespace): when runsv takes the service down and exits as
 // told, it does not look for processes the service left behind, which costs
 // a scan of every process, and the finish script does not run.
-func StopSupervisor(ctx context.Context, dir string) error {
+func StopSupervisor(ctx context.Context, dir string) error { return stopDir(ctx, dir, false) }
+
+func stopDir(ctx context.Context, dir string, thorough bool) error {
 	abs, err := canonical(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -451,13 +441,12 @@ func StopSupervisor(ctx context.Context, dir string) error {
 	if err != nil {
 		return fmt.Errorf("supervise: stop %s: %w", dir, err)
 	}
-	if err := stopWith(ctx, abs, false); err != nil {
+	if err := stopWith(ctx, abs, thorough); err != nil {
 		return fmt.Errorf("supervise: stop %s: %w", abs, err)
 	}
 	return nil
 }
 
-func stop(ctx context.Context, abs string) error { return stopWith(ctx, abs, true) }
 
 // stopWith stops runsv and its service; thorough also looks for marked
 // processes after a clean exit of runsv.
