@@ -447,7 +447,6 @@ func stopDir(ctx context.Context, dir string, thorough bool) error {
 	return nil
 }
 
-
 // stopWith stops runsv and its service; thorough also looks for marked
 // processes after a clean exit of runsv.
 func stopWith(ctx context.Context, abs string, thorough bool) error {
