@@ -77,6 +77,9 @@ func ensure(ctx context.Context, c Config) error {
 		}
 	}
 
+	if err := s.waitLive(ctx, hl, zl, c.Underlay); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
