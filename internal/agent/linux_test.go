@@ -207,6 +207,7 @@ func destroyAll(t *testing.T, dir, runDir, tag, prefix string) {
 			t.Errorf("cleanup: %v", err)
 		}
 	}
+	rt.RemoveEmptyDirs()
 	nss, links, _ := zonenet.List(prefix, tag)
 	if len(nss)+len(links) > 0 {
 		t.Errorf("left behind: namespaces %v, links %v", nss, links)

@@ -693,6 +693,9 @@ func (b *zonesBench) cleanup() error {
 	if err := b.sweep(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	if b.rt != nil {
+		b.rt.RemoveEmptyDirs()
+	}
 	for _, d := range []string{b.dataDir, b.runDir} {
 		if d == "" {
 			continue

@@ -64,6 +64,8 @@ type Runtime struct {
 	opts  Options
 	agent string // the kept agent binary
 
+	cg cgroups
+
 	mu       sync.Mutex
 	watchers map[string]context.CancelFunc // guarded by mu; supervisor watchers by zone name
 }
@@ -83,7 +85,10 @@ func New(opts Options) (*Runtime, error) {
 	if opts.DataDir == "" {
 		return nil, errors.New("the linux runtime needs a data dir")
 	}
-	r := &Runtime{opts: opts, watchers: map[string]context.CancelFunc{}}
+	r := &Runtime{opts: opts, watchers: map[string]context.CancelFunc{}, cg: newCgroups(opts.Tag)}
+	if !r.cg.available() {
+		opts.Log.Warn("no cgroup v2 file system: zone processes will be found by walking /proc")
+	}
 	if err := r.keepAgentBinary(); err != nil {
 		return nil, err
 	}
@@ -185,7 +190,13 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	if err := supervise.Prepare(svc, argv, nil); err != nil {
 		return fmt.Errorf("zone %s: service: %w", spec.Name, err)
 	}
-	proc, err := supervise.StartContext(ctx, svc)
+	var start supervise.StartOptions
+	if r.cg.available() {
+		if start.Cgroup, err = r.cg.ensure(spec.Name); err != nil {
+			return fmt.Errorf("zone %s: %w", spec.Name, err)
+		}
+	}
+	proc, err := supervise.StartWith(ctx, svc, start)
 	if err != nil {
 		return fmt.Errorf("zone %s: starting its supervisor: %w", spec.Name, err)
 	}
@@ -302,7 +313,19 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	}
 	// The service directory is under our run dir, which holds only ours.
 	svc := r.serviceDir(name)
-	if zonenet.NetnsExists(netns) {
+	switch {
+	case r.cg.exists(name):
+		// Everything the zone ran is in its cgroup: stop the service
+		// gracefully if the zone is alive, then kill what is left.
+		if zonenet.NetnsExists(netns) {
+			if err := supervise.StopSupervisor(ctx, svc); err != nil {
+				errs = append(errs, fmt.Errorf("stopping its service: %w", err))
+			}
+		}
+		if err := r.cg.kill(ctx, name); err != nil {
+			errs = append(errs, err)
+		}
+	case zonenet.NetnsExists(netns):
 		// Whatever the service left behind is in the namespace, and
 		// killed with it below.
 		if err := supervise.StopSupervisor(ctx, svc); err != nil {
@@ -311,7 +334,7 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 		if err := killNamespaceProcs(ctx, zonenet.NetnsPath(netns)); err != nil {
 			errs = append(errs, err)
 		}
-	} else {
+	default:
 		// The zone is dead already: nothing to shut down gracefully, so
 		// do not wait out runsv's restart throttle; its leftovers are
 		// found by their mark.

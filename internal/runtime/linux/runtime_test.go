@@ -127,6 +127,9 @@ func (e *env) cleanup() {
 	for _, l := range links {
 		zonenet.Remove(ctx, e.prefix+"none", e.tag, l.ZoneID)
 	}
+	if e.rt != nil {
+		e.rt.RemoveEmptyDirs()
+	}
 }
 
 // spec is a crucible zone with index i, on its own /64.
@@ -329,6 +332,16 @@ func TestDestroyLeavesNothing(t *testing.T) {
 	runsv, found, err := supervise.Find(svc)
 	if err != nil || !found {
 		t.Fatalf("runsv not found: %v", err)
+	}
+	// Where there is a cgroup v2 file system, the zone's supervisor and
+	// service live in the zone's own cgroup.
+	if cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", runsv.PID)); err == nil && strings.Contains(string(cg), "0::") {
+		want := "0::/sled-agent/" + e.tag + "/" + s.Name + "\n"
+		for _, pid := range []int{runsv.PID, st.PID} {
+			if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); !strings.Contains(string(cg), want) {
+				t.Errorf("process %d is in cgroup %q, want %q", pid, cg, want)
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()

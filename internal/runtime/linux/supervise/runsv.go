@@ -51,6 +51,19 @@ func Start(dir string) (*Proc, error) {
 // A service process left running by a runsv that died is killed first, so the
 // service never runs twice.
 func StartContext(ctx context.Context, dir string) (*Proc, error) {
+	return StartWith(ctx, dir, StartOptions{})
+}
+
+// StartOptions are StartWith's choices.
+type StartOptions struct {
+	// Cgroup, if set, is a cgroup v2 directory that runsv is started in,
+	// so that it, the service and everything they start can be found and
+	// killed together. A runsv already running is left where it is.
+	Cgroup string
+}
+
+// StartWith is StartContext with options.
+func StartWith(ctx context.Context, dir string, opts StartOptions) (*Proc, error) {
 	abs, err := canonical(dir)
 	if err != nil {
 		return nil, fmt.Errorf("supervise: start %s: %w", dir, err)
@@ -62,7 +75,7 @@ func StartContext(ctx context.Context, dir string) (*Proc, error) {
 	// loser exits at once and we look again, a bounded number of times.
 	var lastErr error
 	for range 3 {
-		p, err := startOnce(ctx, abs)
+		p, err := startOnce(ctx, abs, opts)
 		if err == nil {
 			// A runsv found running may have been told to keep the
 			// service down (sv down): want it up.
@@ -82,7 +95,7 @@ func StartContext(ctx context.Context, dir string) (*Proc, error) {
 
 // startOnce returns the runsv supervising abs, starting one if there is none.
 // errGone means the runsv it found or started exited before it was ready.
-func startOnce(ctx context.Context, abs string) (*Proc, error) {
+func startOnce(ctx context.Context, abs string, opts StartOptions) (*Proc, error) {
 	p, ok, err := find(abs)
 	if err != nil {
 		return nil, err
@@ -100,7 +113,7 @@ func startOnce(ctx context.Context, abs string) (*Proc, error) {
 		if err := killOrphans(ctx, abs); err != nil {
 			return nil, err
 		}
-		if p, err = spawn(abs); err != nil {
+		if p, err = spawn(abs, opts.Cgroup); err != nil {
 			return nil, err
 		}
 		recordSpawned(abs, p)
@@ -116,8 +129,8 @@ func startOnce(ctx context.Context, abs string) (*Proc, error) {
 	return p, nil
 }
 
-// spawn starts `runsv abs` detached from the agent.
-func spawn(abs string) (*Proc, error) {
+// spawn starts `runsv abs` detached from the agent, in cgroup if set.
+func spawn(abs, cgroup string) (*Proc, error) {
 	bin, err := exec.LookPath("runsv")
 	if err != nil {
 		return nil, err
@@ -139,6 +152,16 @@ func spawn(abs string) (*Proc, error) {
 	// Its own session: no signal for the agent's process group or terminal
 	// reaches it. No Pdeathsig: it is meant to outlive the agent.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cgroup != "" {
+		cg, err := os.Open(cgroup)
+		if err != nil {
+			return nil, fmt.Errorf("open cgroup: %w", err)
+		}
+		defer cg.Close()
+		// Born in the cgroup (clone3), so nothing it starts escapes it.
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(cg.Fd())
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("run runsv: %w", err)
 	}
