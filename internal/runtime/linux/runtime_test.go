@@ -352,8 +352,8 @@ func TestDestroyLeavesNothing(t *testing.T) {
 		t.Fatalf("second Destroy: %v", err)
 	}
 	for _, pid := range []int{st.PID, runsv.PID} {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
-			t.Errorf("process %d still exists", pid)
+		if running(pid) {
+			t.Errorf("process %d still runs", pid)
 		}
 	}
 	nss, links, err := zonenet.List(e.prefix, e.tag)
@@ -371,4 +371,15 @@ func TestDestroyLeavesNothing(t *testing.T) {
 		c.Close()
 		t.Error("the zone's address still answers")
 	}
+}
+
+// running reports whether process pid exists and has not exited (a zombie,
+// dead and waiting for its parent to reap it, does not run).
+func running(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
