@@ -68,6 +68,7 @@ type Runtime struct {
 
 	mu       sync.Mutex
 	watchers map[string]context.CancelFunc // guarded by mu; supervisor watchers by zone name
+	roots    map[string]string             // guarded by mu; zone roots seen by Ensure and List, by zone name
 }
 
 // New prepares the runtime: it checks the tools it needs and keeps a copy
@@ -85,7 +86,7 @@ func New(opts Options) (*Runtime, error) {
 	if opts.DataDir == "" {
 		return nil, errors.New("the linux runtime needs a data dir")
 	}
-	r := &Runtime{opts: opts, watchers: map[string]context.CancelFunc{}, cg: newCgroups(opts.Tag)}
+	r := &Runtime{opts: opts, watchers: map[string]context.CancelFunc{}, roots: map[string]string{}, cg: newCgroups(opts.Tag)}
 	if !r.cg.available() {
 		opts.Log.Warn("no cgroup v2 file system: zone processes will be found by walking /proc")
 	}
@@ -171,6 +172,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	if err := atomicfile.WriteFile(filepath.Join(root, ownerFile), mark, atomicfile.Options{}); err != nil {
 		return fmt.Errorf("zone %s: writing its root: %w", spec.Name, err)
 	}
+	r.noteRoot(spec.Name, root)
 	if err := zonenet.Ensure(ctx, netCfg); err != nil {
 		return fmt.Errorf("zone %s: network: %w", spec.Name, err)
 	}
@@ -362,6 +364,9 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 				}
 			}
 		}
+		if len(errs) == 0 {
+			r.forgetRoot(name)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroying zone %s: %w", name, err)
@@ -385,6 +390,7 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 		if err != nil || o.Tag != r.opts.Tag {
 			continue
 		}
+		r.noteRoot(o.Name, root)
 		obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
 		obs.Running, obs.Detail = r.inspect(o, root)
 		out = append(out, obs)
@@ -433,9 +439,28 @@ func readOwner(root string) (owner, error) {
 	return o, nil
 }
 
-// rootsOf finds the roots of a zone on any pool.
+// rootsOf finds the roots of a zone: where Ensure or List last saw it, else
+// on any pool (a search that contends with every other zone's files).
 func (r *Runtime) rootsOf(name string) ([]string, error) {
+	r.mu.Lock()
+	root, ok := r.roots[name]
+	r.mu.Unlock()
+	if ok {
+		return []string{root}, nil
+	}
 	return filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", name))
+}
+
+func (r *Runtime) noteRoot(name, root string) {
+	r.mu.Lock()
+	r.roots[name] = root
+	r.mu.Unlock()
+}
+
+func (r *Runtime) forgetRoot(name string) {
+	r.mu.Lock()
+	delete(r.roots, name)
+	r.mu.Unlock()
 }
 
 // idFromName returns the zone id at the end of a zone name.
