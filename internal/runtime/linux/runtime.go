@@ -225,7 +225,7 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 	// waiting out TCP's one-second retransmission is slower than trying
 	// again.
 	checkTimeout := 50 * time.Millisecond
-	lastErr := errors.New("service not up yet")
+	var lastErr error // set by every poll before it waits
 	for {
 		if !zonenet.NetnsExists(netns) {
 			return &zone.GoneError{Name: name, Reason: "its network namespace was deleted while its service was starting"}
@@ -392,14 +392,14 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 		}
 		r.noteRoot(o.Name, root)
 		obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
-		obs.Running, obs.Detail = r.inspect(o, root)
+		obs.Running, obs.Detail = r.inspect(o)
 		out = append(out, obs)
 	}
 	return out, nil
 }
 
 // inspect says whether a zone is whole and its service up, and if not, why.
-func (r *Runtime) inspect(o owner, root string) (bool, string) {
+func (r *Runtime) inspect(o owner) (bool, string) {
 	if !zonenet.NetnsExists(o.Netns) {
 		return false, "network namespace missing"
 	}

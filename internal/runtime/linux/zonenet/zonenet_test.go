@@ -33,7 +33,6 @@ func needRoot(t *testing.T) {
 // its namespace prefix, and its cleanup removes all of that, pass or fail.
 type env struct {
 	tag, prefix string
-	subnet      atomic.Uint32
 	extraLinks  []string // links without the tag's mark that the test makes
 }
 
