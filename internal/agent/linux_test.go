@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strconv"
 	"syscall"
 	"testing"
@@ -21,21 +20,14 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
+	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
 )
 
 // TestMain lets this test binary stand in for the agent binary that the
 // linux runtime's default image runs: `<binary> zone-service --listen A
 // --zone N --id I --kind K`.
 func TestMain(m *testing.M) {
-	if len(os.Args) == 10 && os.Args[1] == "zone-service" {
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-		defer stop()
-		if err := zoneservice.Serve(ctx, os.Args[3], zoneservice.Info{Name: os.Args[5], ID: os.Args[7], Kind: os.Args[9]}); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	zoneservicetest.ServeIfAsked()
 	os.Exit(m.Run())
 }
 

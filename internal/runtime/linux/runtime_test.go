@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -24,26 +23,17 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
+	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
 )
 
 // TestMain lets the test binary play the agent binary that zone images run:
 // "zone-service …" serves like `sled-agent zone-service`, "never-ready"
 // runs without ever answering a health check.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case "zone-service":
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-			defer stop()
-			if err := zoneservice.Serve(ctx, os.Args[3], zoneservice.Info{Name: os.Args[5], ID: os.Args[7], Kind: os.Args[9]}); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(1)
-			}
-			os.Exit(0)
-		case "never-ready":
-			time.Sleep(time.Hour)
-			os.Exit(0)
-		}
+	zoneservicetest.ServeIfAsked()
+	if len(os.Args) > 1 && os.Args[1] == "never-ready" {
+		time.Sleep(time.Hour)
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }

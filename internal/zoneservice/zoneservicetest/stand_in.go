@@ -1,0 +1,31 @@
+// Package zoneservicetest lets a test binary stand in for the agent binary
+// that the linux runtime's default image runs.
+package zoneservicetest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sled-agent/sled-agent/internal/zoneservice"
+)
+
+// ServeIfAsked is for a test's TestMain: when the binary was started as the
+// default image starts the agent binary, `<binary> zone-service --listen A
+// --zone N --id I --kind K`, it serves like `sled-agent zone-service` until
+// SIGTERM or SIGINT and exits; otherwise it returns at once.
+func ServeIfAsked() {
+	a := os.Args
+	if len(a) != 10 || a[1] != "zone-service" || a[2] != "--listen" || a[4] != "--zone" || a[6] != "--id" || a[8] != "--kind" {
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := zoneservice.Serve(ctx, a[3], zoneservice.Info{Name: a[5], ID: a[7], Kind: a[9]}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
