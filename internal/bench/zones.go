@@ -80,9 +80,15 @@ type ZonesMachine struct {
 // Comparison compares the runtime with the floor for one direction (up or
 // down): medians over the rounds.
 type Comparison struct {
-	FloorS           float64 `json:"floor_s"`
-	RuntimeS         float64 `json:"runtime_s"`
-	Ratio            float64 `json:"ratio"`
+	FloorS   float64 `json:"floor_s"`
+	RuntimeS float64 `json:"runtime_s"`
+	Ratio    float64 `json:"ratio"`
+	// FloorCPUS and RuntimeCPUS are the machine's busy CPU time during
+	// the phase (all processes, kernel included, from /proc/stat): on a
+	// machine with few cores, the wall-clock ratio follows this one.
+	FloorCPUS        float64 `json:"floor_cpu_s"`
+	RuntimeCPUS      float64 `json:"runtime_cpu_s"`
+	CPURatio         float64 `json:"cpu_ratio"`
 	FloorZoneP50ms   float64 `json:"floor_zone_p50_ms"`
 	FloorZoneP99ms   float64 `json:"floor_zone_p99_ms"`
 	RuntimeZoneP50ms float64 `json:"runtime_zone_p50_ms"`
@@ -102,6 +108,7 @@ type RoundTimes struct {
 // start to the last finish, and each zone's own time.
 type phaseTimes struct {
 	wall  time.Duration
+	cpu   time.Duration // busy CPU time of the whole machine during the phase
 	zones []time.Duration
 }
 
@@ -266,6 +273,7 @@ func (b *zonesBench) phase(ctx context.Context, f func(context.Context, int) err
 	took := make([]time.Duration, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	cpu0 := busyCPU()
 	t0 := time.Now()
 	for i := range n {
 		wg.Go(func() {
@@ -276,10 +284,11 @@ func (b *zonesBench) phase(ctx context.Context, f func(context.Context, int) err
 	}
 	wg.Wait()
 	wall := time.Since(t0)
+	cpu := busyCPU() - cpu0
 	if err := firstErrors(errs, 3); err != nil {
 		return phaseTimes{}, err
 	}
-	return phaseTimes{wall: wall, zones: took}, nil
+	return phaseTimes{wall: wall, cpu: cpu, zones: took}, nil
 }
 
 // firstErrors joins up to max of errs, saying how many there were.
@@ -804,11 +813,14 @@ func compare(floor, rt []phaseTimes) Comparison {
 		return median(xs)
 	}
 	wall := func(p phaseTimes) float64 { return seconds(p.wall) }
+	cpu := func(p phaseTimes) float64 { return seconds(p.cpu) }
 	p50 := func(p phaseTimes) float64 { return summarize(p.zones).P50ms }
 	p99 := func(p phaseTimes) float64 { return summarize(p.zones).P99ms }
 	c := Comparison{
 		FloorS:           med(floor, wall),
 		RuntimeS:         med(rt, wall),
+		FloorCPUS:        med(floor, cpu),
+		RuntimeCPUS:      med(rt, cpu),
 		FloorZoneP50ms:   med(floor, p50),
 		FloorZoneP99ms:   med(floor, p99),
 		RuntimeZoneP50ms: med(rt, p50),
@@ -816,6 +828,9 @@ func compare(floor, rt []phaseTimes) Comparison {
 	}
 	if c.FloorS > 0 {
 		c.Ratio = round3(c.RuntimeS / c.FloorS)
+	}
+	if c.FloorCPUS > 0 {
+		c.CPURatio = round3(c.RuntimeCPUS / c.FloorCPUS)
 	}
 	return c
 }
@@ -836,6 +851,34 @@ func median(xs []float64) float64 {
 func seconds(d time.Duration) float64 { return round3(d.Seconds()) }
 
 func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
+
+// busyCPU returns the CPU time the whole machine has spent busy since boot
+// (user, nice, system, irq and softirq time of all CPUs, from /proc/stat), or
+// 0 if it cannot be read.
+func busyCPU() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7} { // user nice system (idle iowait) irq softirq
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux
+// architecture Go supports.
+const clockTicks = 100
 
 func kernel() string {
 	var u unix.Utsname

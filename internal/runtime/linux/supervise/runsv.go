@@ -451,9 +451,10 @@ func Stop(ctx context.Context, dir string) error { return stopDir(ctx, dir, true
 
 // StopSupervisor is Stop for a caller that is tearing the service down for
 // good and finds its leftovers itself (the zone runtime kills everything in
-// the zone's namespace): when runsv takes the service down and exits as
-// told, it does not look for processes the service left behind, which costs
-// a scan of every process, and the finish script does not run.
+// the zone's cgroup or namespace): it kills runsv and sends the service
+// SIGTERM itself (see terminate), does not look for processes the service
+// left behind, which costs a scan of every process, and the finish script
+// does not run.
 func StopSupervisor(ctx context.Context, dir string) error { return stopDir(ctx, dir, false) }
 
 func stopDir(ctx context.Context, dir string, thorough bool) error {
@@ -482,20 +483,13 @@ func stopWith(ctx context.Context, abs string, thorough bool) error {
 	if ok {
 		procs = append(procs, r)
 		if !thorough {
-			// The finish script only records how the service exited,
-			// which a caller tearing the zone down will not read: skip it.
-			if err := os.Remove(filepath.Join(abs, finishFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
-			}
+			return terminate(ctx, abs, r)
 		}
 		if err := control(abs, "dx"); err != nil {
 			return err
 		}
 		if waitExited(ctx, []*Proc{r}) != nil {
 			return killAll(procs, abs)
-		}
-		if !thorough {
-			return nil // runsv exits on x only once the service is down
 		}
 	}
 	// runsv is gone: its service is down, or was left behind by a runsv
@@ -512,6 +506,35 @@ func stopWith(ctx context.Context, abs string, thorough bool) error {
 		p.signal(unix.SIGCONT)
 	}
 	if waitExited(ctx, svc) != nil {
+		return killAll(procs, abs)
+	}
+	return nil
+}
+
+// terminate is StopSupervisor's way when runsv runs: it SIGKILLs runsv, so
+// that it restarts nothing and runs no finish script, and sends the service
+// SIGTERM and SIGCONT, as runsv would, then waits for both to exit. Doing
+// runsv's part here saves a round of runsv's bookkeeping per zone, which is
+// a tenth of a zone's teardown.
+func terminate(ctx context.Context, abs string, r *Proc) error {
+	procs := []*Proc{r}
+	st, err := Status(abs)
+	if err == nil && st.PID > 0 {
+		if p, err := newProc(st.PID); err == nil {
+			defer p.Close()
+			if ps, err := readStat(p.PID); err == nil && ps.ppid == r.PID {
+				procs = append(procs, p)
+			}
+		}
+	}
+	if err := r.signal(unix.SIGKILL); err != nil {
+		return err
+	}
+	for _, p := range procs[1:] {
+		p.signal(unix.SIGTERM)
+		p.signal(unix.SIGCONT)
+	}
+	if waitExited(ctx, procs) != nil {
 		return killAll(procs, abs)
 	}
 	return nil

@@ -31,6 +31,7 @@ const (
 	helperPidFile  = "HELPER_PID_FILE"  // where it writes its pid
 	helperArgsFile = "HELPER_ARGS_FILE" // where it writes its arguments after "--" and HELPER_VALUE
 	helperNoTerm   = "HELPER_IGNORE_TERM"
+	helperTermFile = "HELPER_TERM_FILE" // where it writes "TERM" when SIGTERM ends it
 )
 
 // TestHelperProcess is not a test: it is the service the other tests
@@ -42,6 +43,15 @@ func TestHelperProcess(t *testing.T) {
 	}
 	if os.Getenv(helperNoTerm) == "1" {
 		signal.Ignore(syscall.SIGTERM)
+	}
+	if f := os.Getenv(helperTermFile); f != "" {
+		term := make(chan os.Signal, 1)
+		signal.Notify(term, syscall.SIGTERM)
+		go func() {
+			<-term
+			writeFile(f, []byte("TERM"))
+			os.Exit(0)
+		}()
 	}
 	if f := os.Getenv(helperArgsFile); f != "" {
 		args := os.Args[slices.Index(os.Args, "--")+1:]
@@ -579,7 +589,8 @@ func TestStatusNeverStarted(t *testing.T) {
 
 func TestStopSupervisor(t *testing.T) {
 	t.Parallel()
-	s := newService(t, nil)
+	termFile := filepath.Join(t.TempDir(), "term")
+	s := newService(t, []string{helperTermFile + "=" + termFile})
 	p := start(t, s.dir)
 	pid := s.waitUp(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -589,6 +600,9 @@ func TestStopSupervisor(t *testing.T) {
 	}
 	if running(p.PID) || running(pid) {
 		t.Errorf("after StopSupervisor: runsv running %v, service running %v", running(p.PID), running(pid))
+	}
+	if b, err := os.ReadFile(termFile); string(b) != "TERM" {
+		t.Errorf("the service was not stopped by SIGTERM: %q, %v", b, err)
 	}
 	if st, err := Status(s.dir); err != nil || st.Up || st.Supervised || st.LastExit != nil {
 		t.Errorf("status after StopSupervisor %+v (%v), want down, unsupervised, finish not run", st, err)
