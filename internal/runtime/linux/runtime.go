@@ -235,32 +235,55 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 			return &zone.GoneError{Name: name, Reason: "its supervisor exited while its service was starting"}
 		default:
 		}
-		st, err := supervise.Status(svc)
-		switch {
-		case err != nil:
-			lastErr = err
-		case !st.Up:
-			lastErr = errors.New("service not up yet")
-		default:
-			hctx, hcancel := context.WithTimeout(ctx, checkTimeout)
-			err := zoneservice.Check(hctx, addr)
-			hcancel()
-			if err == nil {
+		// The health check comes first: until the service listens it is
+		// refused at once, and it is what the wait is for. The
+		// supervisor's word is read once the service answers.
+		hctx, hcancel := context.WithTimeout(ctx, checkTimeout)
+		err := zoneservice.Check(hctx, addr)
+		hcancel()
+		if err == nil {
+			st, err := supervise.Status(svc)
+			switch {
+			case err != nil:
+				lastErr = err
+			case !st.Up:
+				lastErr = errors.New("the service answers but its supervisor does not report it up")
+			default:
 				return nil
 			}
+		} else {
 			lastErr = fmt.Errorf("health check: %w", err)
-			checkTimeout = min(2*checkTimeout, r.opts.HealthTimeout)
+			if errors.Is(err, context.DeadlineExceeded) {
+				checkTimeout = min(2*checkTimeout, r.opts.HealthTimeout)
+			}
 		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("zone %s not ready: %v: %w", name, lastErr, ctx.Err())
+			return fmt.Errorf("zone %s not ready: %v (supervisor: %s): %w", name, lastErr, supervisorSays(svc), ctx.Err())
 		case <-exited:
 			t.Stop()
 		case <-t.C:
 		}
 		delay = min(delay*2, 100*time.Millisecond)
+	}
+}
+
+// supervisorSays describes what runsv reports of the service, for errors.
+func supervisorSays(svc string) string {
+	st, err := supervise.Status(svc)
+	switch {
+	case err != nil:
+		return err.Error()
+	case st.Up:
+		return fmt.Sprintf("service up, pid %d", st.PID)
+	case st.LastExit != nil && st.LastExit.Code == -1:
+		return fmt.Sprintf("service %s, last killed by signal %d", st.Phase, st.LastExit.Signal)
+	case st.LastExit != nil:
+		return fmt.Sprintf("service %s, last exited with code %d", st.Phase, st.LastExit.Code)
+	default:
+		return "service " + st.Phase
 	}
 }
 

@@ -284,6 +284,20 @@ func TestNamespaceDeletedDuringReadinessWaitIsZoneGone(t *testing.T) {
 	}
 }
 
+func TestServiceThatKeepsExitingIsNotReadyAndSaysWhy(t *testing.T) {
+	e := newEnv(t, map[string]linux.Image{"crucible": {"/bin/sh", "-c", "exit 3"}})
+	s := spec(6)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err := e.rt.Ensure(ctx, s)
+	if err == nil || errors.Is(err, zone.ErrGone) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Ensure = %v, want a deadline error that is not zone gone", err)
+	}
+	if !strings.Contains(err.Error(), "last exited with code 3") {
+		t.Errorf("Ensure's error %q does not say how the service exited", err)
+	}
+}
+
 func TestDeletedNamespaceOfARunningZoneIsNoticed(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
