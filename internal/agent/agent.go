@@ -36,6 +36,9 @@ import (
 // LedgerFile is the name of the sled config ledger in each ledger directory.
 const LedgerFile = "omicron-sled-config.json"
 
+// SimStateFile, in the data dir, holds the sim runtime's simulated OS.
+const SimStateFile = "sim-state.json"
+
 // Config is how the agent is set up. The JSON keys are the flag names.
 type Config struct {
 	Listen  string `json:"listen"`
@@ -99,11 +102,13 @@ type Agent struct {
 	identity api.Identity
 	// watch, if set, reports runtime events until its ctx ends.
 	watch func(context.Context) error
+	// lock holds the data dir for this agent until Run returns or Close.
+	lock *os.File
 }
 
 // New prepares an agent: it loads the ledger, binds the listener and builds
 // every component. Nothing acts until Run.
-func New(cfg Config, log *slog.Logger) (*Agent, error) {
+func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -131,6 +136,16 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
+	// One agent per data dir: two would fight over the same zones.
+	lock, err := LockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
 	if len(cfg.LedgerDirs) == 0 {
 		cfg.LedgerDirs = []string{filepath.Join(cfg.DataDir, "ledger-a"), filepath.Join(cfg.DataDir, "ledger-b")}
 	}
@@ -140,7 +155,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	cfg.SledID = sledID
 
-	a := &Agent{cfg: cfg, log: log.With("sled_id", sledID)}
+	a := &Agent{cfg: cfg, log: log.With("sled_id", sledID), lock: lock}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -150,7 +165,11 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	switch cfg.Runtime {
 	case "sim":
-		a.sim = sim.New(sim.Options{StartDelay: cfg.SimStartDelay})
+		// The simulated OS outlives the agent, as a real one does.
+		a.sim, err = sim.Open(sim.Options{StartDelay: cfg.SimStartDelay, StateFile: filepath.Join(cfg.DataDir, SimStateFile)})
+		if err != nil {
+			return nil, err
+		}
 		if cfg.SimFaults != "" {
 			f, err := sim.LoadFaults(cfg.SimFaults)
 			if err != nil {
@@ -237,9 +256,9 @@ func (a *Agent) Store() *configstore.Store { return a.store }
 // Sim is the sim runtime, or nil.
 func (a *Agent) Sim() *sim.Runtime { return a.sim }
 
-// Close releases what New took (the listener) when Run is not going to be
-// called. Run releases it itself.
-func (a *Agent) Close() error { return a.ln.Close() }
+// Close releases what New took (the listener and the data dir) when Run is
+// not going to be called. Run releases them itself.
+func (a *Agent) Close() error { return errors.Join(a.ln.Close(), a.lock.Close()) }
 
 // Run serves the API and reconciles until ctx is cancelled, then shuts down
 // gracefully. Zones are left running: stopping the agent is not destroying
@@ -286,6 +305,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for err := range errc {
 		errs = append(errs, err)
 	}
+	a.lock.Close()
 	a.log.Info("sled agent stopped; zones left running")
 	return errors.Join(errs...)
 }

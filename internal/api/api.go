@@ -48,6 +48,7 @@ type Reconciler interface {
 	Zones() []reconciler.ZoneStatus
 	Zone(nameOrID string) (reconciler.ZoneStatus, bool)
 	RunningZones() []string
+	Restore() reconciler.RestoreStatus
 }
 
 // FaultSetter replaces the sim runtime's fault map.
@@ -157,6 +158,12 @@ func (s *Server) register() {
 		Summary:     "Status and history of one zone, by name or id",
 		Errors:      []int{404},
 	}, s.agentZone)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "agent_restore",
+		Method:      http.MethodGet,
+		Path:        "/agent/restore",
+		Summary:     "What the agent found at start-up and did about it: zones adopted, repaired, removed; leftovers swept",
+	}, s.agentRestore)
 	if s.deps.Faults != nil {
 		s.registerFaults()
 	}

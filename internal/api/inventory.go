@@ -185,6 +185,14 @@ func (s *Server) agentZones(context.Context, *struct{}) (*agentZonesOutput, erro
 	return &agentZonesOutput{Body: out}, nil
 }
 
+type agentRestoreOutput struct {
+	Body reconciler.RestoreStatus
+}
+
+func (s *Server) agentRestore(context.Context, *struct{}) (*agentRestoreOutput, error) {
+	return &agentRestoreOutput{Body: s.deps.Reconciler.Restore()}, nil
+}
+
 type agentZoneInput struct {
 	Zone string `path:"zone" maxLength:"128" doc:"Zone name (oxz_…) or zone id."`
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/api"
+	"github.com/sled-agent/sled-agent/internal/reconciler"
 )
 
 // Client is a sled agent API client. Every call has a deadline: the caller's,
@@ -109,6 +110,12 @@ func (c *Client) InventoryRaw(ctx context.Context) (json.RawMessage, error) {
 func (c *Client) Zones(ctx context.Context) ([]string, error) {
 	var names []string
 	return names, c.do(ctx, http.MethodGet, "/zones", nil, &names)
+}
+
+// Restore fetches what the agent found at start-up and did about it.
+func (c *Client) Restore(ctx context.Context) (*reconciler.RestoreStatus, error) {
+	var out reconciler.RestoreStatus
+	return &out, c.do(ctx, http.MethodGet, "/agent/restore", nil, &out)
 }
 
 // ZoneStates fetches every zone's status.

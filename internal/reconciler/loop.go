@@ -14,8 +14,10 @@ import (
 // loopState is owned by the Run goroutine; nothing else touches it.
 type loopState struct {
 	haveConfig bool
-	config     *sledconfig.Config
-	zones      map[string]*entry // keyed by zone name
+	// swept: leftovers were looked for (once, with the first config).
+	swept  bool
+	config *sledconfig.Config
+	zones  map[string]*entry // keyed by zone name
 	// dirty zones are evaluated on the next step.
 	dirty map[string]struct{}
 	// waiting zones have a retry time (entry.nextTry).
@@ -122,17 +124,7 @@ func (r *Reconciler) setDesired(cfg *sledconfig.Config) {
 	r.beginPass() // the pass includes working out what changed
 	l.haveConfig = true
 	l.config = cfg
-	wanted := make(map[string]*zone.Spec, len(cfg.Zones))
-	for id := range cfg.Zones {
-		z := cfg.Zones[id]
-		name := z.Name()
-		if e, ok := l.zones[name]; ok && e.want != nil && e.want.Hash == z.Hash() {
-			wanted[name] = e.want // unchanged: keep the spec we have
-			continue
-		}
-		spec := zone.SpecFor(&z)
-		wanted[name] = &spec
-	}
+	wanted := wantedSpecs(cfg, l.zones)
 	l.wanted = wanted
 	for name, e := range l.zones {
 		spec, ok := wanted[name]
@@ -175,6 +167,23 @@ func (r *Reconciler) setDesired(cfg *sledconfig.Config) {
 		r.touch(e)
 	}
 	r.publishStatus() // the running pass now shows the new config
+}
+
+// wantedSpecs returns the spec of every zone in cfg, by name, reusing the
+// spec of a known zone whose config did not change.
+func wantedSpecs(cfg *sledconfig.Config, known map[string]*entry) map[string]*zone.Spec {
+	wanted := make(map[string]*zone.Spec, len(cfg.Zones))
+	for id := range cfg.Zones {
+		z := cfg.Zones[id]
+		name := z.Name()
+		if e, ok := known[name]; ok && e.want != nil && e.want.Hash == z.Hash() {
+			wanted[name] = e.want // unchanged: keep the spec we have
+			continue
+		}
+		spec := zone.SpecFor(&z)
+		wanted[name] = &spec
+	}
+	return wanted
 }
 
 func sameWant(a, b *zone.Spec) bool {
@@ -545,7 +554,7 @@ func (r *Reconciler) adoptNew(o *zone.Observed) {
 	if e.want != nil && o.Running && o.Hash == e.want.Hash {
 		e.runningSince = time.Now()
 		r.setState(e, StateRunning, "")
-		r.record(e, "adopted", "found running with the wanted config")
+		r.record(e, "adopted", "found running with the wanted config; left running")
 	} else {
 		r.setState(e, StateUnmanaged, "")
 		r.record(e, "found", "exists in the runtime; not yet reconciled")

@@ -88,7 +88,9 @@ type Reconciler struct {
 	listed  chan listResult
 	// done is closed when Run returns, so late op goroutines never block.
 	done chan struct{}
-	ops  sync.WaitGroup
+	// restored is closed when the restore protocol is done (restore.go).
+	restored chan struct{}
+	ops      sync.WaitGroup
 
 	store store
 
@@ -103,14 +105,15 @@ func New(rt Runtime, log *slog.Logger, opts Options) *Reconciler {
 		log = slog.New(slog.DiscardHandler)
 	}
 	r := &Reconciler{
-		rt:      rt,
-		log:     log,
-		opts:    opts,
-		update:  make(chan struct{}, 1),
-		poke:    make(chan struct{}, 1),
-		results: make(chan opResult),
-		listed:  make(chan listResult),
-		done:    make(chan struct{}),
+		rt:       rt,
+		log:      log,
+		opts:     opts,
+		update:   make(chan struct{}, 1),
+		poke:     make(chan struct{}, 1),
+		results:  make(chan opResult),
+		listed:   make(chan listResult),
+		done:     make(chan struct{}),
+		restored: make(chan struct{}),
 	}
 	r.store.zones = map[string]ZoneStatus{}
 	r.store.status = Status{Phase: PhaseNotYetRun}
@@ -137,10 +140,11 @@ func (r *Reconciler) Poke() {
 	}
 }
 
-// Run reconciles until ctx is cancelled. On return, every runtime call it
-// started has returned: their contexts are cancelled and each honours its
-// deadline. Zones are left as they are (shutting down the agent is not
-// destroying its zones).
+// Run reconciles until ctx is cancelled. It first rebuilds its state from what
+// the runtime lists (the restore protocol, restore.go), adopting running zones
+// rather than restarting them. On return, every runtime call it started has
+// returned: their contexts are cancelled and each honours its deadline. Zones
+// are left as they are (shutting down the agent is not destroying its zones).
 func (r *Reconciler) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer func() {
@@ -155,8 +159,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	retry.Stop()
 	defer retry.Stop()
 
-	// Learn what exists before acting on it.
-	r.startList(ctx)
+	// Learn what exists before acting on anything.
+	if err := r.restore(ctx); err != nil {
+		return nil // stopped before it could list
+	}
 	for {
 		r.step(ctx)
 		if d, ok := r.loop.nextRetryIn(time.Now()); ok {
@@ -167,6 +173,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			return nil
 		case <-r.update:
 			r.setDesired(r.latest.Load())
+			r.sweep(ctx) // once, with the first config
 		case res := <-r.results:
 			r.handleResult(res)
 		case lr := <-r.listed:

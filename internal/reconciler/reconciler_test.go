@@ -2,6 +2,7 @@ package reconciler_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -30,6 +31,8 @@ type recorder struct {
 	*sim.Runtime
 	mu    sync.Mutex
 	calls []timedCall
+	// listFailures is how many Lists fail before they succeed.
+	listFailures int
 }
 
 type timedCall struct {
@@ -52,6 +55,19 @@ func (c *recorder) Ensure(ctx context.Context, s zone.Spec) error {
 func (c *recorder) Destroy(ctx context.Context, name string) error {
 	c.log("destroy", name)
 	return c.Runtime.Destroy(ctx, name)
+}
+
+func (c *recorder) List(ctx context.Context) ([]zone.Observed, error) {
+	c.mu.Lock()
+	fail := c.listFailures > 0
+	if fail {
+		c.listFailures--
+	}
+	c.mu.Unlock()
+	if fail {
+		return nil, errors.New("injected list failure")
+	}
+	return c.Runtime.List(ctx)
 }
 
 // ops returns "op name" for every ensure and destroy call, in order.

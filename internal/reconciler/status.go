@@ -103,6 +103,8 @@ type store struct {
 	mu     sync.Mutex
 	status Status                // guarded by mu
 	zones  map[string]ZoneStatus // guarded by mu; keyed by zone name
+	// restore is what the restore protocol found and did; guarded by mu.
+	restore RestoreStatus
 }
 
 func (s *store) setZone(zs ZoneStatus) {

@@ -31,6 +31,9 @@ type Options struct {
 	StartDelay func(spec zone.Spec) time.Duration
 	// RecordCalls keeps a transcript of calls for Calls (tests).
 	RecordCalls bool
+	// StateFile, if set, keeps the simulated OS in this file, so that it
+	// outlives the agent (see Open).
+	StateFile string
 }
 
 // Runtime is the simulated runtime. It is safe for concurrent use; no lock is
@@ -44,6 +47,11 @@ type Runtime struct {
 	calls       []Call                // guarded by mu
 	notify      func()                // guarded by mu
 	incarnation uint64                // guarded by mu
+	leftovers   []Leftover            // guarded by mu
+	version     uint64                // guarded by mu; counts changes to zones and leftovers
+
+	saveMu sync.Mutex // orders writes of the state file
+	saved  uint64     // guarded by saveMu; the version last written
 }
 
 type simZone struct {
@@ -55,7 +63,8 @@ type simZone struct {
 	vanish         *time.Timer
 }
 
-// New returns an empty simulated runtime.
+// New returns an empty simulated runtime that keeps no state file (Open
+// reads and keeps one).
 func New(opts Options) *Runtime {
 	return &Runtime{opts: opts, zones: map[string]*simZone{}, faults: map[string]zoneFaults{}}
 }
@@ -127,8 +136,12 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		r.incarnation++
 		z = &simZone{name: spec.Name, id: spec.ID, hash: spec.Hash, incarnation: r.incarnation, gone: make(chan struct{})}
 		r.zones[spec.Name] = z
+		r.changedLocked()
 	}
 	r.mu.Unlock()
+	if err := r.persist(); err != nil {
+		return err
+	}
 
 	// Wait for the service to come up, noticing the zone vanishing meanwhile.
 	if err := r.behave(ctx, f.start, z.gone, spec.Name, func() time.Duration {
@@ -141,16 +154,18 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	}
 
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if cur := r.zones[spec.Name]; cur != z {
+		r.mu.Unlock()
 		return &zone.GoneError{Name: spec.Name, Reason: "deleted while its service was starting"}
 	}
 	z.running = true
 	z.startedAt = time.Now()
+	r.changedLocked()
 	if f := r.faults[spec.ID]; f.vanishAfter > 0 {
 		r.scheduleVanishLocked(z, f.vanishAfter)
 	}
-	return nil
+	r.mu.Unlock()
+	return r.persist()
 }
 
 // behave applies one fault behaviour (or the default delay) to a call.
@@ -195,6 +210,7 @@ func (r *Runtime) vanish(z *simZone) {
 	}
 	notify := r.notify
 	r.mu.Unlock()
+	r.persist() // best effort: nobody waits for a vanishing
 	if cur == z && notify != nil {
 		notify()
 	}
@@ -215,6 +231,7 @@ func (r *Runtime) Vanish(name string) bool {
 
 func (r *Runtime) removeLocked(z *simZone) {
 	delete(r.zones, z.name)
+	r.changedLocked()
 	if z.vanish != nil {
 		z.vanish.Stop()
 	}
@@ -231,18 +248,18 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 		f = r.faults[z.id]
 	}
 	r.mu.Unlock()
-	if z == nil {
-		return nil
-	}
-	if err := r.behave(ctx, f.stop, nil, name, func() time.Duration { return 0 }); err != nil {
-		return err
+	if z != nil {
+		if err := r.behave(ctx, f.stop, nil, name, func() time.Duration { return 0 }); err != nil {
+			return err
+		}
 	}
 	r.mu.Lock()
-	if r.zones[name] == z {
+	if z != nil && r.zones[name] == z {
 		r.removeLocked(z)
 	}
+	r.removeLeftoversLocked(name)
 	r.mu.Unlock()
-	return nil
+	return r.persist()
 }
 
 // List returns every zone.

@@ -1,0 +1,77 @@
+package agent_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+)
+
+// The sim runtime keeps its simulated OS in the data dir, so a restarted
+// agent finds the zones the last one left running, as on a real sled.
+func TestRestartAdoptsZonesWithoutRestartingThem(t *testing.T) {
+	cfg := example(t)
+	dir := t.TempDir()
+	first := newAgent(t, agent.Config{DataDir: dir})
+	stop := run(t, first)
+	c := newClient(t, first)
+	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {
+		t.Fatalf("PUT /omicron-config: %v", err)
+	}
+	waitStates(t, c, allRunning(cfg))
+	before := map[string]uint64{}
+	for _, name := range zoneNames(cfg) {
+		n, ok := first.Sim().Incarnation(name)
+		if !ok {
+			t.Fatalf("zone %s not in the sim", name)
+		}
+		before[name] = n
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	second := newAgent(t, agent.Config{DataDir: dir})
+	run(t, second)
+	c = newClient(t, second)
+	waitFor(t, "restore done", func() (bool, string) {
+		rs, err := c.Restore(t.Context())
+		if err != nil {
+			return false, err.Error()
+		}
+		return rs.Done, "not done"
+	})
+	rs, err := c.Restore(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Found != len(cfg.Zones) || rs.Adopted != len(cfg.Zones) || !rs.HadConfig {
+		t.Errorf("GET /agent/restore = %+v, want all %d zones found and adopted", rs, len(cfg.Zones))
+	}
+	waitStates(t, c, allRunning(cfg))
+	for name, n := range before {
+		if got, _ := second.Sim().Incarnation(name); got != n {
+			t.Errorf("zone %s restarted: incarnation %d → %d", name, n, got)
+		}
+		zd, err := c.Zone(t.Context(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range zd.History {
+			if e.Event == "start" || e.Event == "stop" {
+				t.Errorf("zone %s: %q after the restart; it should have been adopted", name, e.Event)
+			}
+		}
+	}
+}
+
+func TestOneAgentPerDataDir(t *testing.T) {
+	dir := t.TempDir()
+	a := newAgent(t, agent.Config{DataDir: dir})
+	run(t, a)
+	_, err := agent.New(agent.Config{DataDir: dir, Listen: "127.0.0.1:0"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "in use by another sled agent") {
+		t.Fatalf("a second agent on the same data dir: %v", err)
+	}
+}
