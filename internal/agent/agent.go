@@ -159,52 +159,13 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	var rt interface {
-		reconciler.Runtime
-		SetNotify(func())
+	rt, err := newRuntime(cfg, a.log.With("component", "runtime"))
+	if err != nil {
+		return nil, err
 	}
-	switch cfg.Runtime {
-	case "sim":
-		// The simulated OS outlives the agent, as a real one does.
-		a.sim, err = sim.Open(sim.Options{StartDelay: cfg.SimStartDelay, StateFile: filepath.Join(cfg.DataDir, SimStateFile)})
-		if err != nil {
-			return nil, err
-		}
-		if cfg.SimFaults != "" {
-			f, err := sim.LoadFaults(cfg.SimFaults)
-			if err != nil {
-				return nil, err
-			}
-			if err := a.sim.SetFaults(f); err != nil {
-				return nil, fmt.Errorf("%s: %w", cfg.SimFaults, err)
-			}
-		}
-		rt = a.sim
-	case "linux":
-		images := map[string]linux.Image{}
-		for kind, argv := range cfg.Images {
-			if !sledconfig.KnownZoneType(kind) || len(argv) == 0 {
-				return nil, fmt.Errorf("images: %q: want a known zone type and a non-empty command", kind)
-			}
-			images[kind] = argv
-		}
-		runDir := cmp.Or(cfg.RunDir, DefaultRunDir)
-		lrt, err := linux.New(linux.Options{
-			DataDir:     cfg.DataDir,
-			RunDir:      runDir,
-			TmpfsRunDir: runDir == DefaultRunDir,
-			Tag:         cfg.ZoneTag,
-			NetnsPrefix: cfg.NetnsPrefix,
-			Images:      images,
-			Log:         a.log.With("component", "runtime"),
-		})
-		if err != nil {
-			return nil, err
-		}
+	a.sim, _ = rt.(*sim.Runtime)
+	if lrt, ok := rt.(*linux.Runtime); ok {
 		a.watch = lrt.Watch
-		rt = lrt
-	default:
-		return nil, fmt.Errorf("runtime %q: want sim or linux", cfg.Runtime)
 	}
 	if cfg.SimFaults != "" && a.sim == nil {
 		return nil, fmt.Errorf("sim-faults is only for the sim runtime, not %q", cfg.Runtime)
@@ -308,6 +269,54 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.lock.Close()
 	a.log.Info("sled agent stopped; zones left running")
 	return errors.Join(errs...)
+}
+
+// runtime is what the agent needs of a zone runtime.
+type runtime interface {
+	reconciler.Runtime
+	SetNotify(func())
+}
+
+// newRuntime builds the zone runtime cfg names.
+func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
+	switch cfg.Runtime {
+	case "sim":
+		// The simulated OS outlives the agent, as a real one does.
+		rt, err := sim.Open(sim.Options{StartDelay: cfg.SimStartDelay, StateFile: filepath.Join(cfg.DataDir, SimStateFile)})
+		if err != nil {
+			return nil, err
+		}
+		if cfg.SimFaults != "" {
+			f, err := sim.LoadFaults(cfg.SimFaults)
+			if err != nil {
+				return nil, err
+			}
+			if err := rt.SetFaults(f); err != nil {
+				return nil, fmt.Errorf("%s: %w", cfg.SimFaults, err)
+			}
+		}
+		return rt, nil
+	case "linux":
+		images := map[string]linux.Image{}
+		for kind, argv := range cfg.Images {
+			if !sledconfig.KnownZoneType(kind) || len(argv) == 0 {
+				return nil, fmt.Errorf("images: %q: want a known zone type and a non-empty command", kind)
+			}
+			images[kind] = argv
+		}
+		runDir := cmp.Or(cfg.RunDir, DefaultRunDir)
+		return linux.New(linux.Options{
+			DataDir:     cfg.DataDir,
+			RunDir:      runDir,
+			TmpfsRunDir: runDir == DefaultRunDir,
+			Tag:         cfg.ZoneTag,
+			NetnsPrefix: cfg.NetnsPrefix,
+			Images:      images,
+			Log:         log,
+		})
+	default:
+		return nil, fmt.Errorf("runtime %q: want sim or linux", cfg.Runtime)
+	}
 }
 
 // sledIdentity returns the sled id: the configured one, else the one kept in

@@ -75,3 +75,33 @@ func TestOneAgentPerDataDir(t *testing.T) {
 		t.Fatalf("a second agent on the same data dir: %v", err)
 	}
 }
+
+func TestTeardownEmptiesTheSledAndKeepsTheLedger(t *testing.T) {
+	cfg := example(t)
+	dir := t.TempDir()
+	a := newAgent(t, agent.Config{DataDir: dir})
+	stop := run(t, a)
+	c := newClient(t, a)
+	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, c, allRunning(cfg))
+	if _, err := agent.Teardown(t.Context(), agent.Config{DataDir: dir}, nil); err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("teardown beside a running agent: %v", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := agent.Teardown(t.Context(), agent.Config{DataDir: dir}, nil)
+	if err != nil || len(removed) != len(cfg.Zones) {
+		t.Fatalf("teardown removed %d (%v), want %d zones", len(removed), err, len(cfg.Zones))
+	}
+	again := newAgent(t, agent.Config{DataDir: dir})
+	if cur := again.Store().Current(); cur == nil || cur.Generation != cfg.Generation {
+		t.Fatalf("ledger after teardown: %v", cur)
+	}
+	if obs, err := again.Sim().List(t.Context()); err != nil || len(obs) != 0 {
+		t.Fatalf("zones after teardown: %v, %v", obs, err)
+	}
+	again.Close()
+}

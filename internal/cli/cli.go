@@ -74,7 +74,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.url, "url", defURL, "agent API URL for operator commands (env SLED_AGENT_URL)")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format of operator commands: table or json")
-	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd())
+	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd(), newTeardownCmd())
 	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g))
 	root.AddCommand(newZoneServiceCmd())
 	return root
@@ -94,6 +94,12 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.Role, "role", agent.DefaultRole, "sled role: gimlet or scrimlet")
 	f.StringVar(&c.SimFaults, "sim-faults", "", "fault map file for the sim runtime")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	// Another ownership tag and namespace prefix for the linux runtime's OS
+	// objects, so that tests and the crash test never touch a real agent's.
+	f.StringVar(&c.ZoneTag, "zone-tag", "", "ownership tag of the linux runtime's objects (default sled-agent)")
+	f.StringVar(&c.NetnsPrefix, "netns-prefix", "", "prefix of the linux runtime's namespace names (default none)")
+	f.MarkHidden("zone-tag")
+	f.MarkHidden("netns-prefix")
 }
 
 // resolveConfig applies the config file, then the flags the user set.
@@ -118,6 +124,8 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	set("underlay-ip", &c.UnderlayIP, flags.UnderlayIP)
 	set("role", &c.Role, flags.Role)
 	set("sim-faults", &c.SimFaults, flags.SimFaults)
+	set("zone-tag", &c.ZoneTag, flags.ZoneTag)
+	set("netns-prefix", &c.NetnsPrefix, flags.NetnsPrefix)
 	if cmd.Flags().Changed("ledger-dir") || len(c.LedgerDirs) == 0 {
 		c.LedgerDirs = flags.LedgerDirs
 	}

@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+)
+
+// teardownZoneTimeout bounds the teardown of one zone.
+const teardownZoneTimeout = time.Minute
+
+// Teardown destroys every zone the configured runtime holds for this data
+// dir, then every leftover part that belongs to no zone, and returns one line
+// per thing removed. It is the explicit operator command for an empty sled:
+// stopping the agent never does this. It takes the data dir, so it refuses to
+// run beside an agent. The ledger is left as it is; an agent started later
+// creates the ledgered zones again.
+func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("data-dir is required")
+	}
+	if cfg.Runtime == "" {
+		cfg.Runtime = DefaultRuntime
+	}
+	if cfg.SimFaults != "" {
+		return nil, errors.New("teardown takes no sim faults")
+	}
+	lock, err := LockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
+	rt, err := newRuntime(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Minute)
+	zones, err := rt.List(lctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("listing zones: %w", err)
+	}
+	var done []string
+	var errs []error
+	for _, z := range zones {
+		dctx, cancel := context.WithTimeout(ctx, teardownZoneTimeout)
+		err := rt.Destroy(dctx, z.Name)
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		log.Info("zone destroyed", "zone", z.Name)
+		done = append(done, "zone "+z.Name)
+	}
+	if sw, ok := rt.(reconciler.Sweeper); ok && len(errs) == 0 {
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		left, err := sw.Sweep(sctx)
+		cancel()
+		done = append(done, left...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("removing leftovers: %w", err))
+		}
+	}
+	return done, errors.Join(errs...)
+}

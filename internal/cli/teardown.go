@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+)
+
+func newTeardownCmd() *cobra.Command {
+	var c agent.Config
+	var configFile, logLevel string
+	var yes bool
+	cmd := &cobra.Command{
+		Use:   "teardown",
+		Short: "Destroy every zone of this sled, and every leftover of one (the agent must be stopped)",
+		Long: `Destroy every zone the runtime holds for this data dir, then every leftover
+part that belongs to no zone (links, processes, zone roots). Stopping the agent
+never does this; this command is how an operator empties a sled. It refuses to
+run while an agent uses the data dir. The ledger is kept: an agent started later
+creates the ledgered zones again.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !yes {
+				return fmt.Errorf("teardown destroys every zone of this sled: pass --yes to do it")
+			}
+			cfg, err := resolveConfig(cmd, c, configFile)
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			removed, err := agent.Teardown(ctx, cfg, log)
+			for _, r := range removed {
+				fmt.Fprintln(cmd.OutOrStdout(), "removed", r)
+			}
+			if err == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "%d removed; the ledger is kept\n", len(removed))
+			}
+			return err
+		},
+	}
+	agentFlags(cmd, &c, &configFile, &logLevel)
+	cmd.Flags().BoolVar(&yes, "yes", false, "really destroy every zone")
+	return cmd
+}
