@@ -9,13 +9,19 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/configstore"
+	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
@@ -204,4 +210,114 @@ func destroyAll(t *testing.T, dir, runDir, tag, prefix string) {
 	if len(nss)+len(links) > 0 {
 		t.Errorf("left behind: namespaces %v, links %v", nss, links)
 	}
+}
+
+// TestLinuxRestartAdoptsZones: an agent restarted with its zones running
+// adopts them without restarting a single process; a config ledgered while
+// it was down restarts only the zone it changed.
+func TestLinuxRestartAdoptsZones(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, links and processes")
+	}
+	if _, err := exec.LookPath("runsv"); err != nil {
+		t.Skip("needs runit's runsv (scripts/setup installs it)")
+	}
+	b := make([]byte, 3)
+	rand.Read(b)
+	tag := "zt" + hex.EncodeToString(b)
+	prefix := tag + "-"
+	dir := t.TempDir()
+	runDir := t.TempDir()
+	t.Cleanup(func() { destroyAll(t, dir, runDir, tag, prefix) })
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second}
+
+	first := newAgent(t, cfg)
+	stop := run(t, first)
+	c := newClient(t, first)
+	doc, zones := linuxZones(t, 1)
+	if err := c.PutConfig(t.Context(), doc); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, z := range zones {
+		want[z.Name()] = "running"
+	}
+	waitStates(t, c, want)
+	pids := servicePIDs(t, runDir, tag, zones)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Restarted as it was: every zone adopted, no process restarted.
+	second := newAgent(t, cfg)
+	stop = run(t, second)
+	c = newClient(t, second)
+	waitStates(t, c, want)
+	rs, err := c.Restore(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Found != 3 || rs.Adopted != 3 {
+		t.Errorf("restore %+v, want 3 found and adopted", rs)
+	}
+	if got := servicePIDs(t, runDir, tag, zones); fmt.Sprint(got) != fmt.Sprint(pids) {
+		t.Errorf("service PIDs %v after the restart, want %v (unchanged)", got, pids)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A config ledgered while the agent was down (as when it dies right
+	// after the ledger commit): crucible 1 moves to another port.
+	l, err := ledger.Open([]string{filepath.Join(dir, "ledger-a"), filepath.Join(dir, "ledger-b")}, agent.LedgerFile, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := slices.Clone(zones)
+	changed[1].ZoneType.Address = strings.Replace(changed[1].ZoneType.Address, ":32345", ":32346", 1)
+	doc2, err := json.Marshal(sledconfigtest.Config(2, changed...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := configstore.Open(l, nil, nil).Put(t.Context(), doc2); err != nil {
+		t.Fatal(err)
+	}
+	third := newAgent(t, cfg)
+	run(t, third)
+	c = newClient(t, third)
+	waitFor(t, "the changed zone running with its new config", func() (bool, string) {
+		zs, err := c.Zone(t.Context(), changed[1].ID)
+		if err != nil {
+			return false, err.Error()
+		}
+		return zs.State == "running" && zs.ConfigHash == changed[1].Hash(), fmt.Sprintf("%+v", zs.ZoneSummary)
+	})
+	waitStates(t, c, want)
+	after := servicePIDs(t, runDir, tag, zones)
+	for i, z := range zones {
+		same := after[z.Name()] == pids[z.Name()]
+		if i == 1 && same {
+			t.Errorf("changed zone %s kept its service process %d", z.Name(), pids[z.Name()])
+		}
+		if i != 1 && !same {
+			t.Errorf("unchanged zone %s restarted: pid %d → %d", z.Name(), pids[z.Name()], after[z.Name()])
+		}
+	}
+	if rs, err := c.Restore(t.Context()); err != nil || rs.Adopted != 2 || rs.Repair != 1 {
+		t.Errorf("restore %+v (%v), want 2 adopted and 1 repaired", rs, err)
+	}
+}
+
+// servicePIDs reads each zone's service PID from its supervisor.
+func servicePIDs(t *testing.T, runDir, tag string, zones []sledconfig.Zone) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, z := range zones {
+		st, err := supervise.Status(filepath.Join(runDir, tag, z.Name()))
+		if err != nil || !st.Up {
+			t.Fatalf("zone %s service: %+v, %v", z.Name(), st, err)
+		}
+		out[z.Name()] = st.PID
+	}
+	return out
 }
