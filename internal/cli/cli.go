@@ -74,7 +74,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.url, "url", defURL, "agent API URL for operator commands (env SLED_AGENT_URL)")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format of operator commands: table or json")
-	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd(), newTeardownCmd())
+	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd(), newTeardownCmd(), newCrashTestCmd())
 	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g))
 	root.AddCommand(newZoneServiceCmd())
 	return root

@@ -1,0 +1,411 @@
+// Package crashtest kills the agent at random moments and checks that a
+// restarted agent picks up where the dead one left off. It runs the real
+// agent binary with the Linux runtime on a mixed config (crucibles and a
+// nexus with a NIC), and on every iteration changes the config or not,
+// SIGKILLs the agent a random time later (while zones are being created,
+// waited for, torn down, or while nothing happens), restarts it, and
+// requires:
+//
+//   - convergence within a bound: every wanted zone running with its config,
+//     and nothing owned and unwanted left (namespaces, links, processes, zone
+//     roots);
+//   - no restart of a zone that was healthy before the kill and whose config
+//     did not change (its service keeps its PID);
+//   - the ledger intact, at the last generation acknowledged.
+package crashtest
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+)
+
+// Options size a crash test.
+type Options struct {
+	// Iterations is how many times the agent is killed and restarted (20).
+	Iterations int
+	// Crucibles is how many crucible zones the first config has (6); a nexus
+	// with a NIC comes with them.
+	Crucibles int
+	// Seed makes the run repeatable; 0 picks one (reported).
+	Seed uint64
+	// MaxKillDelay: the kill comes at a random time up to MaxKillDelay
+	// after the iteration's config change (2s; half the kills come in the
+	// first 300 ms).
+	MaxKillDelay time.Duration
+	// ConvergeTimeout bounds each recovery (60s).
+	ConvergeTimeout time.Duration
+	// Agent is the agent binary (default: this executable), and AgentEnv
+	// what it gets in its environment besides this process's.
+	Agent    string
+	AgentEnv []string
+	// Log receives progress (default: discarded).
+	Log *slog.Logger
+}
+
+// Result is what a crash test found.
+type Result struct {
+	Seed       uint64 `json:"seed"`
+	Iterations int    `json:"iterations"`
+	// Kills counts the kills by what the iteration did first.
+	Kills map[string]int `json:"kills"`
+	// Convergence is the time from the restarted agent's start to
+	// convergence, in milliseconds.
+	ConvergeP50ms float64 `json:"converge_p50_ms"`
+	ConvergeP99ms float64 `json:"converge_p99_ms"`
+	ConvergeMaxms float64 `json:"converge_max_ms"`
+	// Leaks counts iterations that did not converge in time: something
+	// wanted missing, or something owned and unwanted left; LeakDetails
+	// says what.
+	Leaks       int      `json:"leaks"`
+	LeakDetails []string `json:"leak_details,omitempty"`
+	// HealthyRestarts counts zones restarted although they were healthy
+	// before the kill and their config did not change.
+	HealthyRestarts int      `json:"healthy_restarts"`
+	RestartDetails  []string `json:"restart_details,omitempty"`
+	// LedgerProblems counts restarts whose ledger was not intact at the last
+	// acknowledged generation.
+	LedgerProblems int      `json:"ledger_problems"`
+	LedgerDetails  []string `json:"ledger_details,omitempty"`
+}
+
+// OK reports whether the run found no leak, no restart of a healthy zone and
+// no ledger problem.
+func (r *Result) OK() bool { return r.Leaks == 0 && r.HealthyRestarts == 0 && r.LedgerProblems == 0 }
+
+// run is one crash test: its unique names, the agent process, the state.
+type run struct {
+	opts    Options
+	rnd     *mrand.Rand
+	tag     string
+	prefix  string
+	dir     string // temp dir: data/, agent.log
+	runDir  string // on a tmpfs
+	listen  string
+	cfg     agent.Config // how the agent is run, for the observer and teardown
+	obs     *linux.Runtime
+	c       *client.Client
+	proc    *exec.Cmd
+	exited  chan struct{}
+	gen     uint64
+	zones   []sledconfig.Zone // the last acknowledged config's zones
+	nextIdx int               // next crucible index to add
+}
+
+// Run runs a crash test. It needs root, runsv and nsenter; everything it
+// creates carries a unique tag and is removed at the end.
+func Run(ctx context.Context, opts Options) (res *Result, err error) {
+	opts.Iterations = cmp.Or(opts.Iterations, 20)
+	opts.Crucibles = cmp.Or(opts.Crucibles, 6)
+	opts.MaxKillDelay = cmp.Or(opts.MaxKillDelay, 2*time.Second)
+	opts.ConvergeTimeout = cmp.Or(opts.ConvergeTimeout, time.Minute)
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Crucibles < 2 || opts.Crucibles > 200 {
+		return nil, fmt.Errorf("crucibles %d: want 2–200", opts.Crucibles)
+	}
+	if os.Geteuid() != 0 {
+		return nil, errors.New("the crash test needs root: it runs the agent with the linux runtime")
+	}
+	for _, tool := range []string{"runsv", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("the crash test needs %s: %w", tool, err)
+		}
+	}
+	if opts.Agent == "" {
+		if opts.Agent, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Seed == 0 {
+		opts.Seed = mrand.Uint64()
+	}
+	var b [3]byte
+	rand.Read(b[:])
+	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), tag: "ct" + hex.EncodeToString(b[:])}
+	r.prefix = r.tag + "-"
+	if r.dir, err = os.MkdirTemp("", "sled-agent-crashtest-"); err != nil {
+		return nil, err
+	}
+	if r.runDir, err = os.MkdirTemp("/dev/shm", "sled-agent-crashtest-"); err != nil {
+		os.RemoveAll(r.dir)
+		return nil, err
+	}
+	defer func() {
+		if cerr := r.cleanup(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))
+		}
+	}()
+	if r.listen, err = freePort(); err != nil {
+		return nil, err
+	}
+	r.cfg = agent.Config{DataDir: filepath.Join(r.dir, "data"), RunDir: r.runDir, Runtime: "linux", ZoneTag: r.tag, NetnsPrefix: r.prefix}
+	if err := os.MkdirAll(r.cfg.DataDir, 0o700); err != nil {
+		return nil, err
+	}
+	if r.obs, err = linux.New(linux.Options{DataDir: r.cfg.DataDir, RunDir: r.runDir, Tag: r.tag, NetnsPrefix: r.prefix}); err != nil {
+		return nil, err
+	}
+	if r.c, err = client.New("http://" + r.listen); err != nil {
+		return nil, err
+	}
+	r.c.Timeout = 5 * time.Second
+	return r.loop(ctx)
+}
+
+func (r *run) loop(ctx context.Context) (*Result, error) {
+	res := &Result{Seed: r.opts.Seed, Iterations: r.opts.Iterations, Kills: map[string]int{}}
+	// The first config, realised before the first kill.
+	for i := range r.opts.Crucibles {
+		r.zones = append(r.zones, r.crucible(i, 32345))
+	}
+	r.nextIdx = r.opts.Crucibles
+	r.zones = append(r.zones, nexus())
+	if err := r.startAgent(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.put(ctx, r.zones); err != nil {
+		return nil, err
+	}
+	if _, problem := r.converge(ctx); problem != "" {
+		return nil, fmt.Errorf("the first config did not converge: %s", problem)
+	}
+	var took []time.Duration
+	for i := range r.opts.Iterations {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		action, next := r.mutate()
+		if next != nil {
+			if err := r.put(ctx, next); err != nil {
+				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
+			}
+		}
+		// Half the kills land in the first 300 ms, while zones are being
+		// created, waited for or torn down; the rest anywhere up to
+		// MaxKillDelay, mostly once things have settled.
+		window := r.opts.MaxKillDelay
+		if r.rnd.IntN(2) == 0 {
+			window = min(window, 300*time.Millisecond)
+		}
+		delay := time.Duration(r.rnd.Int64N(int64(window)))
+		if err := sleep(ctx, delay); err != nil {
+			return nil, err
+		}
+		healthy := r.healthyPIDs(ctx)
+		if err := r.kill(); err != nil {
+			return nil, fmt.Errorf("iteration %d: %w", i+1, err)
+		}
+		res.Kills[action]++
+		t0 := time.Now()
+		if err := r.startAgent(ctx); err != nil {
+			return nil, fmt.Errorf("iteration %d: %w", i+1, err)
+		}
+		d, problem := r.converge(ctx)
+		if problem != "" {
+			res.Leaks++
+			res.LeakDetails = append(res.LeakDetails, fmt.Sprintf("iteration %d (%s, killed after %s): %s", i+1, action, delay.Round(time.Millisecond), problem))
+		} else {
+			took = append(took, time.Since(t0))
+		}
+		r.opts.Log.Info("crash test iteration", "n", i+1, "action", action, "killed_after", delay.Round(time.Millisecond), "converged_in", d.Round(time.Millisecond), "problem", problem)
+		for name, pid := range healthy {
+			if now := r.pid(name); now != pid {
+				res.HealthyRestarts++
+				res.RestartDetails = append(res.RestartDetails, fmt.Sprintf("iteration %d (%s): zone %s pid %d → %d", i+1, action, name, pid, now))
+			}
+		}
+		if problem := r.ledgerProblem(ctx); problem != "" {
+			res.LedgerProblems++
+			res.LedgerDetails = append(res.LedgerDetails, fmt.Sprintf("iteration %d: %s", i+1, problem))
+		}
+	}
+	if err := r.kill(); err != nil {
+		return nil, err
+	}
+	p50, p99, mx := percentiles(took)
+	res.ConvergeP50ms, res.ConvergeP99ms, res.ConvergeMaxms = p50, p99, mx
+	return res, nil
+}
+
+// mutate picks what the iteration does before the kill, and the config that
+// follows (nil: no change).
+func (r *run) mutate() (string, []sledconfig.Zone) {
+	next := slices.Clone(r.zones)
+	crucibles := len(next) - 1 // the nexus is last
+	switch r.rnd.IntN(4) {
+	case 0:
+		return "no change", nil
+	case 1:
+		if crucibles <= 2 {
+			break
+		}
+		i := r.rnd.IntN(crucibles)
+		return "remove a zone", slices.Delete(next, i, i+1)
+	case 2:
+		i := r.rnd.IntN(crucibles)
+		port := 32345
+		if next[i].ZoneType.Address == r.crucibleAddr(next[i], 32345) {
+			port = 32346
+		}
+		next[i].ZoneType.Address = r.crucibleAddr(next[i], port)
+		return "change a zone", next
+	}
+	for range 1 + r.rnd.IntN(3) {
+		next = slices.Insert(next, len(next)-1, r.crucible(r.nextIdx, 32345))
+		r.nextIdx++
+	}
+	return "add zones", next
+}
+
+// crucible returns crucible zone i on the crash test's own /64.
+func (r *run) crucible(i, port int) sledconfig.Zone {
+	z := sledconfigtest.Crucible(i)
+	z.ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1cf::%x]:%d", i+0x10, port)
+	return z
+}
+
+func (r *run) crucibleAddr(z sledconfig.Zone, port int) string {
+	a, _ := z.ServiceAddr()
+	return net.JoinHostPort(a.Addr().String(), fmt.Sprint(port))
+}
+
+// nexus is a zone with a NIC, so the crash test covers the second link.
+func nexus() sledconfig.Zone {
+	z := sledconfigtest.Crucible(999)
+	z.ZoneType = sledconfig.ZoneType{
+		Type:               "nexus",
+		InternalAddress:    "[fd00:1122:3344:1cf::7]:12221",
+		ExternalIP:         "192.0.2.10",
+		ExternalTLS:        new(bool),
+		ExternalDNSServers: []string{"192.0.2.53"},
+		NIC: &sledconfig.NIC{
+			ID: "5f0f1f6e-7a43-4f1b-9f6a-1f2b3c4d5e6f", Name: "nexus-0", MAC: "A8:40:25:FF:80:07", VNI: 100,
+			Kind:     sledconfig.NICKind{Type: "service", ID: z.ID},
+			IPConfig: sledconfig.IPConfig{Type: "v4", Value: sledconfig.IPConfigValue{IP: "172.30.2.9", Subnet: "172.30.2.0/24"}},
+		},
+	}
+	return z
+}
+
+// put ledgers zones as the next generation.
+func (r *run) put(ctx context.Context, zones []sledconfig.Zone) error {
+	doc, err := json.Marshal(sledconfigtest.Config(r.gen+1, zones...))
+	if err != nil {
+		return err
+	}
+	if err := r.c.PutConfig(ctx, doc); err != nil {
+		return fmt.Errorf("PUT /omicron-config: %w", err)
+	}
+	r.gen++
+	r.zones = zones
+	return nil
+}
+
+// startAgent runs the agent binary and waits until it answers.
+func (r *run) startAgent(ctx context.Context) error {
+	logf, err := os.OpenFile(filepath.Join(r.dir, "agent.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(r.opts.Agent, "run", "--runtime", "linux", "--data-dir", r.cfg.DataDir, "--run-dir", r.runDir,
+		"--listen", r.listen, "--zone-tag", r.tag, "--netns-prefix", r.prefix, "--log-level", "info")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), r.opts.AgentEnv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting the agent: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	r.proc, r.exited = cmd, exited
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := r.c.ZoneStates(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("the agent exited at start (see %s)", filepath.Join(r.dir, "agent.log"))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the agent did not answer within 20s: %w", err)
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// kill SIGKILLs the agent and waits for it to be gone. Its zones live on.
+func (r *run) kill() error {
+	if r.proc == nil {
+		return nil
+	}
+	r.proc.Process.Signal(syscall.SIGKILL)
+	select {
+	case <-r.exited:
+	case <-time.After(10 * time.Second):
+		return errors.New("the agent did not die within 10s of SIGKILL")
+	}
+	r.proc = nil
+	return nil
+}
+
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func percentiles(ds []time.Duration) (p50, p99, max float64) {
+	if len(ds) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	at := func(q float64) float64 {
+		i := int(q*float64(len(s)-1) + 0.5)
+		return float64(s[i].Microseconds()) / 1000
+	}
+	return at(0.5), at(0.99), float64(s[len(s)-1].Microseconds()) / 1000
+}

@@ -1,0 +1,51 @@
+package crashtest_test
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/cli"
+	"github.com/sled-agent/sled-agent/internal/crashtest"
+	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
+)
+
+// agentEnv makes this test binary the agent: the crash test runs it with
+// `run …`, and the linux runtime's default image with `zone-service …`.
+const agentEnv = "CRASHTEST_RUN_AGENT"
+
+func TestMain(m *testing.M) {
+	zoneservicetest.ServeIfAsked()
+	if os.Getenv(agentEnv) == "1" {
+		os.Exit(cli.Main(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// A few iterations in CI; `sled-agent crashtest` runs as many as asked.
+func TestKilledAgentRecovers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs the agent with the linux runtime")
+	}
+	for _, tool := range []string{"runsv", "nsenter"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (scripts/setup installs it)", tool)
+		}
+	}
+	res, err := crashtest.Run(t.Context(), crashtest.Options{
+		Iterations:      6,
+		Crucibles:       4,
+		MaxKillDelay:    time.Second,
+		ConvergeTimeout: 30 * time.Second,
+		AgentEnv:        []string{agentEnv + "=1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("seed %d, kills %v, convergence p50 %.0f ms, max %.0f ms", res.Seed, res.Kills, res.ConvergeP50ms, res.ConvergeMaxms)
+	if !res.OK() {
+		t.Errorf("leaks %d %v; healthy zones restarted %d %v; ledger problems %d %v",
+			res.Leaks, res.LeakDetails, res.HealthyRestarts, res.RestartDetails, res.LedgerProblems, res.LedgerDetails)
+	}
+}
