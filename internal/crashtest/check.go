@@ -194,4 +194,3 @@ func (r *run) cleanup() error {
 	}
 	return errors.Join(os.RemoveAll(r.dir), os.RemoveAll(r.runDir))
 }
-
