@@ -69,5 +69,10 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, erro
 			errs = append(errs, fmt.Errorf("removing leftovers: %w", err))
 		}
 	}
+	// The runtime's own directories (the linux runtime's cgroup of its tag),
+	// if nothing is left in them.
+	if d, ok := rt.(interface{ RemoveEmptyDirs() }); ok && len(errs) == 0 {
+		d.RemoveEmptyDirs()
+	}
 	return done, errors.Join(errs...)
 }

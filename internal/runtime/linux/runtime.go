@@ -130,8 +130,12 @@ func (r *Runtime) netnsName(zoneName string) string { return r.opts.NetnsPrefix 
 // serviceDir is where the zone's runit service lives: under the run dir,
 // which is per boot (tmpfs), like the zone's namespace and processes.
 func (r *Runtime) serviceDir(zoneName string) string {
-	return filepath.Join(r.opts.RunDir, r.opts.Tag, zoneName)
+	return filepath.Join(r.serviceRoot(), zoneName)
 }
+
+// serviceRoot holds the service directories of this runtime's zones, and
+// nothing else.
+func (r *Runtime) serviceRoot() string { return filepath.Join(r.opts.RunDir, r.opts.Tag) }
 
 func (r *Runtime) netConfig(spec zone.Spec) (zonenet.Config, error) {
 	addr, ok := spec.Config.ServiceAddr()
@@ -400,7 +404,7 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 // List returns every zone whose root carries this agent's mark, with whether
 // it is complete and its service up.
 func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
-	roots, err := filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", "oxz_*"))
+	roots, err := r.rootPaths()
 	if err != nil {
 		return nil, err
 	}
@@ -448,6 +452,12 @@ func (r *Runtime) inspect(o owner) (bool, string) {
 		return false, "service down"
 	}
 	return true, ""
+}
+
+// rootPaths returns every path on a pool where a zone root may be: List and
+// Sweep read their marks to tell the zones from the rest.
+func (r *Runtime) rootPaths() ([]string, error) {
+	return filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", sledconfig.ZoneNamePrefix+"*"))
 }
 
 func readOwner(root string) (owner, error) {

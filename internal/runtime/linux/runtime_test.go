@@ -104,6 +104,9 @@ func (e *env) cleanup() {
 				}
 			}
 		}
+		if _, err := e.rt.Sweep(ctx); err != nil {
+			e.t.Errorf("cleanup: %v", err)
+		}
 	}
 	// Whatever a failed test left outside a zone root.
 	services, _ := filepath.Glob(filepath.Join(e.run, e.tag, "*"))
@@ -112,7 +115,7 @@ func (e *env) cleanup() {
 	}
 	nss, links, _ := zonenet.List(e.prefix, e.tag)
 	for _, ns := range nss {
-		zonenet.Remove(ctx, ns, e.tag, "")
+		zonenet.Remove(ctx, ns, e.tag, ns[max(len(ns)-36, 0):]) // the zone id ends the name
 	}
 	for _, l := range links {
 		zonenet.Remove(ctx, e.prefix+"none", e.tag, l.ZoneID)

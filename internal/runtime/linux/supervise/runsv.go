@@ -596,6 +596,22 @@ func killOrphans(ctx context.Context, abs string) error {
 	return nil
 }
 
+// KillMarked SIGKILLs every process that carries the ownership mark of the
+// service directory dir, as the mark names it (MarkedProcess.Dir), and waits
+// a short grace for them to die. dir need not exist: a service's processes
+// can outlive its directory, and Stop, which starts from the directory, does
+// not look for them then. runsv carries no mark; Stop stops it.
+func KillMarked(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("supervise: kill %s: %w", dir, err)
+	}
+	if err := killAll(nil, abs); err != nil {
+		return fmt.Errorf("supervise: kill %s: %w", abs, err)
+	}
+	return nil
+}
+
 // logTail returns the end of runsv.log, for error messages.
 func logTail(abs string) string {
 	f, err := os.Open(filepath.Join(abs, logFile))

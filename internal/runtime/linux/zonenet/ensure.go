@@ -171,6 +171,24 @@ func Remove(ctx context.Context, netnsName, tag, zoneID string) error {
 	return nil
 }
 
+// RemoveLinks deletes the zone's host links that carry its mark (each takes
+// its peer with it) and touches no namespace: it is for links whose zone's
+// namespace is not known by name. A link with the zone's name but without
+// the mark is left alone, since only its peer's place in the zone's
+// namespace could prove it ours. Missing links are not errors.
+func RemoveLinks(ctx context.Context, tag, zoneID string) error {
+	for _, err := range []error{validTag(tag), validZoneID(zoneID)} {
+		if err != nil {
+			return err
+		}
+	}
+	up, np := pairs(tag, zoneID)
+	if _, err := removeMarked(ctx, []pair{up, np}); err != nil {
+		return fmt.Errorf("zonenet: removing the links of zone %s: %w", zoneID, err)
+	}
+	return nil
+}
+
 // removeMarked deletes the host links of pairs that carry their alias (the
 // pair goes with them), using only the host's namespace; it returns the
 // pairs whose host link exists without that alias, for the careful path.
