@@ -53,6 +53,7 @@ unique tag and is removed at the end.`,
 	f.Uint64Var(&opts.Seed, "seed", 0, "random seed, to repeat a run (0: pick one; it is printed)")
 	f.DurationVar(&opts.MaxKillDelay, "max-kill-delay", 2*time.Second, "the kill comes at a random moment up to this long after the iteration's config change")
 	f.DurationVar(&opts.ConvergeTimeout, "converge-timeout", time.Minute, "bound on each recovery")
+	f.DurationVar(&opts.ServiceStartDelay, "service-start-delay", 300*time.Millisecond, "how long each crucible's service takes to start (negative: none)")
 	f.BoolVar(&verbose, "verbose", false, "log each iteration to stderr")
 	return cmd
 }

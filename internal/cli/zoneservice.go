@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"time"
+
 	"github.com/spf13/cobra"
 
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
@@ -11,6 +13,7 @@ import (
 func newZoneServiceCmd() *cobra.Command {
 	var listen string
 	var info zoneservice.Info
+	var startDelay time.Duration
 	cmd := &cobra.Command{
 		Use:    "zone-service",
 		Short:  "Run the default zone service: answers GET /health for the zone",
@@ -20,6 +23,13 @@ func newZoneServiceCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
+			// A service that takes its time to start, as real ones do
+			// (tests and the crash test use it to widen the window).
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(startDelay):
+			}
 			return zoneservice.Serve(ctx, listen, info)
 		},
 	}
@@ -28,6 +38,7 @@ func newZoneServiceCmd() *cobra.Command {
 	f.StringVar(&info.Name, "zone", "", "zone name")
 	f.StringVar(&info.ID, "id", "", "zone id")
 	f.StringVar(&info.Kind, "kind", "", "zone kind")
+	f.DurationVar(&startDelay, "start-delay", 0, "wait this long before listening")
 	for _, name := range []string{"listen", "zone", "id", "kind"} {
 		cmd.MarkFlagRequired(name)
 	}

@@ -49,11 +49,15 @@ type Options struct {
 	// Seed makes the run repeatable; 0 picks one (reported).
 	Seed uint64
 	// MaxKillDelay: the kill comes at a random time up to MaxKillDelay
-	// after the iteration's config change (2s; half the kills come in the
-	// first 300 ms).
+	// after the iteration's config change (2s; a third of the kills come in
+	// the first 50 ms, a third while services start).
 	MaxKillDelay time.Duration
 	// ConvergeTimeout bounds each recovery (60s).
 	ConvergeTimeout time.Duration
+	// ServiceStartDelay is how long each crucible's service takes to start
+	// listening (300ms; negative: none), so that kills find zones waiting
+	// for their services as often as they find them being made.
+	ServiceStartDelay time.Duration
 	// Agent is the agent binary (default: this executable), and AgentEnv
 	// what it gets in its environment besides this process's.
 	Agent    string
@@ -82,10 +86,24 @@ type Result struct {
 	// before the kill and their config did not change.
 	HealthyRestarts int      `json:"healthy_restarts"`
 	RestartDetails  []string `json:"restart_details,omitempty"`
+	// Restored sums what the restarted agents reported finding: zones
+	// adopted as they were, waited for (running but not answering yet),
+	// repaired (changed or half-made when the kill came), removed, and
+	// leftovers swept. It shows where the kills landed.
+	Restored RestoredTotals `json:"restored"`
 	// LedgerProblems counts restarts whose ledger was not intact at the last
 	// acknowledged generation.
 	LedgerProblems int      `json:"ledger_problems"`
 	LedgerDetails  []string `json:"ledger_details,omitempty"`
+}
+
+// RestoredTotals sums restore reports over the iterations.
+type RestoredTotals struct {
+	Adopted   int `json:"adopted"`
+	Waited    int `json:"waited"`
+	Repaired  int `json:"repaired"`
+	Removed   int `json:"removed"`
+	Leftovers int `json:"leftovers_swept"`
 }
 
 // OK reports whether the run found no leak, no restart of a healthy zone and
@@ -118,6 +136,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	opts.Crucibles = cmp.Or(opts.Crucibles, 6)
 	opts.MaxKillDelay = cmp.Or(opts.MaxKillDelay, 2*time.Second)
 	opts.ConvergeTimeout = cmp.Or(opts.ConvergeTimeout, time.Minute)
+	opts.ServiceStartDelay = cmp.Or(opts.ServiceStartDelay, 300*time.Millisecond)
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -163,6 +182,9 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if err := os.MkdirAll(r.cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
+	if err := r.writeAgentConfig(); err != nil {
+		return nil, err
+	}
 	if r.obs, err = linux.New(linux.Options{DataDir: r.cfg.DataDir, RunDir: r.runDir, Tag: r.tag, NetnsPrefix: r.prefix}); err != nil {
 		return nil, err
 	}
@@ -201,12 +223,15 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 			}
 		}
-		// Half the kills land in the first 300 ms, while zones are being
-		// created, waited for or torn down; the rest anywhere up to
-		// MaxKillDelay, mostly once things have settled.
+		// A third of the kills land in the first 50 ms, while zones are
+		// torn down and made; a third while services start; the rest
+		// anywhere up to MaxKillDelay, mostly once things have settled.
 		window := r.opts.MaxKillDelay
-		if r.rnd.IntN(2) == 0 {
-			window = min(window, 300*time.Millisecond)
+		switch r.rnd.IntN(3) {
+		case 0:
+			window = min(window, 50*time.Millisecond)
+		case 1:
+			window = min(window, max(r.opts.ServiceStartDelay, 0)+200*time.Millisecond)
 		}
 		delay := time.Duration(r.rnd.Int64N(int64(window)))
 		if err := sleep(ctx, delay); err != nil {
@@ -234,6 +259,13 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 				res.HealthyRestarts++
 				res.RestartDetails = append(res.RestartDetails, fmt.Sprintf("iteration %d (%s): zone %s pid %d → %d", i+1, action, name, pid, now))
 			}
+		}
+		if rs, err := r.c.Restore(ctx); err == nil {
+			res.Restored.Adopted += rs.Adopted
+			res.Restored.Waited += rs.Waited
+			res.Restored.Repaired += rs.Repair
+			res.Restored.Removed += rs.Remove
+			res.Restored.Leftovers += len(rs.Leftovers)
 		}
 		if problem := r.ledgerProblem(ctx); problem != "" {
 			res.LedgerProblems++
@@ -329,7 +361,7 @@ func (r *run) startAgent(ctx context.Context) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(r.opts.Agent, "run", "--runtime", "linux", "--data-dir", r.cfg.DataDir, "--run-dir", r.runDir,
+	cmd := exec.Command(r.opts.Agent, "run", "--config", filepath.Join(r.dir, "agent.json"), "--runtime", "linux", "--data-dir", r.cfg.DataDir, "--run-dir", r.runDir,
 		"--listen", r.listen, "--zone-tag", r.tag, "--netns-prefix", r.prefix, "--log-level", "info")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), r.opts.AgentEnv...)
@@ -360,6 +392,17 @@ func (r *run) startAgent(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// writeAgentConfig writes the agent's config file: crucibles run the
+// default image with a start delay.
+func (r *run) writeAgentConfig() error {
+	img := append(slices.Clone(linux.DefaultImage), "--start-delay", max(r.opts.ServiceStartDelay, 0).String())
+	doc, err := json.Marshal(map[string]any{"images": map[string][]string{"crucible": img}})
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(r.dir, "agent.json"), doc, 0o600)
 }
 
 // kill SIGKILLs the agent and waits for it to be gone. Its zones live on.

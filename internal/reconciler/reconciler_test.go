@@ -33,6 +33,18 @@ type recorder struct {
 	calls []timedCall
 	// listFailures is how many Lists fail before they succeed.
 	listFailures int
+	// unhealthy zones fail their health check.
+	unhealthy map[string]bool
+}
+
+func (c *recorder) Healthy(ctx context.Context, s zone.Spec) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, timedCall{time.Now(), "health", s.Name})
+	if c.unhealthy[s.Name] {
+		return errors.New("connection refused")
+	}
+	return nil
 }
 
 type timedCall struct {
@@ -76,7 +88,9 @@ func (c *recorder) ops() []string {
 	defer c.mu.Unlock()
 	var out []string
 	for _, call := range c.calls {
-		out = append(out, call.op+" "+call.zone)
+		if call.op != "health" {
+			out = append(out, call.op+" "+call.zone)
+		}
 	}
 	return out
 }

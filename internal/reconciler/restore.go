@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/zone"
@@ -15,8 +16,10 @@ import (
 //
 //  1. lists what exists, retrying with a capped backoff until a listing
 //     succeeds (nothing acts meanwhile);
-//  2. records every zone found: running with the wanted config → adopted as
-//     running, untouched; in the config but changed, unhealthy or half-made →
+//  2. records every zone found: running with the wanted config and answering
+//     its health check → adopted as running, untouched; running with the
+//     wanted config but not answering → Ensure, which waits for it and
+//     restarts nothing; in the config but changed, dead or half-made →
 //     the normal path (tear down what is broken, start again); not in the
 //     config → the normal path removes it; no config at all (ledger missing
 //     or corrupt) → left alone, unmanaged, until a config arrives;
@@ -35,6 +38,19 @@ type Sweeper interface {
 	Sweep(ctx context.Context) ([]string, error)
 }
 
+// HealthChecker is a Runtime that can tell whether a zone it lists as
+// running answers its health check. The restore protocol adopts as running
+// only zones that do; the others (a service still starting when the last
+// agent died, or hung) go through Ensure, which waits for them without
+// tearing anything down, and the normal path takes it from there.
+type HealthChecker interface {
+	Healthy(ctx context.Context, spec zone.Spec) error
+}
+
+// restoreHealthChecks bounds how many health checks the restore protocol
+// runs at once.
+const restoreHealthChecks = 16
+
 // RestoreStatus says what the reconciler found when it started and what it
 // did about it.
 type RestoreStatus struct {
@@ -49,12 +65,15 @@ type RestoreStatus struct {
 	// HadConfig: a ledgered config existed when the listing came back.
 	HadConfig bool `json:"had_config"`
 	// Found counts the zones that existed. Of them, Adopted ran with the
-	// wanted config and were left running; Repair were wanted but changed,
-	// unhealthy or half-made, and go through the normal path; Remove were
-	// not in the config; Unmanaged were found while there was no config, and
-	// are left alone until one arrives.
+	// wanted config, answered their health check and were left running;
+	// Waited ran with the wanted config but did not answer yet, and go
+	// through Ensure, which waits for them and restarts nothing; Repair were
+	// wanted but changed or half-made, and go through the normal path
+	// (teardown, start); Remove were not in the config; Unmanaged were found
+	// while there was no config, and are left alone until one arrives.
 	Found     int `json:"found"`
 	Adopted   int `json:"adopted"`
+	Waited    int `json:"waited"`
 	Repair    int `json:"repair"`
 	Remove    int `json:"remove"`
 	Unmanaged int `json:"unmanaged"`
@@ -130,26 +149,33 @@ func (r *Reconciler) restore(ctx context.Context) error {
 	}
 	var rs RestoreStatus
 	sort.Slice(obs, func(i, j int) bool { return obs[i].Name < obs[j].Name })
+	unhealthy := r.unhealthy(ctx, obs)
 	for i := range obs {
 		o := &obs[i]
-		r.adoptNew(o)
 		spec, wanted := l.wanted[o.Name]
 		switch {
 		case cfg == nil:
 			rs.Unmanaged++
 		case !wanted:
 			rs.Remove++
+		case o.Running && o.Hash == spec.Hash && unhealthy[o.Name] != nil:
+			rs.Waited++
 		case o.Running && o.Hash == spec.Hash:
 			rs.Adopted++
 		default:
 			rs.Repair++
 		}
+		if err := unhealthy[o.Name]; err != nil && cfg != nil && wanted && o.Running && o.Hash == spec.Hash {
+			r.adoptUnhealthy(o, err)
+			continue
+		}
+		r.adoptNew(o)
 	}
 	r.setRestore(func(s *RestoreStatus) {
 		s.HadConfig = cfg != nil
-		s.Found, s.Adopted, s.Repair, s.Remove, s.Unmanaged = len(obs), rs.Adopted, rs.Repair, rs.Remove, rs.Unmanaged
+		s.Found, s.Adopted, s.Waited, s.Repair, s.Remove, s.Unmanaged = len(obs), rs.Adopted, rs.Waited, rs.Repair, rs.Remove, rs.Unmanaged
 	})
-	r.log.Info("restored state from the runtime", "found", len(obs), "adopted", rs.Adopted, "repair", rs.Repair, "remove", rs.Remove, "unmanaged", rs.Unmanaged, "config", cfg != nil)
+	r.log.Info("restored state from the runtime", "found", len(obs), "adopted", rs.Adopted, "waited", rs.Waited, "repair", rs.Repair, "remove", rs.Remove, "unmanaged", rs.Unmanaged, "config", cfg != nil)
 	if cfg != nil {
 		r.setDesired(cfg)
 		r.sweep(ctx)
@@ -157,6 +183,54 @@ func (r *Reconciler) restore(ctx context.Context) error {
 	r.setRestore(func(s *RestoreStatus) { s.Done, s.FinishedAt = true, time.Now() })
 	close(r.restored)
 	return nil
+}
+
+// unhealthy health-checks, at most restoreHealthChecks at once, every
+// listed zone that runs with the wanted config, if the runtime can, and
+// returns why each that failed did.
+func (r *Reconciler) unhealthy(ctx context.Context, obs []zone.Observed) map[string]error {
+	hc, ok := r.rt.(HealthChecker)
+	if !ok {
+		return nil
+	}
+	var mu sync.Mutex
+	out := map[string]error{}
+	sem := make(chan struct{}, restoreHealthChecks)
+	var wg sync.WaitGroup
+	for i := range obs {
+		o := obs[i]
+		spec, wanted := r.loop.wanted[o.Name]
+		if !wanted || !o.Running || o.Hash != spec.Hash {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			hctx, cancel := context.WithTimeout(ctx, r.opts.ListTimeout)
+			defer cancel()
+			if err := hc.Healthy(hctx, *spec); err != nil {
+				mu.Lock()
+				out[o.Name] = err
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// adoptUnhealthy records a zone found running with the wanted config that
+// did not answer its health check: it is neither torn down nor taken as
+// running, but given to Ensure, which waits for it.
+func (r *Reconciler) adoptUnhealthy(o *zone.Observed, err error) {
+	l := &r.loop
+	l.seq++
+	spec := l.wanted[o.Name]
+	e := &entry{name: o.Name, id: o.ID, kind: spec.Config.ZoneType.Type, want: spec, exists: true, runHash: o.Hash, addrs: spec.Config.UnderlayAddrs(), changed: l.seq}
+	l.zones[o.Name] = e
+	r.setState(e, StatePending, "")
+	r.record(e, "found", "running with the wanted config but not answering its health check ("+err.Error()+"): waiting for it, without a restart")
+	r.touch(e)
 }
 
 // sweep removes leftovers once, when there is a config. It runs in the loop

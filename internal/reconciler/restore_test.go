@@ -25,9 +25,12 @@ type agentRun struct {
 	stop func()
 }
 
-func runAgent(t *testing.T, rt *sim.Runtime, cfg *sledconfig.Config, listFailures int) *agentRun {
+func runAgent(t *testing.T, rt *sim.Runtime, cfg *sledconfig.Config, listFailures int, unhealthy ...string) *agentRun {
 	t.Helper()
-	rec := &recorder{Runtime: rt, listFailures: listFailures}
+	rec := &recorder{Runtime: rt, listFailures: listFailures, unhealthy: map[string]bool{}}
+	for _, name := range unhealthy {
+		rec.unhealthy[name] = true
+	}
 	r := reconciler.New(rec, nil, reconciler.Options{})
 	rt.SetNotify(r.Poke)
 	if cfg != nil {
@@ -267,5 +270,32 @@ func TestNothingActsUntilTheRuntimeCanBeListed(t *testing.T) {
 		if after := incarnations(t, rt, z); after[z.Name()] != before[z.Name()] {
 			t.Errorf("adopted zone restarted")
 		}
+	})
+}
+
+func TestRestartWaitsForARunningZoneThatDoesNotAnswerYet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := sim.New(sim.Options{})
+		zones := sledconfigtest.Crucibles(3)
+		for i := range zones {
+			if err := rt.Ensure(context.Background(), zone.SpecFor(&zones[i])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := incarnations(t, rt, zones...)
+		slow := zones[1]
+		a := runAgent(t, rt, sledconfigtest.Config(1, zones...), 0, slow.Name())
+		synctest.Wait()
+		// Ensure waits for it; nothing is torn down or restarted.
+		if got, want := a.rec.ops(), []string{"ensure " + slow.Name()}; !slices.Equal(got, want) {
+			t.Fatalf("calls %v, want %v", got, want)
+		}
+		if after := incarnations(t, rt, zones...); fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Fatalf("zones restarted: %v → %v", before, after)
+		}
+		if rs := a.r.Restore(); rs.Adopted != 2 || rs.Waited != 1 || rs.Repair != 0 {
+			t.Fatalf("restore status %+v", rs)
+		}
+		a.wantState(slow, reconciler.StateRunning)
 	})
 }

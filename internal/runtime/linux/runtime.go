@@ -274,6 +274,19 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 	}
 }
 
+// Healthy reports whether the zone's service answers its health check, the
+// same check readiness waits for. The restore protocol asks it of zones it
+// finds running, before it adopts them.
+func (r *Runtime) Healthy(ctx context.Context, spec zone.Spec) error {
+	addr, ok := spec.Config.ServiceAddr()
+	if !ok {
+		return fmt.Errorf("zone %s has no underlay service address", spec.Name)
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.HealthTimeout)
+	defer cancel()
+	return zoneservice.Check(ctx, addr.String())
+}
+
 // supervisorSays describes what runsv reports of the service, for errors.
 func supervisorSays(svc string) string {
 	st, err := supervise.Status(svc)

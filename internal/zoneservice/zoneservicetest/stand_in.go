@@ -8,21 +8,35 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 )
 
 // ServeIfAsked is for a test's TestMain: when the binary was started as the
 // default image starts the agent binary, `<binary> zone-service --listen A
-// --zone N --id I --kind K`, it serves like `sled-agent zone-service` until
+// --zone N --id I --kind K [--start-delay D]`, it serves like `sled-agent zone-service` until
 // SIGTERM or SIGINT and exits; otherwise it returns at once.
 func ServeIfAsked() {
 	a := os.Args
-	if len(a) != 10 || a[1] != "zone-service" || a[2] != "--listen" || a[4] != "--zone" || a[6] != "--id" || a[8] != "--kind" {
+	if len(a) != 10 && len(a) != 12 || a[1] != "zone-service" || a[2] != "--listen" || a[4] != "--zone" || a[6] != "--id" || a[8] != "--kind" {
 		return
+	}
+	var delay time.Duration
+	if len(a) == 12 {
+		d, err := time.ParseDuration(a[11])
+		if a[10] != "--start-delay" || err != nil {
+			return
+		}
+		delay = d
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	select {
+	case <-ctx.Done():
+		os.Exit(0)
+	case <-time.After(delay):
+	}
 	if err := zoneservice.Serve(ctx, a[3], zoneservice.Info{Name: a[5], ID: a[7], Kind: a[9]}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
