@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ledger"
+	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
@@ -248,17 +250,37 @@ func TestLinuxRestartAdoptsZones(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Restarted as it was: every zone adopted, no process restarted.
+	// A leftover of a zone whose root is gone: its namespace and links,
+	// as a crash half-way through a teardown leaves them.
+	orphan := sledconfigtest.Crucible(9)
+	orphanAddr := netip.MustParseAddr("fd00:1122:3344:1e0::9")
+	if err := zonenet.Ensure(t.Context(), zonenet.Config{Netns: prefix + orphan.Name(), Tag: tag, ZoneID: orphan.ID, Underlay: orphanAddr}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Restarted as it was: every zone adopted, no process restarted, the
+	// leftover swept.
 	second := newAgent(t, cfg)
 	stop = run(t, second)
 	c = newClient(t, second)
 	waitStates(t, c, want)
-	rs, err := c.Restore(t.Context())
-	if err != nil {
-		t.Fatal(err)
+	var rs *reconciler.RestoreStatus
+	waitFor(t, "the restore protocol done", func() (bool, string) {
+		var err error
+		rs, err = c.Restore(t.Context())
+		if err != nil {
+			return false, err.Error()
+		}
+		return rs.Done, fmt.Sprintf("%+v", rs)
+	})
+	if rs.Found != 3 || rs.Adopted != 3 || len(rs.Leftovers) == 0 {
+		t.Errorf("restore %+v, want 3 found and adopted, and leftovers swept", rs)
 	}
-	if rs.Found != 3 || rs.Adopted != 3 {
-		t.Errorf("restore %+v, want 3 found and adopted", rs)
+	if zonenet.NetnsExists(prefix + orphan.Name()) {
+		t.Errorf("the leftover namespace is still there")
+	}
+	if nss, links, err := zonenet.List(prefix, tag); err != nil || len(nss) != 3 || len(links) != 4 {
+		t.Errorf("after the restart: namespaces %v, links %v (%v), want the 3 zones' (4 links: the nexus has two)", nss, links, err)
 	}
 	if got := servicePIDs(t, runDir, tag, zones); fmt.Sprint(got) != fmt.Sprint(pids) {
 		t.Errorf("service PIDs %v after the restart, want %v (unchanged)", got, pids)

@@ -158,16 +158,14 @@ func (r *Reconciler) restore(ctx context.Context) error {
 			rs.Unmanaged++
 		case !wanted:
 			rs.Remove++
-		case o.Running && o.Hash == spec.Hash && unhealthy[o.Name] != nil:
-			rs.Waited++
-		case o.Running && o.Hash == spec.Hash:
-			rs.Adopted++
-		default:
+		case !o.Running || o.Hash != spec.Hash:
 			rs.Repair++
-		}
-		if err := unhealthy[o.Name]; err != nil && cfg != nil && wanted && o.Running && o.Hash == spec.Hash {
-			r.adoptUnhealthy(o, err)
+		case unhealthy[o.Name] != nil:
+			rs.Waited++
+			r.adoptUnhealthy(o, unhealthy[o.Name])
 			continue
+		default:
+			rs.Adopted++
 		}
 		r.adoptNew(o)
 	}
