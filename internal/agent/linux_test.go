@@ -46,19 +46,7 @@ func linuxZones(t *testing.T, gen uint64) ([]byte, []sledconfig.Zone) {
 	for i := range zones {
 		zones[i].ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1e0::%x]:32345", i+5)
 	}
-	nexus := sledconfigtest.Crucible(2)
-	nexus.ZoneType = sledconfig.ZoneType{
-		Type:               "nexus",
-		InternalAddress:    "[fd00:1122:3344:1e0::7]:12221",
-		ExternalIP:         "192.0.2.10",
-		ExternalTLS:        new(bool),
-		ExternalDNSServers: []string{"192.0.2.53"},
-		NIC: &sledconfig.NIC{
-			ID: "98d2e08e-a3a6-43ed-a2a0-7cf52fd211f8", Name: "nexus-0", MAC: "A8:40:25:FF:80:05", VNI: 100,
-			Kind:     sledconfig.NICKind{Type: "service", ID: sledconfigtest.ZoneID(2)},
-			IPConfig: sledconfig.IPConfig{Type: "v4", Value: sledconfig.IPConfigValue{IP: "172.30.2.9", Subnet: "172.30.2.0/24"}},
-		},
-	}
+	nexus := sledconfigtest.Nexus(2, "[fd00:1122:3344:1e0::7]:12221")
 	zones = append(zones, nexus)
 	doc, err := json.Marshal(sledconfigtest.Config(gen, zones...))
 	if err != nil {
@@ -72,19 +60,7 @@ func linuxZones(t *testing.T, gen uint64) ([]byte, []sledconfig.Zone) {
 // TCP from the host; a zone whose namespace is deleted and processes killed
 // comes back; stopping the agent leaves the zones running.
 func TestLinuxZonesComeUpAndComeBack(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, links and processes")
-	}
-	if _, err := exec.LookPath("runsv"); err != nil {
-		t.Skip("needs runit's runsv (scripts/setup installs it)")
-	}
-	b := make([]byte, 3)
-	rand.Read(b)
-	tag := "zt" + hex.EncodeToString(b)
-	prefix := tag + "-"
-	dir := t.TempDir()
-	runDir := t.TempDir()
-	t.Cleanup(func() { destroyAll(t, dir, runDir, tag, prefix) })
+	tag, prefix, dir, runDir := linuxEnv(t)
 
 	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second})
 	stop := run(t, a)
@@ -164,6 +140,26 @@ func TestLinuxZonesComeUpAndComeBack(t *testing.T) {
 	}
 }
 
+// linuxEnv skips the test unless it can make real zones, and returns a
+// unique ownership tag and namespace prefix, and a data dir and run dir;
+// everything with the tag is destroyed when the test ends.
+func linuxEnv(t *testing.T) (tag, prefix, dir, runDir string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces, links and processes")
+	}
+	if _, err := exec.LookPath("runsv"); err != nil {
+		t.Skip("needs runit's runsv (scripts/setup installs it)")
+	}
+	b := make([]byte, 3)
+	rand.Read(b)
+	tag = "zt" + hex.EncodeToString(b)
+	prefix = tag + "-"
+	dir, runDir = t.TempDir(), t.TempDir()
+	t.Cleanup(func() { destroyAll(t, dir, runDir, tag, prefix) })
+	return tag, prefix, dir, runDir
+}
+
 // namespacePIDs lists the processes in the named network namespace.
 func namespacePIDs(t *testing.T, ns string) []int {
 	t.Helper()
@@ -218,19 +214,7 @@ func destroyAll(t *testing.T, dir, runDir, tag, prefix string) {
 // adopts them without restarting a single process; a config ledgered while
 // it was down restarts only the zone it changed.
 func TestLinuxRestartAdoptsZones(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces, links and processes")
-	}
-	if _, err := exec.LookPath("runsv"); err != nil {
-		t.Skip("needs runit's runsv (scripts/setup installs it)")
-	}
-	b := make([]byte, 3)
-	rand.Read(b)
-	tag := "zt" + hex.EncodeToString(b)
-	prefix := tag + "-"
-	dir := t.TempDir()
-	runDir := t.TempDir()
-	t.Cleanup(func() { destroyAll(t, dir, runDir, tag, prefix) })
+	tag, prefix, dir, runDir := linuxEnv(t)
 	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second}
 
 	first := newAgent(t, cfg)

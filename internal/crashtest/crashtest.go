@@ -324,20 +324,7 @@ func (r *run) crucibleAddr(z sledconfig.Zone, port int) string {
 
 // nexus is a zone with a NIC, so the crash test covers the second link.
 func nexus() sledconfig.Zone {
-	z := sledconfigtest.Crucible(999)
-	z.ZoneType = sledconfig.ZoneType{
-		Type:               "nexus",
-		InternalAddress:    "[fd00:1122:3344:1cf::7]:12221",
-		ExternalIP:         "192.0.2.10",
-		ExternalTLS:        new(bool),
-		ExternalDNSServers: []string{"192.0.2.53"},
-		NIC: &sledconfig.NIC{
-			ID: "5f0f1f6e-7a43-4f1b-9f6a-1f2b3c4d5e6f", Name: "nexus-0", MAC: "A8:40:25:FF:80:07", VNI: 100,
-			Kind:     sledconfig.NICKind{Type: "service", ID: z.ID},
-			IPConfig: sledconfig.IPConfig{Type: "v4", Value: sledconfig.IPConfigValue{IP: "172.30.2.9", Subnet: "172.30.2.0/24"}},
-		},
-	}
-	return z
+	return sledconfigtest.Nexus(999, "[fd00:1122:3344:1cf::7]:12221")
 }
 
 // put ledgers zones as the next generation.

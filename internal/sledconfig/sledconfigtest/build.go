@@ -60,3 +60,26 @@ func Crucibles(n int) []sledconfig.Zone {
 	}
 	return out
 }
+
+// Nexus returns a nexus zone with index i, its internal API at
+// internalAddr ("[ipv6]:port"), and a NIC (private IP 172.30.2.9, MAC
+// A8:40:25:FF:80:05 plus i): the zone kind with external connectivity.
+func Nexus(i int, internalAddr string) sledconfig.Zone {
+	z := Crucible(i)
+	z.ZoneType = sledconfig.ZoneType{
+		Type:               "nexus",
+		InternalAddress:    internalAddr,
+		ExternalIP:         "192.0.2.10",
+		ExternalTLS:        new(bool),
+		ExternalDNSServers: []string{"192.0.2.53"},
+		NIC: &sledconfig.NIC{
+			ID:       fmt.Sprintf("%08x-0000-4000-9000-%012x", i, i),
+			Name:     "nexus-0",
+			MAC:      fmt.Sprintf("A8:40:25:FF:%02X:%02X", (0x8005+i)>>8&0xff, (0x8005+i)&0xff),
+			VNI:      100,
+			Kind:     sledconfig.NICKind{Type: "service", ID: z.ID},
+			IPConfig: sledconfig.IPConfig{Type: "v4", Value: sledconfig.IPConfigValue{IP: "172.30.2.9", Subnet: "172.30.2.0/24"}},
+		},
+	}
+	return z
+}
