@@ -78,6 +78,9 @@ func (r *Reconciler) publishStatus() {
 // setState moves e to state s ("" when it is forgotten) and publishes it.
 func (r *Reconciler) setState(e *entry, s State, lastErr string) {
 	l := &r.loop
+	if was, is := e.state == StateRunning, s == StateRunning; was != is {
+		r.publishRunning(e, is)
+	}
 	if e.state != s {
 		if e.state != "" {
 			l.counts[e.state]--
@@ -95,6 +98,22 @@ func (r *Reconciler) setState(e *entry, s State, lastErr string) {
 	}
 	if s != "" {
 		r.publishZone(e)
+	}
+}
+
+// publishRunning adds e to the running specs, or takes it out, and says so.
+func (r *Reconciler) publishRunning(e *entry, running bool) {
+	r.store.mu.Lock()
+	// A zone counts as running the spec it was started with; one whose
+	// wanted config changed meanwhile is about to be restarted.
+	if running && e.want != nil && e.want.Hash == e.runHash {
+		r.store.running[e.name] = e.want
+	} else {
+		delete(r.store.running, e.name)
+	}
+	r.store.mu.Unlock()
+	if r.opts.OnRunningChange != nil {
+		r.opts.OnRunningChange()
 	}
 }
 

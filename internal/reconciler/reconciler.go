@@ -54,6 +54,10 @@ type Options struct {
 	HistoryLen int
 	// Metrics receives the reconciler's metrics; nil records nothing.
 	Metrics *Metrics
+	// OnRunningChange, if set, is called whenever a zone starts or stops
+	// running (RunningSpecs changes). It is called from the reconciler's
+	// loop with no lock held and must not block: a Poke fits.
+	OnRunningChange func()
 }
 
 func (o *Options) setDefaults() {
@@ -116,6 +120,7 @@ func New(rt Runtime, log *slog.Logger, opts Options) *Reconciler {
 		restored: make(chan struct{}),
 	}
 	r.store.zones = map[string]ZoneStatus{}
+	r.store.running = map[string]*zone.Spec{}
 	r.store.status = Status{Phase: PhaseNotYetRun}
 	r.loop.init()
 	return r

@@ -299,3 +299,31 @@ func TestRestartWaitsForARunningZoneThatDoesNotAnswerYet(t *testing.T) {
 		a.wantState(slow, reconciler.StateRunning)
 	})
 }
+
+func TestRunningSpecsFollowTheZones(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := sim.New(sim.Options{StartDelay: func(zone.Spec) time.Duration { return time.Second }})
+		changes := make(chan struct{}, 100)
+		r := reconciler.New(rt, nil, reconciler.Options{OnRunningChange: func() { changes <- struct{}{} }})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go r.Run(ctx)
+		zones := sledconfigtest.Crucibles(2)
+		r.Update(sledconfigtest.Config(1, zones...))
+		synctest.Wait()
+		if got := r.RunningSpecs(); len(got) != 0 || len(changes) != 0 {
+			t.Fatalf("running while starting: %v, %d changes", got, len(changes))
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		got := r.RunningSpecs()
+		if len(got) != 2 || got[0].Name >= got[1].Name || got[0].Hash == "" || len(changes) != 2 {
+			t.Fatalf("running after start: %+v, %d changes", got, len(changes))
+		}
+		r.Update(sledconfigtest.Config(2, zones[0]))
+		synctest.Wait()
+		if got := r.RunningSpecs(); len(got) != 1 || got[0].Name != zones[0].Name() || len(changes) != 3 {
+			t.Fatalf("running after removal: %+v, %d changes", got, len(changes))
+		}
+	})
+}

@@ -3,10 +3,12 @@ package reconciler
 import (
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 // State is where one zone stands.
@@ -105,6 +107,8 @@ type store struct {
 	zones  map[string]ZoneStatus // guarded by mu; keyed by zone name
 	// restore is what the restore protocol found and did; guarded by mu.
 	restore RestoreStatus
+	// running holds the spec of every running zone, by name; guarded by mu.
+	running map[string]*zone.Spec
 }
 
 func (s *store) setZone(zs ZoneStatus) {
@@ -167,6 +171,20 @@ func (r *Reconciler) Zone(nameOrID string) (ZoneStatus, bool) {
 		}
 	}
 	return found, ok
+}
+
+// RunningSpecs returns the specs of the zones that are running, sorted by
+// name: what other reconcilers (prefixes, NAT) derive their desired state
+// from. Options.OnRunningChange says when it changes.
+func (r *Reconciler) RunningSpecs() []zone.Spec {
+	r.store.mu.Lock()
+	out := make([]zone.Spec, 0, len(r.store.running))
+	for _, s := range r.store.running {
+		out = append(out, *s)
+	}
+	r.store.mu.Unlock()
+	slices.SortFunc(out, func(a, b zone.Spec) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // RunningZones returns the sorted names of zones that are running.
