@@ -1,0 +1,343 @@
+// Package prefix keeps the routing prefixes this sled originates in the
+// rack's routing daemon (maghemite DDM) exactly right. DDM does not know who
+// originated a prefix, so the agent owns its sled's whole originated set and
+// reconciles it like the zones: desired (the sled's bootstrap and underlay
+// /64s, and the /64 of the gz_address of every running internal DNS zone)
+// against actual (DDM's GET /originated), diffed and applied, advertising
+// before withdrawing, on every change of the running zones and every period.
+// A prefix nobody wants, including one this agent never advertised, is
+// withdrawn and reported. The upstream agent advertised an internal DNS
+// zone's prefix at zone start and never withdrew it; here a removed zone's
+// prefix goes with the zone, and after a crash with the next pass.
+package prefix
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+// DDM is what the reconciler needs of the routing daemon's admin API
+// (internal/ddm.Client).
+type DDM interface {
+	Originated(ctx context.Context) ([]netip.Prefix, error)
+	Advertise(ctx context.Context, ps []netip.Prefix) error
+	Withdraw(ctx context.Context, ps []netip.Prefix) error
+}
+
+// Zones is what the reconciler needs of the zone reconciler.
+type Zones interface {
+	// RunningSpecs are the zones running now.
+	RunningSpecs() []zone.Spec
+	// Restored is closed once the zones found at start-up are adopted: the
+	// first pass waits for it, so it never withdraws the prefix of a live
+	// zone the agent has not yet seen.
+	Restored() <-chan struct{}
+}
+
+// Options set the reconciler up. Zero values take the defaults.
+type Options struct {
+	// Bootstrap is the sled's bootstrap prefix (a /64); the zero value
+	// advertises none.
+	Bootstrap netip.Prefix
+	// Underlay is the sled's underlay address; its /64 is advertised. The
+	// zero value advertises none.
+	Underlay netip.Addr
+	// Period is how often DDM is checked even when nothing changed (30s).
+	Period time.Duration
+	// RetryInitial is the first wait after a failed pass; it doubles up to
+	// Period (1s).
+	RetryInitial time.Duration
+	// CallTimeout bounds each call to DDM (5s).
+	CallTimeout time.Duration
+	// HistoryLen is how many changes Status keeps (32).
+	HistoryLen int
+	Log        *slog.Logger
+}
+
+// Status is what the reconciler reports.
+type Status struct {
+	// Desired is the set this sled should originate, Observed what DDM
+	// said it originates at the last successful look (ObservedAt), before
+	// that pass changed anything.
+	Desired    []string   `json:"desired"`
+	Observed   []string   `json:"observed"`
+	ObservedAt *time.Time `json:"observed_at,omitempty"`
+	// InSync: DDM held exactly Desired after the last pass.
+	InSync bool `json:"in_sync"`
+	// LastSuccess is when a pass last completed; LastError says why the
+	// last pass failed, if it did (cleared by a success).
+	LastSuccess *time.Time `json:"last_success,omitempty"`
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+	// Passes and Failures count passes since start.
+	Passes   uint64 `json:"passes"`
+	Failures uint64 `json:"failures"`
+	// History lists the latest changes made to DDM, newest last.
+	History []Change `json:"history"`
+}
+
+// Change is one advertisement or withdrawal.
+type Change struct {
+	At     time.Time `json:"at"`
+	Action string    `json:"action"` // "advertised" or "withdrew"
+	Prefix string    `json:"prefix"`
+	// Why: "wanted", "no longer wanted", or "not this sled's" for a prefix
+	// found in DDM that this agent did not advertise.
+	Why string `json:"why"`
+}
+
+// Reconciler keeps DDM's originated set equal to the desired set.
+type Reconciler struct {
+	ddm   DDM
+	zones Zones
+	opts  Options
+	poke  chan struct{}
+
+	mu     sync.Mutex
+	status Status                // guarded by mu
+	ours   map[netip.Prefix]bool // guarded by mu; everything this agent ever advertised or wanted
+}
+
+// New returns a reconciler; Run runs it.
+func New(ddm DDM, zones Zones, opts Options) *Reconciler {
+	opts.Period = cmp.Or(opts.Period, 30*time.Second)
+	opts.RetryInitial = cmp.Or(opts.RetryInitial, time.Second)
+	opts.CallTimeout = cmp.Or(opts.CallTimeout, 5*time.Second)
+	opts.HistoryLen = cmp.Or(opts.HistoryLen, 32)
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Reconciler{ddm: ddm, zones: zones, opts: opts, poke: make(chan struct{}, 1), ours: map[netip.Prefix]bool{}}
+}
+
+// Poke asks for a pass as soon as possible. It never blocks; pokes during a
+// pass coalesce into one more pass.
+func (r *Reconciler) Poke() {
+	select {
+	case r.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Status returns a snapshot. It never waits for a pass.
+func (r *Reconciler) Status() Status {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.status
+	s.Desired = slices.Clone(s.Desired)
+	s.Observed = slices.Clone(s.Observed)
+	s.History = slices.Clone(s.History)
+	return s
+}
+
+// Run reconciles until ctx ends. Its first pass waits for the zones to be
+// restored.
+func (r *Reconciler) Run(ctx context.Context) error {
+	select {
+	case <-r.zones.Restored():
+	case <-ctx.Done():
+		return nil
+	}
+	r.setDesired(Desired(r.opts.Bootstrap, r.opts.Underlay, r.zones.RunningSpecs()))
+	t := time.NewTimer(0)
+	defer t.Stop()
+	<-t.C
+	fails := 0
+	for {
+		next := r.opts.Period
+		if err := r.pass(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			fails++
+			next = min(r.retryDelay(fails), r.opts.Period)
+			r.opts.Log.Warn("prefix reconciliation failed", "err", err, "failures", fails, "retry_in", next)
+		} else {
+			fails = 0
+		}
+		t.Reset(next)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.poke:
+			if !t.Stop() {
+				<-t.C
+			}
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Reconciler) retryDelay(fails int) time.Duration {
+	d := r.opts.RetryInitial
+	for i := 1; i < fails && d < r.opts.Period; i++ {
+		d *= 2
+	}
+	return d
+}
+
+// Desired returns the prefixes a sled should originate: its bootstrap /64,
+// the /64 of its underlay address, and the /64 of the gz_address of every
+// running internal DNS zone; normalised (host bits zero) and sorted.
+func Desired(bootstrap netip.Prefix, underlay netip.Addr, running []zone.Spec) []netip.Prefix {
+	set := map[netip.Prefix]bool{}
+	if bootstrap.IsValid() {
+		set[bootstrap.Masked()] = true
+	}
+	if underlay.IsValid() {
+		set[netip.PrefixFrom(underlay, 64).Masked()] = true
+	}
+	for _, s := range running {
+		if s.Config.ZoneType.Type != "internal_dns" {
+			continue
+		}
+		if a, err := netip.ParseAddr(s.Config.ZoneType.GZAddress); err == nil && a.Is6() {
+			set[netip.PrefixFrom(a, 64).Masked()] = true
+		}
+	}
+	return sortedPrefixes(set)
+}
+
+func sortedPrefixes(set map[netip.Prefix]bool) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return out
+}
+
+// pass makes DDM originate exactly the desired set.
+func (r *Reconciler) pass(ctx context.Context) (err error) {
+	defer func() { r.finish(err) }()
+	want := Desired(r.opts.Bootstrap, r.opts.Underlay, r.zones.RunningSpecs())
+	r.setDesired(want)
+	have, err := r.call(ctx, func(ctx context.Context) ([]netip.Prefix, error) { return r.ddm.Originated(ctx) })
+	if err != nil {
+		return fmt.Errorf("asking DDM what it originates: %w", err)
+	}
+	r.observed(have)
+	wantSet := map[netip.Prefix]bool{}
+	for _, p := range want {
+		wantSet[p] = true
+	}
+	haveSet := map[netip.Prefix]bool{}
+	for _, p := range have {
+		haveSet[p] = true
+	}
+	var add, del []netip.Prefix
+	for _, p := range want {
+		if !haveSet[p] {
+			add = append(add, p)
+		}
+	}
+	for _, p := range sortedPrefixes(haveSet) {
+		if !wantSet[p] {
+			del = append(del, p)
+		}
+	}
+	// Advertise first: a prefix that moves never has a gap.
+	if len(add) > 0 {
+		if _, err := r.call(ctx, func(ctx context.Context) ([]netip.Prefix, error) { return nil, r.ddm.Advertise(ctx, add) }); err != nil {
+			return fmt.Errorf("advertising %v: %w", add, err)
+		}
+		r.changed("advertised", add, func(netip.Prefix) string { return "wanted" })
+	}
+	if len(del) > 0 {
+		if _, err := r.call(ctx, func(ctx context.Context) ([]netip.Prefix, error) { return nil, r.ddm.Withdraw(ctx, del) }); err != nil {
+			return fmt.Errorf("withdrawing %v: %w", del, err)
+		}
+		r.changed("withdrew", del, func(p netip.Prefix) string {
+			if r.ours[p] {
+				return "no longer wanted"
+			}
+			return "not this sled's"
+		})
+	}
+	r.mu.Lock()
+	r.status.InSync = true
+	r.mu.Unlock()
+	return nil
+}
+
+// call runs one DDM call under CallTimeout.
+func (r *Reconciler) call(ctx context.Context, f func(context.Context) ([]netip.Prefix, error)) ([]netip.Prefix, error) {
+	cctx, cancel := context.WithTimeout(ctx, r.opts.CallTimeout)
+	defer cancel()
+	return f(cctx)
+}
+
+func (r *Reconciler) setDesired(want []netip.Prefix) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.Desired = prefixStrings(want)
+	for _, p := range want {
+		r.ours[p] = true
+	}
+}
+
+func (r *Reconciler) observed(have []netip.Prefix) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.Observed = prefixStrings(have)
+	r.status.ObservedAt = &now
+	r.status.InSync = false
+}
+
+// changed records what a pass did to DDM. The log line is a warning for a
+// withdrawal: a prefix going away is what operators look for.
+func (r *Reconciler) changed(action string, ps []netip.Prefix, why func(netip.Prefix) string) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range ps {
+		c := Change{At: now, Action: action, Prefix: p.String(), Why: why(p)}
+		if len(r.status.History) >= r.opts.HistoryLen {
+			r.status.History = slices.Delete(r.status.History, 0, len(r.status.History)-r.opts.HistoryLen+1)
+		}
+		r.status.History = append(r.status.History, c)
+		if action == "withdrew" {
+			r.opts.Log.Warn("withdrew a prefix from DDM", "prefix", c.Prefix, "why", c.Why)
+		} else {
+			r.opts.Log.Info("advertised a prefix to DDM", "prefix", c.Prefix)
+		}
+	}
+}
+
+func (r *Reconciler) finish(err error) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.Passes++
+	if err != nil {
+		r.status.Failures++
+		r.status.LastError = err.Error()
+		r.status.LastErrorAt = &now
+		r.status.InSync = false
+		return
+	}
+	r.status.LastError = ""
+	r.status.LastSuccess = &now
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
+}
