@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -143,6 +144,11 @@ func (r *Runtime) netConfig(spec zone.Spec) (zonenet.Config, error) {
 		return zonenet.Config{}, fmt.Errorf("zone %s has no underlay service address", spec.Name)
 	}
 	c := zonenet.Config{Netns: r.netnsName(spec.Name), Tag: r.opts.Tag, ZoneID: spec.ID, Underlay: addr.Addr()}
+	if t := spec.Config.ZoneType; t.Type == "internal_dns" && t.GZAddress != "" {
+		// The global zone's address in the DNS zone's /64, while the
+		// zone runs (validated: IPv6).
+		c.GZ, _ = netip.ParseAddr(t.GZAddress)
+	}
 	if nic := spec.Config.ZoneType.NIC; nic != nil {
 		n, err := nicConfig(nic)
 		if err != nil {

@@ -69,6 +69,12 @@ func ensure(ctx context.Context, c Config) error {
 		zoneAddr,
 		func() error { return setUp(s.host, hl) },
 		func() error { return addAddr(s.host, hl, hostLinkLocal) },
+		func() error {
+			if !c.GZ.IsValid() {
+				return nil
+			}
+			return addAddr(s.host, hl, netip.PrefixFrom(c.GZ, 64))
+		},
 		hostRoute,
 		zoneRoute,
 	} {

@@ -61,6 +61,11 @@ type Config struct {
 	ZoneID   string     // zone UUID, 36-character hyphenated form (compared in lower case)
 	Underlay netip.Addr // the zone's underlay IPv6 address
 	NIC      *NIC       // optional second link: the OPTE-port analog
+	// GZ, if set, is an address of the global zone (the host) in the zone's
+	// /64: an internal DNS zone's gz_address. It is put, as a /64, on the
+	// host end of the underlay pair, so it lives exactly as long as the
+	// zone's link.
+	GZ netip.Addr
 }
 
 // NIC is the zone's private-network interface.
@@ -116,6 +121,9 @@ func (c Config) validate() error {
 	u := c.Underlay
 	if !u.Is6() || u.Is4In6() || u.Zone() != "" || !u.IsGlobalUnicast() {
 		return fmt.Errorf("%w: underlay address %v is not a global or unique-local IPv6 unicast address", ErrInvalid, u)
+	}
+	if g := c.GZ; g.IsValid() && (!g.Is6() || g.Is4In6() || g.Zone() != "" || !g.IsGlobalUnicast() || g == u) {
+		return fmt.Errorf("%w: global zone address %v is not a global or unique-local IPv6 unicast address other than the zone's", ErrInvalid, g)
 	}
 	if c.NIC == nil {
 		return nil

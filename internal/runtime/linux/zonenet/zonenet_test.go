@@ -205,6 +205,8 @@ func TestValidation(t *testing.T) {
 		"underlay mapped":  func(c *Config) { c.Underlay = netip.MustParseAddr("::ffff:10.0.0.1") },
 		"underlay ll":      func(c *Config) { c.Underlay = netip.MustParseAddr("fe80::5") },
 		"nic no addrs":     func(c *Config) { c.NIC = &NIC{} },
+		"gz v4":            func(c *Config) { c.GZ = netip.MustParseAddr("10.0.0.2") },
+		"gz is the zone's": func(c *Config) { c.GZ = c.Underlay },
 		"nic bad mac": func(c *Config) {
 			c.NIC = &NIC{Addrs: []netip.Prefix{netip.MustParsePrefix("172.30.2.9/24")}, MAC: net.HardwareAddr{1, 2, 3, 4, 5, 6}}
 		},
@@ -221,6 +223,39 @@ func TestValidation(t *testing.T) {
 	}
 	if err := Remove(t.Context(), "../x", "t", id); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Remove with a bad name = %v, want ErrInvalid", err)
+	}
+}
+
+func TestGlobalZoneAddressLivesWithTheLink(t *testing.T) {
+	e := newEnv(t)
+	c := e.config(false)
+	c.GZ = netip.PrefixFrom(c.Underlay, 64).Masked().Addr().Next().Next() // <zone /64>::2
+	mustEnsure(t, c)
+	un, _ := LinkNames(c.Tag, c.ZoneID)
+	h, err := netlink.NewHandle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	have, _, err := addrs(h, hostLink(t, un))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := netip.PrefixFrom(c.GZ, 64); !slices.Contains(have, want) {
+		t.Fatalf("host link %s addresses %v, want %v among them", un, have, want)
+	}
+	mustEnsure(t, c) // again: no error for an address already there
+	if err := Remove(t.Context(), c.Netns, c.Tag, c.ZoneID); err != nil {
+		t.Fatal(err)
+	}
+	all, err := h.AddrList(nil, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range all {
+		if a.IP.Equal(c.GZ.AsSlice()) {
+			t.Fatalf("%v still on the host after the zone was removed", c.GZ)
+		}
 	}
 }
 
