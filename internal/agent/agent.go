@@ -25,7 +25,9 @@ import (
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/atomicfile"
 	"github.com/sled-agent/sled-agent/internal/configstore"
+	"github.com/sled-agent/sled-agent/internal/ddm"
 	"github.com/sled-agent/sled-agent/internal/ledger"
+	"github.com/sled-agent/sled-agent/internal/prefix"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
@@ -50,8 +52,17 @@ type Config struct {
 	Runtime    string   `json:"runtime"`
 	SledID     string   `json:"sled-id"`
 	UnderlayIP string   `json:"underlay-ip"`
-	Role       string   `json:"role"`
-	SimFaults  string   `json:"sim-faults"`
+	// DDMURL is the routing daemon's admin API; empty: the agent manages
+	// no routing prefixes (the run command's default is http://[::1]:8000).
+	DDMURL string `json:"ddm-url"`
+	// BootstrapPrefix is the sled's bootstrap /64, advertised with the
+	// underlay /64; empty: none.
+	BootstrapPrefix string `json:"bootstrap-prefix"`
+	// PrefixPeriod is how often the originated set is checked when nothing
+	// changed (0: 30s).
+	PrefixPeriod time.Duration `json:"-"`
+	Role         string        `json:"role"`
+	SimFaults    string        `json:"sim-faults"`
 	// Images overrides what runs in the zones of a kind (linux runtime):
 	// {"crucible": ["/usr/bin/crucible-downstairs", "--listen", "{listen}"]}.
 	// See internal/runtime/linux for the placeholders.
@@ -73,6 +84,7 @@ const (
 	DefaultRole       = "gimlet"
 	DefaultRuntime    = "sim"
 	DefaultRunDir     = "/run/sled-agent"
+	DefaultDDMURL     = "http://[::1]:8000"
 )
 
 // LoadFile reads a config file (JSON with the flag names as keys) into c,
@@ -104,6 +116,8 @@ type Agent struct {
 	watch func(context.Context) error
 	// lock holds the data dir for this agent until Run returns or Close.
 	lock *os.File
+	// prefixes, if set, keeps the sled's routing prefixes in DDM.
+	prefixes *prefix.Reconciler
 }
 
 // New prepares an agent: it loads the ledger, binds the listener and builds
@@ -127,8 +141,21 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.Role != "gimlet" && cfg.Role != "scrimlet" {
 		return nil, fmt.Errorf("role %q: must be gimlet or scrimlet", cfg.Role)
 	}
-	if ip, err := netip.ParseAddr(cfg.UnderlayIP); err != nil || !ip.Is6() || ip.Is4In6() {
+	underlay, err := netip.ParseAddr(cfg.UnderlayIP)
+	if err != nil || !underlay.Is6() || underlay.Is4In6() {
 		return nil, fmt.Errorf("underlay-ip %q: must be an IPv6 address", cfg.UnderlayIP)
+	}
+	var bootstrap netip.Prefix
+	if cfg.BootstrapPrefix != "" {
+		if bootstrap, err = netip.ParsePrefix(cfg.BootstrapPrefix); err != nil || !bootstrap.Addr().Is6() || bootstrap.Addr().Is4In6() || bootstrap.Bits() != 64 || bootstrap.Masked() != bootstrap {
+			return nil, fmt.Errorf("bootstrap-prefix %q: must be an IPv6 /64 with the host bits zero, like fdb0:a840:2504:101::/64", cfg.BootstrapPrefix)
+		}
+	}
+	var ddmClient *ddm.Client
+	if cfg.DDMURL != "" {
+		if ddmClient, err = ddm.NewClient(cfg.DDMURL); err != nil {
+			return nil, fmt.Errorf("ddm-url: %w", err)
+		}
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("data-dir is required")
@@ -170,10 +197,25 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.SimFaults != "" && a.sim == nil {
 		return nil, fmt.Errorf("sim-faults is only for the sim runtime, not %q", cfg.Runtime)
 	}
+	var onRunningChange []func() // set below, before anything runs
 	a.rec = reconciler.New(rt, a.log.With("component", "reconciler"), reconciler.Options{
 		RelistPeriod: cfg.RelistPeriod,
 		Metrics:      reconciler.NewMetrics(reg),
+		OnRunningChange: func() {
+			for _, f := range onRunningChange {
+				f()
+			}
+		},
 	})
+	if ddmClient != nil {
+		a.prefixes = prefix.New(ddmClient, a.rec, prefix.Options{
+			Bootstrap: bootstrap,
+			Underlay:  underlay,
+			Period:    cfg.PrefixPeriod,
+			Log:       a.log.With("component", "prefixes"),
+		})
+		onRunningChange = append(onRunningChange, a.prefixes.Poke)
+	}
 	rt.SetNotify(a.rec.Poke)
 
 	l, err := ledger.Open(cfg.LedgerDirs, LedgerFile, a.log.With("component", "ledger"))
@@ -198,6 +240,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.sim != nil {
 		deps.Faults = a.sim
 	}
+	if a.prefixes != nil {
+		deps.Prefixes, deps.DDMURL = a.prefixes, cfg.DDMURL
+	}
 	a.server = api.New(deps)
 	return a, nil
 }
@@ -207,6 +252,10 @@ func (a *Agent) Addr() string { return a.ln.Addr().String() }
 
 // SledID is the sled's id.
 func (a *Agent) SledID() string { return a.cfg.SledID }
+
+// Prefixes exposes the prefix reconciler, or nil when the agent manages no
+// prefixes.
+func (a *Agent) Prefixes() *prefix.Reconciler { return a.prefixes }
 
 // Reconciler exposes the zone reconciler (dev progress, benchmarks).
 func (a *Agent) Reconciler() *reconciler.Reconciler { return a.rec }
@@ -239,6 +288,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("reconciler: %w", err)
 		}
 	})
+	if a.prefixes != nil {
+		wg.Go(func() { a.prefixes.Run(ctx) })
+	}
 	if a.watch != nil {
 		wg.Go(func() {
 			if err := a.watch(ctx); err != nil && ctx.Err() == nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ledger"
+	"github.com/sled-agent/sled-agent/internal/prefix"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -51,6 +52,11 @@ type Reconciler interface {
 	Restore() reconciler.RestoreStatus
 }
 
+// Prefixes reports the prefix reconciler's status.
+type Prefixes interface {
+	Status() prefix.Status
+}
+
 // FaultSetter replaces the sim runtime's fault map.
 type FaultSetter interface {
 	SetFaults(sim.Faults) error
@@ -71,7 +77,11 @@ type Deps struct {
 	// Faults is set only when the runtime is sim; it enables
 	// PUT /debug/sim/faults.
 	Faults FaultSetter
-	Log    *slog.Logger
+	// Prefixes, if set, is the prefix reconciler, reported in inventory
+	// with DDMURL, the routing daemon it talks to.
+	Prefixes Prefixes
+	DDMURL   string
+	Log      *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
 }

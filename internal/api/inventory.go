@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/prefix"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 )
@@ -24,6 +25,7 @@ type Inventory struct {
 
 	Ledger     LedgerStatus  `json:"ledger" doc:"State of every ledger copy (ours)."`
 	ZoneStates []ZoneSummary `json:"zone_states" doc:"Every zone the agent manages, sorted by name (ours)."`
+	DDM        *DDMStatus    `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes (ours); null when the agent manages none."`
 }
 
 // ReconcilerStatus is upstream ConfigReconcilerInventoryStatus.
@@ -79,6 +81,13 @@ type LedgerCopy struct {
 	Error      string `json:"error,omitempty"`
 }
 
+// DDMStatus is the prefix reconciler's status, with the routing daemon's
+// address.
+type DDMStatus struct {
+	URL string `json:"url"`
+	prefix.Status
+}
+
 // ZoneSummary is one zone's state, without its history.
 type ZoneSummary struct {
 	Name       string     `json:"name"`
@@ -120,6 +129,9 @@ func (s *Server) inventory(context.Context, *struct{}) (*inventoryOutput, error)
 		LedgeredSledConfig: s.deps.Configs.Current(),
 		Ledger:             LedgerStatus{Problem: s.deps.Configs.LoadProblem(), Copies: []LedgerCopy{}},
 		ZoneStates:         []ZoneSummary{},
+	}
+	if s.deps.Prefixes != nil {
+		inv.DDM = &DDMStatus{URL: s.deps.DDMURL, Status: s.deps.Prefixes.Status()}
 	}
 	for _, c := range s.deps.Configs.CopyStatus() {
 		inv.Ledger.Copies = append(inv.Ledger.Copies, LedgerCopy{Path: c.Path, State: string(c.State), Generation: c.Generation, Error: c.Err})

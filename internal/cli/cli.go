@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -77,6 +78,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd(), newTeardownCmd(), newCrashTestCmd())
 	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g))
 	root.AddCommand(newZoneServiceCmd())
+	root.AddCommand(newSimCmd())
 	return root
 }
 
@@ -93,6 +95,9 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.UnderlayIP, "underlay-ip", agent.DefaultUnderlayIP, "this sled's underlay IPv6 address")
 	f.StringVar(&c.Role, "role", agent.DefaultRole, "sled role: gimlet or scrimlet")
 	f.StringVar(&c.SimFaults, "sim-faults", "", "fault map file for the sim runtime")
+	f.StringVar(&c.DDMURL, "ddm-url", agent.DefaultDDMURL, `the routing daemon's (DDM) admin API, where the sled's prefixes are kept right ("" for none)`)
+	f.StringVar(&c.BootstrapPrefix, "bootstrap-prefix", "", "the sled's bootstrap /64, advertised in DDM with the underlay /64 (default: none)")
+	f.DurationVar(&c.PrefixPeriod, "prefix-period", 30*time.Second, "how often the prefixes in DDM are checked when nothing changed")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -124,6 +129,9 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	set("underlay-ip", &c.UnderlayIP, flags.UnderlayIP)
 	set("role", &c.Role, flags.Role)
 	set("sim-faults", &c.SimFaults, flags.SimFaults)
+	set("ddm-url", &c.DDMURL, flags.DDMURL)
+	set("bootstrap-prefix", &c.BootstrapPrefix, flags.BootstrapPrefix)
+	c.PrefixPeriod = flags.PrefixPeriod
 	set("zone-tag", &c.ZoneTag, flags.ZoneTag)
 	set("netns-prefix", &c.NetnsPrefix, flags.NetnsPrefix)
 	if cmd.Flags().Changed("ledger-dir") || len(c.LedgerDirs) == 0 {

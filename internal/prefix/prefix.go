@@ -132,9 +132,10 @@ func (r *Reconciler) Status() Status {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.status
-	s.Desired = slices.Clone(s.Desired)
-	s.Observed = slices.Clone(s.Observed)
-	s.History = slices.Clone(s.History)
+	// Empty lists, not nulls, for readers of the JSON.
+	s.Desired = append([]string{}, s.Desired...)
+	s.Observed = append([]string{}, s.Observed...)
+	s.History = append([]Change{}, s.History...)
 	return s
 }
 

@@ -128,20 +128,7 @@ func (z *fakeZones) set(zones ...sledconfig.Zone) {
 	}
 }
 
-// dnsZone is internal DNS zone i with its gz_address in fd00:1122:3344:<i+1>::/64.
-func dnsZone(i int) sledconfig.Zone {
-	z := sledconfigtest.Crucible(100 + i)
-	idx := uint32(i)
-	z.ZoneType = sledconfig.ZoneType{
-		Type:           "internal_dns",
-		Dataset:        z.ZoneType.Dataset,
-		DNSAddress:     netip.AddrPortFrom(netip.MustParseAddr("fd00:1122:3344:1::1"), 53).String(),
-		HTTPAddress:    netip.AddrPortFrom(netip.MustParseAddr("fd00:1122:3344:1::1"), 5353).String(),
-		GZAddress:      netip.AddrFrom16([16]byte{0xfd, 0, 0x11, 0x22, 0x33, 0x44, 0, byte(i + 1), 14: 0, 15: 2}).String(),
-		GZAddressIndex: &idx,
-	}
-	return z
-}
+func dnsZone(i int) sledconfig.Zone { return sledconfigtest.InternalDNS(i) }
 
 const (
 	bootstrap = "fdb0:a840:2504:101::/64"

@@ -83,3 +83,20 @@ func Nexus(i int, internalAddr string) sledconfig.Zone {
 	}
 	return z
 }
+
+// InternalDNS returns internal DNS zone number i (0, 1, 2…), as upstream
+// places them: its DNS and HTTP addresses at fd00:1122:3344:<i+1>::1 (ports
+// 53 and 5353), its gz_address at fd00:1122:3344:<i+1>::2.
+func InternalDNS(i int) sledconfig.Zone {
+	z := Crucible(100 + i)
+	idx := uint32(i)
+	z.ZoneType = sledconfig.ZoneType{
+		Type:           "internal_dns",
+		Dataset:        z.ZoneType.Dataset,
+		DNSAddress:     fmt.Sprintf("[fd00:1122:3344:%x::1]:53", i+1),
+		HTTPAddress:    fmt.Sprintf("[fd00:1122:3344:%x::1]:5353", i+1),
+		GZAddress:      fmt.Sprintf("fd00:1122:3344:%x::2", i+1),
+		GZAddressIndex: &idx,
+	}
+	return z
+}
