@@ -53,8 +53,10 @@ type Options struct {
 	// Period is how often DDM is checked even when nothing changed (30s).
 	Period time.Duration
 	// RetryInitial is the first wait after a failed pass; it doubles up to
-	// Period (1s).
+	// RetryMax (1s and 5s; neither beyond Period). A short cap keeps the
+	// time from DDM's return to convergence short.
 	RetryInitial time.Duration
+	RetryMax     time.Duration
 	// CallTimeout bounds each call to DDM (5s).
 	CallTimeout time.Duration
 	// HistoryLen is how many changes Status keeps (32).
@@ -110,6 +112,7 @@ type Reconciler struct {
 func New(ddm DDM, zones Zones, opts Options) *Reconciler {
 	opts.Period = cmp.Or(opts.Period, 30*time.Second)
 	opts.RetryInitial = cmp.Or(opts.RetryInitial, time.Second)
+	opts.RetryMax = min(cmp.Or(opts.RetryMax, 5*time.Second), opts.Period)
 	opts.CallTimeout = cmp.Or(opts.CallTimeout, 5*time.Second)
 	opts.HistoryLen = cmp.Or(opts.HistoryLen, 32)
 	if opts.Log == nil {
@@ -159,7 +162,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 				return nil
 			}
 			fails++
-			next = min(r.retryDelay(fails), r.opts.Period)
+			next = min(r.retryDelay(fails), r.opts.RetryMax, r.opts.Period)
 			r.opts.Log.Warn("prefix reconciliation failed", "err", err, "failures", fails, "retry_in", next)
 		} else {
 			fails = 0
@@ -179,7 +182,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 
 func (r *Reconciler) retryDelay(fails int) time.Duration {
 	d := r.opts.RetryInitial
-	for i := 1; i < fails && d < r.opts.Period; i++ {
+	for i := 1; i < fails && d < r.opts.RetryMax; i++ {
 		d *= 2
 	}
 	return d

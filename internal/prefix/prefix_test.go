@@ -250,16 +250,16 @@ func TestFailuresBackOffAndRecover(t *testing.T) {
 		z := &fakeZones{restored: make(chan struct{})}
 		close(z.restored)
 		r := start(t, d, z, prefix.Options{Period: 30 * time.Second})
-		// Retries at 1, 2, 4, 8, 16 s, then every 30 s (the period caps
-		// the backoff).
+		// Passes at 0, 1, 3, 7 s, then every 5 s (RetryMax caps the
+		// backoff): 14 failures in the first minute.
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		st := r.Status()
-		if st.LastError == "" || st.Failures != 6 || st.LastSuccess != nil || st.InSync {
+		if st.LastError == "" || st.Failures != 14 || st.LastSuccess != nil || st.InSync {
 			t.Fatalf("status while DDM fails: %+v", st)
 		}
 		d.setFail(nil)
-		time.Sleep(30 * time.Second)
+		time.Sleep(5 * time.Second)
 		synctest.Wait()
 		st = r.Status()
 		if st.LastError != "" || st.LastSuccess == nil || !st.InSync || len(d.originated()) != 2 {
