@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -14,6 +15,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
@@ -66,6 +68,19 @@ Ctrl-C stops it.`,
 			if err != nil {
 				return err
 			}
+			// The neighbours, simulated on loopback, unless pointed
+			// elsewhere.
+			if !cmd.Flags().Changed("ddm-url") {
+				d := ddmsim.New(log.With("component", "ddm-sim"))
+				if err := d.Start("127.0.0.1:0"); err != nil {
+					return fmt.Errorf("starting the DDM simulator: %w", err)
+				}
+				defer d.Close()
+				cfg.DDMURL = d.URL()
+			}
+			if cfg.BootstrapPrefix == "" {
+				cfg.BootstrapPrefix = "fdb0:a840:2504:103::/64"
+			}
 			doc := sledconfig.Example()
 			if sledConfig != "" {
 				if doc, err = os.ReadFile(sledConfig); err != nil {
@@ -108,6 +123,9 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 	go func() { errc <- a.Run(ctx) }()
 	url := "http://" + a.Addr()
 	fmt.Fprintf(out, "sled %s: agent API on %s (sim runtime; data in %s)\n", a.SledID(), url, cfg.DataDir)
+	if cfg.DDMURL != "" {
+		fmt.Fprintf(out, "routing prefixes kept in DDM at %s\n", cfg.DDMURL)
+	}
 
 	c, err := client.New(url)
 	if err != nil {
@@ -170,7 +188,16 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 		switch {
 		case running == wanted && !converged && a.Reconciler().Status().Phase == reconciler.PhaseIdle:
 			converged = true
-			fmt.Fprintf(out, "all %d zones running after %s\n\n", wanted, time.Since(start).Round(10*time.Millisecond))
+			fmt.Fprintf(out, "all %d zones running after %s\n", wanted, time.Since(start).Round(10*time.Millisecond))
+			if p := a.Prefixes(); p != nil {
+				st := p.Status()
+				if st.InSync {
+					fmt.Fprintf(out, "DDM originates %v\n", st.Desired)
+				} else {
+					fmt.Fprintf(out, "DDM not yet in sync (%s); wanted %v\n", cmp.Or(st.LastError, "first pass pending"), st.Desired)
+				}
+			}
+			fmt.Fprintln(out)
 			fmt.Fprintf(out, "The agent keeps serving. Try, in another terminal:\n"+
 				"  go run ./cmd/sled-agent zones\n"+
 				"  go run ./cmd/sled-agent inventory\n"+

@@ -129,6 +129,22 @@ func printInventory(w io.Writer, inv *api.Inventory) error {
 			}
 		}
 	}
+	if d := inv.DDM; d != nil {
+		state := "in sync"
+		switch {
+		case d.LastError != "":
+			state = "failing: " + d.LastError
+		case !d.InSync:
+			state = "not yet in sync"
+		}
+		fmt.Fprintf(tw, "ddm %s\t%s; wanted %v\n", d.URL, state, d.Desired)
+		if d.ObservedAt != nil {
+			fmt.Fprintf(tw, "  last seen in ddm\t%v at %s\n", d.Observed, d.ObservedAt.Local().Format(time.DateTime))
+		}
+		for _, c := range d.History[max(len(d.History)-5, 0):] {
+			fmt.Fprintf(tw, "  %s\t%s %s (%s)\n", c.At.Local().Format(time.DateTime), c.Action, c.Prefix, c.Why)
+		}
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
