@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"runtime"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
@@ -145,7 +144,7 @@ func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err 
 		return nil, err
 	}
 
-	res = &RestartResult{Machine: ZonesMachine{CPUs: runtime.NumCPU(), Kernel: kernel(), Go: runtime.Version()}, Runtime: opts.Runtime, Zones: opts.Count}
+	res = &RestartResult{Machine: machine(), Runtime: opts.Runtime, Zones: opts.Count}
 	for range opts.Rounds {
 		before, err := incarnations(cfg, zones)
 		if err != nil {

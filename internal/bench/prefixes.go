@@ -1,0 +1,163 @@
+package bench
+
+// The prefix benchmark: an agent (sim runtime) keeps its prefixes in a DDM
+// simulator on loopback. How long from the PUT that removes an internal DNS
+// zone to its prefix being gone from DDM? And from DDM coming back, empty,
+// after an outage, to every prefix being there again?
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+)
+
+// PrefixOptions size the prefix benchmark.
+type PrefixOptions struct {
+	// Withdrawals is how many DNS zone removals are timed (50).
+	Withdrawals int
+	// Recoveries is how many DDM outages are timed (10).
+	Recoveries int
+	// Period is the prefix reconciler's period (30s, the default): the
+	// withdrawals must not depend on it.
+	Period time.Duration
+}
+
+// PrefixResult is what `bench prefixes` prints.
+type PrefixResult struct {
+	Machine ZonesMachine `json:"machine"`
+	Period  string       `json:"period"`
+	// Withdraw: from the PUT without the DNS zone to its prefix gone.
+	Withdraw Latency `json:"withdraw_after_expunge"`
+	// Recover: from DDM answering again, empty, after an outage of 1–3 s
+	// during which the config changed, to DDM holding exactly the wanted
+	// prefixes. (A DDM that restarts empty while nothing changes is
+	// repaired at the next period.)
+	Recover Latency `json:"converge_after_ddm_returns"`
+}
+
+// Prefixes runs the prefix benchmark.
+func Prefixes(ctx context.Context, opts PrefixOptions) (*PrefixResult, error) {
+	opts.Withdrawals = cmpOr(opts.Withdrawals, 50)
+	opts.Recoveries = cmpOr(opts.Recoveries, 10)
+	if opts.Period <= 0 {
+		opts.Period = 30 * time.Second
+	}
+	dir, err := os.MkdirTemp("", "sled-agent-bench-prefixes-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	d := ddmsim.New(nil)
+	if err := d.Start("127.0.0.1:0"); err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	cfg := agent.Config{DataDir: dir, Listen: "127.0.0.1:0", DDMURL: d.URL(), BootstrapPrefix: "fdb0:a840:2504:101::/64", PrefixPeriod: opts.Period}
+	_, c, stop, err := startAgent(ctx, cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+
+	dns, crucible := sledconfigtest.InternalDNS(0), sledconfigtest.Crucible(0)
+	with, without := []string{"fd00:1122:3344:1::/64", "fd00:1122:3344:101::/64", "fdb0:a840:2504:101::/64"}, []string{"fd00:1122:3344:101::/64", "fdb0:a840:2504:101::/64"}
+	gen := uint64(0)
+	put := func(withDNS bool) error {
+		gen++
+		zones := []sledconfig.Zone{crucible}
+		if withDNS {
+			zones = append(zones, dns)
+		}
+		doc, err := json.Marshal(sledconfigtest.Config(gen, zones...))
+		if err != nil {
+			return err
+		}
+		return c.PutConfig(ctx, doc)
+	}
+	res := &PrefixResult{Machine: machine(), Period: opts.Period.String()}
+
+	var took []time.Duration
+	for range opts.Withdrawals {
+		if err := put(true); err != nil {
+			return nil, err
+		}
+		if _, err := waitDDM(ctx, d, with, time.Time{}); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		if err := put(false); err != nil {
+			return nil, err
+		}
+		dt, err := waitDDM(ctx, d, without, t0)
+		if err != nil {
+			return nil, err
+		}
+		took = append(took, dt)
+	}
+	res.Withdraw = summarize(took)
+
+	took = nil
+	for i := range opts.Recoveries {
+		// DDM goes away, empty; the config changes meanwhile (the DNS zone
+		// comes or goes), so the agent's passes fail and it retries.
+		want := with
+		if i%2 == 1 {
+			want = without
+		}
+		if err := d.SetFault(ddmsim.FaultRefuse); err != nil {
+			return nil, err
+		}
+		d.RestartEmpty()
+		if err := put(i%2 == 0); err != nil {
+			return nil, err
+		}
+		if err := sleepCtx(ctx, time.Second+rand.N(2*time.Second)); err != nil {
+			return nil, err
+		}
+		if err := d.SetFault(ddmsim.FaultNone); err != nil {
+			return nil, err
+		}
+		dt, err := waitDDM(ctx, d, want, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		took = append(took, dt)
+	}
+	res.Recover = summarize(took)
+	return res, nil
+}
+
+// waitDDM waits, polling every millisecond, until d originates exactly
+// want, and returns the time since t0.
+func waitDDM(ctx context.Context, d *ddmsim.Server, want []string, t0 time.Time) (time.Duration, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var got []string
+		for _, p := range d.Originated() {
+			got = append(got, p.String())
+		}
+		if slices.Equal(got, want) {
+			return time.Since(t0), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("DDM originates %v a minute on, want %v", got, want)
+		}
+		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+			return 0, err
+		}
+	}
+}
+
+func machine() ZonesMachine {
+	return ZonesMachine{CPUs: runtime.NumCPU(), Kernel: kernel(), Go: runtime.Version()}
+}
