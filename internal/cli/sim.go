@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
+	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
 )
 
 func newSimCmd() *cobra.Command {
@@ -11,7 +14,7 @@ func newSimCmd() *cobra.Command {
 		Use:   "sim",
 		Short: "Run simulated neighbours of the agent",
 	}
-	cmd.AddCommand(newSimDDMCmd())
+	cmd.AddCommand(newSimDDMCmd(), newSimDPDCmd(), newSimDNSCmd())
 	return cmd
 }
 
@@ -51,6 +54,58 @@ A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "[::1]:8000", "address to serve the DDM admin API on")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func newSimDPDCmd() *cobra.Command {
+	var listen, logLevel string
+	var slot uint16
+	cmd := &cobra.Command{
+		Use:   "dpd",
+		Short: "Run a simulated switch daemon's NAT API (dendrite dpd)",
+		Long: `Run a simulated switch daemon's NAT API (dendrite dpd) until SIGINT or SIGTERM.
+
+It serves, like dpd (api-version 12.0.0), keeping the NAT entries in memory:
+  PUT    /nat/ipv4/{ip}/{low}/{high}  (and ipv6) create an entry; 409 on overlap
+  GET    /nat/ipv4/{ip}/{low}         the target of the entry holding low; 404 if none
+  DELETE /nat/ipv4/{ip}/{low}         delete the entry holding low, if any
+  GET    /nat/ipv4, /nat/ipv4/{ip}    paged external addresses, paged entries
+  GET    /switch/identifiers          sidecar_id (random per run) and --slot
+A target is {"internal_ip": "<ipv6>", "inner_mac": {"a": [six bytes]}, "vni": 100}.
+As with dpd, requests need an api-version header, and bodies must be sent as
+JSON (curl -H 'Content-Type: application/json').
+
+Simulator-only control endpoints (no api-version header needed):
+  PUT  /__sim/fault          {"fault": "none"|"hang"|"error"|"refuse", "refuse_for": "5s"}
+  POST /__sim/restart-empty  forget every entry and drop every connection
+  POST /__sim/inject         {"external","low","high","target"}: an entry as if
+                             another sled made it (replaces overlapping ones)
+  GET  /__sim/state          fault, entries, request counts
+A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
+"refuse_for" to have it end by itself.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if slot > 1 {
+				return fmt.Errorf("--slot %d: a rack's switches are in slots 0 and 1", slot)
+			}
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			s := dpdsim.New(log.With("component", "dpdsim"), slot)
+			if err := s.Start(listen); err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			<-ctx.Done()
+			log.Info("dpd simulator stopping")
+			return s.Close()
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "[::1]:12224", "address to serve the dpd API on")
+	cmd.Flags().Uint16Var(&slot, "slot", 0, "the simulated switch's slot: 0 or 1")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
 }
