@@ -26,7 +26,9 @@ import (
 	"github.com/sled-agent/sled-agent/internal/atomicfile"
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ddm"
+	"github.com/sled-agent/sled-agent/internal/dns"
 	"github.com/sled-agent/sled-agent/internal/ledger"
+	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
@@ -61,8 +63,15 @@ type Config struct {
 	// PrefixPeriod is how often the originated set is checked when nothing
 	// changed (0: 30s).
 	PrefixPeriod time.Duration `json:"-"`
-	Role         string        `json:"role"`
-	SimFaults    string        `json:"sim-faults"`
+	// DNSServers are the internal DNS servers ("[addr]:port") that name the
+	// switch daemons; Switches are switch daemon addresses used when DNS is
+	// unreachable or names none. With neither, no NAT entries are managed.
+	DNSServers []string `json:"dns-server"`
+	Switches   []string `json:"switch"`
+	// NATPeriod is how often switches are found and checked (0: 10s).
+	NATPeriod time.Duration `json:"-"`
+	Role      string        `json:"role"`
+	SimFaults string        `json:"sim-faults"`
 	// Images overrides what runs in the zones of a kind (linux runtime):
 	// {"crucible": ["/usr/bin/crucible-downstairs", "--listen", "{listen}"]}.
 	// See internal/runtime/linux for the placeholders.
@@ -118,6 +127,8 @@ type Agent struct {
 	lock *os.File
 	// prefixes, if set, keeps the sled's routing prefixes in DDM.
 	prefixes *prefix.Reconciler
+	// nat, if set, keeps the sled's NAT entries on every switch.
+	nat *nat.Reconciler
 }
 
 // New prepares an agent: it loads the ledger, binds the listener and builds
@@ -150,6 +161,10 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		if bootstrap, err = netip.ParsePrefix(cfg.BootstrapPrefix); err != nil || !bootstrap.Addr().Is6() || bootstrap.Addr().Is4In6() || bootstrap.Bits() != 64 || bootstrap.Masked() != bootstrap {
 			return nil, fmt.Errorf("bootstrap-prefix %q: must be an IPv6 /64 with the host bits zero, like fdb0:a840:2504:101::/64", cfg.BootstrapPrefix)
 		}
+	}
+	natOpts, err := natOptions(cfg, underlay)
+	if err != nil {
+		return nil, err
 	}
 	var ddmClient *ddm.Client
 	if cfg.DDMURL != "" {
@@ -216,6 +231,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		})
 		onRunningChange = append(onRunningChange, a.prefixes.Poke)
 	}
+	if natOpts != nil {
+		natOpts.Log = a.log.With("component", "nat")
+		a.nat = nat.New(a.rec, *natOpts)
+		onRunningChange = append(onRunningChange, a.nat.Poke)
+	}
 	rt.SetNotify(a.rec.Poke)
 
 	l, err := ledger.Open(cfg.LedgerDirs, LedgerFile, a.log.With("component", "ledger"))
@@ -243,6 +263,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.prefixes != nil {
 		deps.Prefixes, deps.DDMURL = a.prefixes, cfg.DDMURL
 	}
+	if a.nat != nil {
+		deps.NAT = a.nat
+	}
 	a.server = api.New(deps)
 	return a, nil
 }
@@ -252,6 +275,49 @@ func (a *Agent) Addr() string { return a.ln.Addr().String() }
 
 // SledID is the sled's id.
 func (a *Agent) SledID() string { return a.cfg.SledID }
+
+// NAT exposes the NAT reconciler, or nil when the agent manages no NAT
+// entries.
+func (a *Agent) NAT() *nat.Reconciler { return a.nat }
+
+// natOptions builds the NAT reconciler's options from cfg, or nil when no
+// switch can be found (no DNS server, no fallback switch).
+func natOptions(cfg Config, underlay netip.Addr) (*nat.Options, error) {
+	if len(cfg.DNSServers) == 0 && len(cfg.Switches) == 0 {
+		return nil, nil
+	}
+	opts := &nat.Options{Underlay: underlay, Period: cfg.NATPeriod}
+	parse := func(flag, s string) (netip.AddrPort, error) {
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil || ap.Port() == 0 {
+			return ap, fmt.Errorf("%s %q: want an address and port, like [fd00:1122:3344:1::1]:53", flag, s)
+		}
+		return ap, nil
+	}
+	var servers []netip.AddrPort
+	for _, s := range cfg.DNSServers {
+		ap, err := parse("dns-server", s)
+		if err != nil {
+			return nil, err
+		}
+		servers = append(servers, ap)
+	}
+	for _, s := range cfg.Switches {
+		ap, err := parse("switch", s)
+		if err != nil {
+			return nil, err
+		}
+		opts.Fallback = append(opts.Fallback, ap)
+	}
+	if len(servers) > 0 {
+		r, err := dns.NewResolver(servers, 0)
+		if err != nil {
+			return nil, err
+		}
+		opts.Resolver = r
+	}
+	return opts, nil
+}
 
 // Prefixes exposes the prefix reconciler, or nil when the agent manages no
 // prefixes.
@@ -290,6 +356,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 	if a.prefixes != nil {
 		wg.Go(func() { a.prefixes.Run(ctx) })
+	}
+	if a.nat != nil {
+		wg.Go(func() { a.nat.Run(ctx) })
 	}
 	if a.watch != nil {
 		wg.Go(func() {

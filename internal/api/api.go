@@ -21,6 +21,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ledger"
+	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
@@ -57,6 +58,11 @@ type Prefixes interface {
 	Status() prefix.Status
 }
 
+// NAT reports the NAT reconciler's status.
+type NAT interface {
+	Status() nat.Status
+}
+
 // FaultSetter replaces the sim runtime's fault map.
 type FaultSetter interface {
 	SetFaults(sim.Faults) error
@@ -81,7 +87,9 @@ type Deps struct {
 	// with DDMURL, the routing daemon it talks to.
 	Prefixes Prefixes
 	DDMURL   string
-	Log      *slog.Logger
+	// NAT, if set, is the NAT reconciler, reported in inventory.
+	NAT NAT
+	Log *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
 }

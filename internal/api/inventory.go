@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -25,6 +26,7 @@ type Inventory struct {
 
 	Ledger     LedgerStatus  `json:"ledger" doc:"State of every ledger copy (ours)."`
 	ZoneStates []ZoneSummary `json:"zone_states" doc:"Every zone the agent manages, sorted by name (ours)."`
+	NAT        *nat.Status   `json:"nat" doc:"This sled's NAT entries on every switch: how the switches were found, each switch's slot, last success and error, entries wanted and present, conflicts (ours); null when the agent manages none."`
 	DDM        *DDMStatus    `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes (ours); null when the agent manages none."`
 }
 
@@ -129,6 +131,10 @@ func (s *Server) inventory(context.Context, *struct{}) (*inventoryOutput, error)
 		LedgeredSledConfig: s.deps.Configs.Current(),
 		Ledger:             LedgerStatus{Problem: s.deps.Configs.LoadProblem(), Copies: []LedgerCopy{}},
 		ZoneStates:         []ZoneSummary{},
+	}
+	if s.deps.NAT != nil {
+		st := s.deps.NAT.Status()
+		inv.NAT = &st
 	}
 	if s.deps.Prefixes != nil {
 		inv.DDM = &DDMStatus{URL: s.deps.DDMURL, Status: s.deps.Prefixes.Status()}

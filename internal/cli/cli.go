@@ -98,6 +98,9 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.DDMURL, "ddm-url", agent.DefaultDDMURL, `the routing daemon's (DDM) admin API, where the sled's prefixes are kept right ("" for none)`)
 	f.StringVar(&c.BootstrapPrefix, "bootstrap-prefix", "", "the sled's bootstrap /64, advertised in DDM with the underlay /64 (default: none)")
 	f.DurationVar(&c.PrefixPeriod, "prefix-period", 30*time.Second, "how often the prefixes in DDM are checked when nothing changed")
+	f.StringArrayVar(&c.DNSServers, "dns-server", nil, "internal DNS server that names the switch daemons, [addr]:port (repeatable)")
+	f.StringArrayVar(&c.Switches, "switch", nil, "switch daemon (dpd) address, [addr]:port, used when DNS is unreachable or names none (repeatable)")
+	f.DurationVar(&c.NATPeriod, "nat-period", 10*time.Second, "how often switches are found and their NAT entries checked")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -132,6 +135,13 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	set("ddm-url", &c.DDMURL, flags.DDMURL)
 	set("bootstrap-prefix", &c.BootstrapPrefix, flags.BootstrapPrefix)
 	c.PrefixPeriod = flags.PrefixPeriod
+	c.NATPeriod = flags.NATPeriod
+	if cmd.Flags().Changed("dns-server") || len(c.DNSServers) == 0 {
+		c.DNSServers = flags.DNSServers
+	}
+	if cmd.Flags().Changed("switch") || len(c.Switches) == 0 {
+		c.Switches = flags.Switches
+	}
 	set("zone-tag", &c.ZoneTag, flags.ZoneTag)
 	set("netns-prefix", &c.NetnsPrefix, flags.NetnsPrefix)
 	if cmd.Flags().Changed("ledger-dir") || len(c.LedgerDirs) == 0 {
