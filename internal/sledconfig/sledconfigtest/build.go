@@ -61,7 +61,8 @@ func Crucibles(n int) []sledconfig.Zone {
 	return out
 }
 
-// Nexus returns a nexus zone with index i, its internal API at
+// Nexus returns a nexus zone with index i (the id of Crucible(i): do not use
+// both in one config), its internal API at
 // internalAddr ("[ipv6]:port"), and a NIC (private IP 172.30.2.9, MAC
 // A8:40:25:FF:80:05 plus i): the zone kind with external connectivity.
 func Nexus(i int, internalAddr string) sledconfig.Zone {
