@@ -7,15 +7,19 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/dns"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
+	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
@@ -81,6 +85,13 @@ Ctrl-C stops it.`,
 			if cfg.BootstrapPrefix == "" {
 				cfg.BootstrapPrefix = "fdb0:a840:2504:103::/64"
 			}
+			if !cmd.Flags().Changed("dns-server") && !cmd.Flags().Changed("switch") {
+				stop, err := devSwitches(&cfg, log)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			doc := sledconfig.Example()
 			if sledConfig != "" {
 				if doc, err = os.ReadFile(sledConfig); err != nil {
@@ -96,6 +107,46 @@ Ctrl-C stops it.`,
 	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary data dir")
 	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running (for scripts and CI)")
 	return cmd
+}
+
+// devSwitches starts the rack's switch daemons, simulated, on IPv6
+// loopback (two dpd simulators, slots 0 and 1) and an internal DNS server
+// that names them, and points cfg at the DNS server. stop ends them.
+func devSwitches(cfg *agent.Config, log *slog.Logger) (stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range slices.Backward(stops) {
+			f()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	server := dns.NewServer(log.With("component", "dns-sim"))
+	if err := server.Start("[::1]:0"); err != nil {
+		return nil, fmt.Errorf("starting the DNS server: %w", err)
+	}
+	stops = append(stops, func() { server.Close() })
+	records := dns.Records{SRV: map[string][]dns.SRV{}, AAAA: map[string][]netip.Addr{}}
+	srv := "_dendrite._tcp." + dns.Zone
+	for slot := range uint16(2) {
+		d := dpdsim.New(log.With("component", "dpd-sim", "slot", slot), slot)
+		if err := d.Start("[::1]:0"); err != nil {
+			return nil, fmt.Errorf("starting a dpd simulator: %w", err)
+		}
+		stops = append(stops, func() { d.Close() })
+		ap := netip.MustParseAddrPort(d.Addr())
+		host := fmt.Sprintf("dendrite-%d.host.%s", slot, dns.Zone)
+		records.SRV[srv] = append(records.SRV[srv], dns.SRV{Target: host, Port: ap.Port()})
+		records.AAAA[host] = []netip.Addr{ap.Addr()}
+	}
+	if err := server.SetRecords(records); err != nil {
+		return nil, err
+	}
+	cfg.DNSServers = []string{server.Addr().String()}
+	return stop, nil
 }
 
 // devStartDelay makes each simulated zone take between 0.3 s and 3 s to
@@ -125,6 +176,9 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 	fmt.Fprintf(out, "sled %s: agent API on %s (sim runtime; data in %s)\n", a.SledID(), url, cfg.DataDir)
 	if cfg.DDMURL != "" {
 		fmt.Fprintf(out, "routing prefixes kept in DDM at %s\n", cfg.DDMURL)
+	}
+	if len(cfg.DNSServers) > 0 {
+		fmt.Fprintf(out, "switches found through internal DNS at %v\n", cfg.DNSServers)
 	}
 
 	c, err := client.New(url)
@@ -195,6 +249,11 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 					fmt.Fprintf(out, "DDM originates %v\n", st.Desired)
 				} else {
 					fmt.Fprintf(out, "DDM not yet in sync (%s); wanted %v\n", cmp.Or(st.LastError, "first pass pending"), st.Desired)
+				}
+			}
+			if n := a.NAT(); n != nil {
+				for _, sw := range n.Status().Switches {
+					fmt.Fprintf(out, "switch %s (found by %s): %d/%d NAT entries %s\n", sw.Address, sw.FoundBy, sw.Present, sw.Desired, cmp.Or(sw.LastError, "in place"))
 				}
 			}
 			fmt.Fprintln(out)

@@ -129,6 +129,29 @@ func printInventory(w io.Writer, inv *api.Inventory) error {
 			}
 		}
 	}
+	if n := inv.NAT; n != nil {
+		found := "switches found by " + n.Discovery.Source
+		if n.Discovery.DNSError != "" {
+			found += " (DNS: " + n.Discovery.DNSError + ")"
+		}
+		fmt.Fprintf(tw, "nat\t%s; %d entries wanted\n", found, len(n.Desired))
+		for _, sw := range n.Switches {
+			slot := "?"
+			if sw.Slot != nil {
+				slot = fmt.Sprint(*sw.Slot)
+			}
+			state := "in place"
+			if sw.LastError != "" {
+				state = "failing: " + sw.LastError
+			} else if sw.LastSuccess == nil {
+				state = "not yet checked"
+			}
+			fmt.Fprintf(tw, "  switch %s (slot %s, %s)\t%d/%d entries; %s\n", sw.Address, slot, sw.FoundBy, sw.Present, sw.Desired, state)
+			for _, c := range sw.Conflicts {
+				fmt.Fprintf(tw, "    conflict\t%s held by another sled\n", c)
+			}
+		}
+	}
 	if d := inv.DDM; d != nil {
 		state := "in sync"
 		switch {
