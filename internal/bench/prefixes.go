@@ -137,25 +137,21 @@ func Prefixes(ctx context.Context, opts PrefixOptions) (*PrefixResult, error) {
 	return res, nil
 }
 
-// waitDDM waits, polling every millisecond, until d originates exactly
-// want, and returns the time since t0.
+// waitDDM waits until d originates exactly want, and returns the time
+// since t0.
 func waitDDM(ctx context.Context, d *ddmsim.Server, want []string, t0 time.Time) (time.Duration, error) {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		var got []string
+	var got []string
+	dt, err := waitUntil(ctx, t0, func() bool {
+		got = got[:0]
 		for _, p := range d.Originated() {
 			got = append(got, p.String())
 		}
-		if slices.Equal(got, want) {
-			return time.Since(t0), nil
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("DDM originates %v a minute on, want %v", got, want)
-		}
-		if err := sleepCtx(ctx, time.Millisecond); err != nil {
-			return 0, err
-		}
+		return slices.Equal(got, want)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("DDM originates %v, want %v: %w", got, want, err)
 	}
+	return dt, nil
 }
 
 func machine() ZonesMachine {
