@@ -72,7 +72,8 @@ func StartWith(ctx context.Context, dir string, opts StartOptions) (*Proc, error
 		return nil, fmt.Errorf("supervise: start %s: not prepared: %w", abs, err)
 	}
 	// Two runsvs started at once for one directory race for its lock; the
-	// loser exits at once and we look again, a bounded number of times.
+	// loser exits at once and we look again, a bounded number of times. So
+	// do two Starts, whose probes of the lock can meet.
 	var lastErr error
 	for range 3 {
 		p, err := startOnce(ctx, abs, opts)
@@ -85,7 +86,18 @@ func StartWith(ctx context.Context, dir string, opts StartOptions) (*Proc, error
 			}
 			return p, nil
 		}
-		if !errors.Is(err, errGone) {
+		switch {
+		case errors.Is(err, ErrLockedElsewhere):
+			// Most often another Start's probe of the lock, for an
+			// instant: look again shortly.
+			t := time.NewTimer(20 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, fmt.Errorf("supervise: start %s: %w", abs, err)
+			case <-t.C:
+			}
+		case !errors.Is(err, errGone):
 			return nil, fmt.Errorf("supervise: start %s: %w", abs, err)
 		}
 		lastErr = err
@@ -292,6 +304,11 @@ func scan(abs string) (*Proc, bool, error) {
 	for _, pid := range all {
 		st, err := readStat(pid)
 		if err != nil || st.comm != "runsv" || st.state == 'Z' {
+			continue
+		}
+		// A child runsv has just forked to exec ./run (or ./finish) is
+		// still called runsv and holds its parent's files, ok among them.
+		if parent, err := readStat(st.ppid); err == nil && parent.comm == "runsv" {
 			continue
 		}
 		if hasOpen(pid, ok) {
