@@ -3,19 +3,17 @@
 package ddm
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/dropshot"
 )
 
 // APIVersion is the DDM admin API version this client speaks; it is sent in
@@ -23,18 +21,7 @@ import (
 const APIVersion = "2.0.0"
 
 // DefaultTimeout bounds every call whose Client.Timeout is zero.
-const DefaultTimeout = 5 * time.Second
-
-const (
-	// dialTimeout and responseHeaderTimeout are backstops under the
-	// per-call deadline; a Timeout longer than them does not extend them.
-	dialTimeout           = 3 * time.Second
-	responseHeaderTimeout = 30 * time.Second
-	// maxAnswerBytes caps what is read of an answer.
-	maxAnswerBytes = 16 << 20
-	// snippetBytes is how much of an unexpected error body an APIError keeps.
-	snippetBytes = 256
-)
+const DefaultTimeout = dropshot.DefaultTimeout
 
 // ErrUnreachable is wrapped by every error where no complete HTTP answer came
 // back: connection refused or reset, DNS failure, dial or response timeouts
@@ -43,44 +30,19 @@ const (
 // caller (context.Canceled) is not ErrUnreachable.
 var ErrUnreachable = errors.New("ddm unreachable")
 
-// APIError is a non-2xx answer from DDM.
-type APIError struct {
-	// Method and Path name the request that was refused.
-	Method, Path string
-	StatusCode   int
-	// RequestID, ErrorCode and Message come from the upstream error body;
-	// when the body is not one, Message holds a snippet of it (or the status
-	// text when it was empty).
-	RequestID, ErrorCode, Message string
-}
+// APIError is a non-2xx answer from DDM. Its fields are those of
+// dropshot.APIError: Method and Path name the request that was refused;
+// RequestID, ErrorCode and Message come from the upstream error body, or
+// Message holds a snippet of a body that is not one.
+type APIError dropshot.APIError
 
-func (e *APIError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "ddm %s %s: %d %s", e.Method, e.Path, e.StatusCode, http.StatusText(e.StatusCode))
-	if e.Message != "" {
-		b.WriteString(": " + e.Message)
-	}
-	if e.ErrorCode != "" {
-		fmt.Fprintf(&b, " (error_code %s)", e.ErrorCode)
-	}
-	if e.RequestID != "" {
-		fmt.Fprintf(&b, " (request_id %s)", e.RequestID)
-	}
-	return b.String()
-}
+func (e *APIError) Error() string { return "ddm " + (*dropshot.APIError)(e).Error() }
 
 // ClientError reports whether DDM refused the request itself (4xx).
-func (e *APIError) ClientError() bool { return e.StatusCode >= 400 && e.StatusCode < 500 }
+func (e *APIError) ClientError() bool { return (*dropshot.APIError)(e).ClientError() }
 
 // ServerError reports whether DDM failed to carry out the request (5xx).
-func (e *APIError) ServerError() bool { return e.StatusCode >= 500 && e.StatusCode < 600 }
-
-// errorBody is the upstream error body.
-type errorBody struct {
-	RequestID string `json:"request_id"`
-	ErrorCode string `json:"error_code"`
-	Message   string `json:"message"`
-}
+func (e *APIError) ServerError() bool { return (*dropshot.APIError)(e).ServerError() }
 
 // Client talks to one ddmd's admin API. It is safe for concurrent use.
 type Client struct {
@@ -89,48 +51,21 @@ type Client struct {
 	// DefaultTimeout. Set it before the first call.
 	Timeout time.Duration
 
-	base string // scheme://host[/path], no trailing slash
-	http *http.Client
+	api *dropshot.Client
 }
 
 // NewClient returns a client for the DDM admin API at baseURL, e.g.
 // "http://[::1]:8000".
 func NewClient(baseURL string) (*Client, error) {
-	u, err := url.Parse(baseURL)
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("ddm URL %q: %w", baseURL, err)
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("ddm URL %q: scheme %q is not http or https", baseURL, u.Scheme)
-	case u.Host == "":
-		return nil, fmt.Errorf("ddm URL %q: no host", baseURL)
-	case u.User != nil:
-		return nil, fmt.Errorf("ddm URL %q: user info is not supported", baseURL)
-	case u.RawQuery != "" || u.Fragment != "":
-		return nil, fmt.Errorf("ddm URL %q: a query or fragment is not supported", baseURL)
+	api, err := dropshot.NewClient(baseURL, dropshot.Config{Name: "ddm", APIVersion: APIVersion, Unreachable: ErrUnreachable})
+	if err != nil {
+		return nil, err
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	u.RawPath = ""
-	tr := &http.Transport{
-		Proxy: nil, // ddmd is a local daemon: never go through a proxy
-		DialContext: (&net.Dialer{
-			Timeout:   dialTimeout,
-			KeepAlive: 30 * time.Second,
-		}).DialContext,
-		TLSHandshakeTimeout:   dialTimeout,
-		ResponseHeaderTimeout: responseHeaderTimeout,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       90 * time.Second,
-	}
-	return &Client{
-		Timeout: DefaultTimeout,
-		base:    u.String(),
-		http:    &http.Client{Transport: tr},
-	}, nil
+	return &Client{Timeout: DefaultTimeout, api: api}, nil
 }
 
 // CloseIdleConnections closes the client's idle keep-alive connections.
-func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+func (c *Client) CloseIdleConnections() { c.api.CloseIdleConnections() }
 
 // Originated returns the prefixes this DDM originates, exactly as DDM
 // reports them: host bits are kept, not masked.
@@ -183,11 +118,7 @@ func (c *Client) prefixCall(ctx context.Context, method string, prefixes []netip
 		}
 		strs[i] = p.String()
 	}
-	body, err := json.Marshal(strs)
-	if err != nil {
-		return fmt.Errorf("ddm %s /prefix: %w", method, err)
-	}
-	return c.do(ctx, method, "/prefix", body, nil)
+	return c.do(ctx, method, "/prefix", strs, nil)
 }
 
 // PeerInfo is what DDM knows of one peer.
@@ -288,84 +219,11 @@ func (c *Client) Prefixes(ctx context.Context) (map[string][]PathVector, error) 
 }
 
 // do sends one request under the call's deadline and decodes a 2xx answer
-// into out (when out is not nil).
-func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
-	timeout := c.Timeout
-	if timeout <= 0 {
-		timeout = DefaultTimeout
+// into out (when out is not nil). in, when not nil, is the JSON body.
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	err := c.api.Do(ctx, c.Timeout, method, path, nil, in, out)
+	if e, ok := errors.AsType[*dropshot.APIError](err); ok {
+		return (*APIError)(e)
 	}
-	callCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(callCtx, method, c.base+path, rd)
-	if err != nil {
-		return fmt.Errorf("ddm %s %s: %w", method, path, err)
-	}
-	req.Header.Set("api-version", APIVersion)
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if method == http.MethodPut || method == http.MethodDelete {
-		// Advertise and withdraw are idempotent: let the transport retry
-		// them on a kept-alive connection that turns out to be dead (as
-		// after a ddmd restart). A nil value is not sent on the wire.
-		req.Header["Idempotency-Key"] = nil
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return noAnswer(ctx, err) // a *url.Error: it names the method and URL
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
-	if err != nil {
-		return noAnswer(ctx, fmt.Errorf("%s %s: reading answer: %w", method, path, err))
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return newAPIError(method, path, resp.StatusCode, data)
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("ddm %s %s: decoding answer: %w", method, path, err)
-	}
-	return nil
-}
-
-// noAnswer wraps a failure to get a complete answer. The caller's own
-// cancellation is reported as such, not as DDM being unreachable.
-func noAnswer(ctx context.Context, err error) error {
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return fmt.Errorf("ddm: %w", err)
-	}
-	return fmt.Errorf("%w: %w", ErrUnreachable, err)
-}
-
-func newAPIError(method, path string, status int, data []byte) *APIError {
-	e := &APIError{Method: method, Path: path, StatusCode: status}
-	var b errorBody
-	if json.Unmarshal(data, &b) == nil && (b.Message != "" || b.RequestID != "") {
-		e.RequestID, e.ErrorCode, e.Message = b.RequestID, b.ErrorCode, b.Message
-		return e
-	}
-	e.Message = snippet(data)
-	return e
-}
-
-// snippet is the start of an unexpected body, on one line.
-func snippet(data []byte) string {
-	cut := len(data) > snippetBytes
-	if cut {
-		data = data[:snippetBytes]
-	}
-	s := strings.Join(strings.Fields(strings.ToValidUTF8(string(data), "")), " ")
-	if cut {
-		s += "…"
-	}
-	return s
+	return err
 }

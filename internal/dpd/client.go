@@ -4,19 +4,18 @@
 package dpd
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/dropshot"
 )
 
 // APIVersion is the dpd API version this client speaks; it is sent in the
@@ -24,25 +23,15 @@ import (
 const APIVersion = "12.0.0"
 
 // DefaultTimeout bounds every request whose Client.Timeout is zero.
-const DefaultTimeout = 5 * time.Second
+const DefaultTimeout = dropshot.DefaultTimeout
 
 // MaxVNI is the largest Geneve VNI (24 bits).
 const MaxVNI = 1<<24 - 1
 
-const (
-	// dialTimeout and responseHeaderTimeout are backstops under the
-	// per-request deadline; a Timeout longer than them does not extend them.
-	dialTimeout           = 3 * time.Second
-	responseHeaderTimeout = 30 * time.Second
-	// maxAnswerBytes caps what is read of an answer.
-	maxAnswerBytes = 16 << 20
-	// snippetBytes is how much of an unexpected error body an APIError keeps.
-	snippetBytes = 256
-	// maxPages caps the pages one listing follows. It would take 65536
-	// single-port entries on one address served 16 a page to reach it:
-	// only a server that never ends a listing does.
-	maxPages = 4096
-)
+// maxPages caps the pages one listing follows. It would take 65536
+// single-port entries on one address served 16 a page to reach it: only a
+// server that never ends a listing does.
+const maxPages = 4096
 
 var (
 	// ErrUnreachable is wrapped by every error where no complete HTTP
@@ -62,32 +51,13 @@ var (
 )
 
 // APIError is a non-2xx answer from dpd. errors.Is(err, ErrConflict) holds
-// for a 409 and errors.Is(err, ErrNotFound) for a 404.
-type APIError struct {
-	// Method and Path name the request that was refused (Path without
-	// its query).
-	Method, Path string
-	StatusCode   int
-	// RequestID, ErrorCode and Message come from the upstream error body;
-	// when the body is not one, Message holds a snippet of it (or the status
-	// text when it was empty).
-	RequestID, ErrorCode, Message string
-}
+// for a 409 and errors.Is(err, ErrNotFound) for a 404. Its fields are those
+// of dropshot.APIError: Method and Path (without its query) name the
+// request that was refused; RequestID, ErrorCode and Message come from the
+// upstream error body, or Message holds a snippet of a body that is not one.
+type APIError dropshot.APIError
 
-func (e *APIError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "dpd %s %s: %d %s", e.Method, e.Path, e.StatusCode, http.StatusText(e.StatusCode))
-	if e.Message != "" {
-		b.WriteString(": " + e.Message)
-	}
-	if e.ErrorCode != "" {
-		fmt.Fprintf(&b, " (error_code %s)", e.ErrorCode)
-	}
-	if e.RequestID != "" {
-		fmt.Fprintf(&b, " (request_id %s)", e.RequestID)
-	}
-	return b.String()
-}
+func (e *APIError) Error() string { return "dpd " + (*dropshot.APIError)(e).Error() }
 
 // Is makes a 409 match ErrConflict and a 404 match ErrNotFound.
 func (e *APIError) Is(target error) bool {
@@ -101,17 +71,10 @@ func (e *APIError) Is(target error) bool {
 }
 
 // ClientError reports whether dpd refused the request itself (4xx).
-func (e *APIError) ClientError() bool { return e.StatusCode >= 400 && e.StatusCode < 500 }
+func (e *APIError) ClientError() bool { return (*dropshot.APIError)(e).ClientError() }
 
 // ServerError reports whether dpd failed to carry out the request (5xx).
-func (e *APIError) ServerError() bool { return e.StatusCode >= 500 && e.StatusCode < 600 }
-
-// errorBody is the upstream error body.
-type errorBody struct {
-	RequestID string `json:"request_id"`
-	ErrorCode string `json:"error_code"`
-	Message   string `json:"message"`
-}
+func (e *APIError) ServerError() bool { return (*dropshot.APIError)(e).ServerError() }
 
 // MacAddr is an EUI-48 MAC address. In JSON it is what dpd speaks, an
 // object holding the bytes: {"a":[168,64,37,255,128,5]}.
@@ -207,48 +170,21 @@ type Client struct {
 	// DefaultTimeout. Set it before the first call.
 	Timeout time.Duration
 
-	base string // scheme://host[/path], no trailing slash
-	http *http.Client
+	api *dropshot.Client
 }
 
 // NewClient returns a client for the dpd API at baseURL, e.g.
 // "http://[fd00:1122:3344:101::2]:12224".
 func NewClient(baseURL string) (*Client, error) {
-	u, err := url.Parse(baseURL)
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("dpd URL %q: %w", baseURL, err)
-	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("dpd URL %q: scheme %q is not http or https", baseURL, u.Scheme)
-	case u.Host == "":
-		return nil, fmt.Errorf("dpd URL %q: no host", baseURL)
-	case u.User != nil:
-		return nil, fmt.Errorf("dpd URL %q: user info is not supported", baseURL)
-	case u.RawQuery != "" || u.Fragment != "":
-		return nil, fmt.Errorf("dpd URL %q: a query or fragment is not supported", baseURL)
+	api, err := dropshot.NewClient(baseURL, dropshot.Config{Name: "dpd", APIVersion: APIVersion, Unreachable: ErrUnreachable})
+	if err != nil {
+		return nil, err
 	}
-	u.Path = strings.TrimSuffix(u.Path, "/")
-	u.RawPath = ""
-	tr := &http.Transport{
-		Proxy: nil, // dpd is on the rack's underlay: never go through a proxy
-		DialContext: (&net.Dialer{
-			Timeout:   dialTimeout,
-			KeepAlive: 30 * time.Second,
-		}).DialContext,
-		TLSHandshakeTimeout:   dialTimeout,
-		ResponseHeaderTimeout: responseHeaderTimeout,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       90 * time.Second,
-	}
-	return &Client{
-		Timeout: DefaultTimeout,
-		base:    u.String(),
-		http:    &http.Client{Transport: tr},
-	}, nil
+	return &Client{Timeout: DefaultTimeout, api: api}, nil
 }
 
 // CloseIdleConnections closes the client's idle keep-alive connections.
-func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }
+func (c *Client) CloseIdleConnections() { c.api.CloseIdleConnections() }
 
 // natPath is "/nat/ipv4/<ip>" or "/nat/ipv6/<ip>" for an external address,
 // by its family. An IPv4-mapped IPv6 address is refused: dpd would keep
@@ -290,11 +226,7 @@ func (c *Client) CreateNAT(ctx context.Context, e NatEntry) error {
 	if err != nil {
 		return fmt.Errorf("dpd PUT %s: %w", path, err)
 	}
-	body, err := json.Marshal(t)
-	if err != nil {
-		return fmt.Errorf("dpd PUT %s: %w", path, err)
-	}
-	return c.do(ctx, http.MethodPut, path, nil, body, nil)
+	return c.do(ctx, http.MethodPut, path, nil, t, nil)
 }
 
 // GetNAT returns the target of the entry on external whose port range
@@ -418,89 +350,11 @@ func listAll[T any](ctx context.Context, c *Client, path string) ([]T, error) {
 }
 
 // do sends one request under its deadline and decodes a 2xx answer into
-// out (when out is not nil).
-func (c *Client) do(ctx context.Context, method, path string, query url.Values, body []byte, out any) error {
-	timeout := c.Timeout
-	if timeout <= 0 {
-		timeout = DefaultTimeout
+// out (when out is not nil). in, when not nil, is the JSON body.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
+	err := c.api.Do(ctx, c.Timeout, method, path, query, in, out)
+	if e, ok := errors.AsType[*dropshot.APIError](err); ok {
+		return (*APIError)(e)
 	}
-	callCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	u := c.base + path
-	if len(query) > 0 {
-		u += "?" + query.Encode()
-	}
-	req, err := http.NewRequestWithContext(callCtx, method, u, rd)
-	if err != nil {
-		return fmt.Errorf("dpd %s %s: %w", method, path, err)
-	}
-	req.Header.Set("api-version", APIVersion)
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if method == http.MethodPut || method == http.MethodDelete {
-		// Creating and deleting NAT entries are idempotent: let the
-		// transport retry them on a kept-alive connection that turns out
-		// to be dead (as after a dpd restart). A nil value is not sent on
-		// the wire.
-		req.Header["Idempotency-Key"] = nil
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return noAnswer(ctx, err) // a *url.Error: it names the method and URL
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
-	if err != nil {
-		return noAnswer(ctx, fmt.Errorf("%s %s: reading answer: %w", method, path, err))
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return newAPIError(method, path, resp.StatusCode, data)
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("dpd %s %s: decoding answer: %w", method, path, err)
-	}
-	return nil
-}
-
-// noAnswer wraps a failure to get a complete answer. The caller's own
-// cancellation is reported as such, not as dpd being unreachable.
-func noAnswer(ctx context.Context, err error) error {
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return fmt.Errorf("dpd: %w", err)
-	}
-	return fmt.Errorf("%w: %w", ErrUnreachable, err)
-}
-
-func newAPIError(method, path string, status int, data []byte) *APIError {
-	e := &APIError{Method: method, Path: path, StatusCode: status}
-	var b errorBody
-	if json.Unmarshal(data, &b) == nil && (b.Message != "" || b.RequestID != "") {
-		e.RequestID, e.ErrorCode, e.Message = b.RequestID, b.ErrorCode, b.Message
-		return e
-	}
-	e.Message = snippet(data)
-	return e
-}
-
-// snippet is the start of an unexpected body, on one line.
-func snippet(data []byte) string {
-	cut := len(data) > snippetBytes
-	if cut {
-		data = data[:snippetBytes]
-	}
-	s := strings.Join(strings.Fields(strings.ToValidUTF8(string(data), "")), " ")
-	if cut {
-		s += "…"
-	}
-	return s
+	return err
 }
