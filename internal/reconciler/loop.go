@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -474,11 +475,18 @@ func (r *Reconciler) startList(ctx context.Context) {
 		lctx, cancel := context.WithTimeout(ctx, r.opts.ListTimeout)
 		defer cancel()
 		obs, err := r.rt.List(lctx)
+		obs = serviceZones(obs)
 		select {
 		case r.listed <- listResult{observed: obs, err: err, seq: seq}:
 		case <-r.done:
 		}
 	}()
+}
+
+// serviceZones drops the VMM zones from a listing: they are the VMM
+// manager's.
+func serviceZones(obs []zone.Observed) []zone.Observed {
+	return slices.DeleteFunc(obs, func(o zone.Observed) bool { return zone.IsVMM(o.Name) })
 }
 
 // handleList compares a listing of the runtime with what the loop believes,

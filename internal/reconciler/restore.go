@@ -121,6 +121,7 @@ func (r *Reconciler) restore(ctx context.Context) error {
 			}
 		})
 		if err == nil {
+			obs = serviceZones(obs)
 			break
 		}
 		if ctx.Err() != nil {

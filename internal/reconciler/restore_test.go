@@ -327,3 +327,26 @@ func TestRunningSpecsFollowTheZones(t *testing.T) {
 		}
 	})
 }
+
+func TestVMMZonesAreLeftToTheVMMManager(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := sim.New(sim.Options{})
+		vmm := zone.Spec{Name: zone.VMMNamePrefix + sledconfigtest.ZoneID(77), ID: sledconfigtest.ZoneID(77), Hash: "vmm"}
+		vmm.Config.ZoneType.Type = zone.VMMZoneType
+		if err := rt.Ensure(context.Background(), vmm); err != nil {
+			t.Fatal(err)
+		}
+		a := runAgent(t, rt, sledconfigtest.Config(1, sledconfigtest.Crucible(0)), 0)
+		time.Sleep(time.Minute) // relists included
+		synctest.Wait()
+		if got, want := a.rec.ops(), []string{"ensure " + sledconfigtest.Crucible(0).Name()}; !slices.Equal(got, want) {
+			t.Fatalf("calls %v, want %v", got, want)
+		}
+		if _, ok := a.r.Zone(vmm.Name); ok {
+			t.Fatalf("the zone reconciler took the VMM zone as its own")
+		}
+		if rs := a.r.Restore(); rs.Found != 0 {
+			t.Fatalf("restore counted the VMM zone: %+v", rs)
+		}
+	})
+}

@@ -6,6 +6,7 @@ package zone
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 )
@@ -23,6 +24,17 @@ type Spec struct {
 	// Config is the zone's config as ledgered.
 	Config sledconfig.Zone
 }
+
+// VMM zones (oxz_propolis-server_<propolis id>) belong to the VMM manager,
+// not to the sled config: the zone reconciler leaves them alone, and no sled
+// config can name one (VMMZoneType is not a config zone type).
+const (
+	VMMNamePrefix = "oxz_propolis-server_"
+	VMMZoneType   = "propolis_server"
+)
+
+// IsVMM reports whether name is a VMM zone's.
+func IsVMM(name string) bool { return strings.HasPrefix(name, VMMNamePrefix) }
 
 // SpecFor builds the spec of a config's zone.
 func SpecFor(z *sledconfig.Zone) Spec {

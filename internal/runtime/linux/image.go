@@ -25,6 +25,10 @@ type Image []string
 // zone's service address and answers a health check.
 var DefaultImage = Image{"{agent}", "zone-service", "--listen", "{listen}", "--zone", "{name}", "--id", "{id}", "--kind", "{kind}"}
 
+// VMMImage is what a VMM zone runs by default: the VMM service built into
+// the agent, which plays propolis (internal/vmm/propolis).
+var VMMImage = Image{"{agent}", "vmm-service", "--listen", "{listen}", "--id", "{id}"}
+
 // expand fills in the placeholders of img for one zone.
 func (img Image) expand(spec zone.Spec, addr netip.AddrPort, agent, root string) ([]string, error) {
 	if len(img) == 0 {

@@ -188,6 +188,9 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	}
 	tNet := time.Now()
 	img := DefaultImage
+	if spec.Config.ZoneType.Type == zone.VMMZoneType {
+		img = VMMImage
+	}
 	if i, ok := r.opts.Images[spec.Config.ZoneType.Type]; ok {
 		img = i
 	}
