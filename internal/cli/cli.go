@@ -78,6 +78,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd(), newTeardownCmd(), newCrashTestCmd())
 	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g))
 	root.AddCommand(newZoneServiceCmd())
+	root.AddCommand(newVMMServiceCmd())
 	root.AddCommand(newSimCmd())
 	return root
 }
