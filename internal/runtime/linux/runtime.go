@@ -447,6 +447,27 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 	return out, nil
 }
 
+// Inspect looks at one zone, as List does, without listing the others.
+func (r *Runtime) Inspect(ctx context.Context, name string) (zone.Observed, bool, error) {
+	roots, err := r.rootsOf(name)
+	if err != nil {
+		return zone.Observed{}, false, err
+	}
+	for _, root := range roots {
+		if err := ctx.Err(); err != nil {
+			return zone.Observed{}, false, err
+		}
+		o, err := readOwner(root)
+		if err != nil || o.Tag != r.opts.Tag {
+			continue
+		}
+		obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
+		obs.Running, obs.Detail = r.inspect(o)
+		return obs, true, nil
+	}
+	return zone.Observed{}, false, nil
+}
+
 // inspect says whether a zone is whole and its service up, and if not, why.
 func (r *Runtime) inspect(o owner) (bool, string) {
 	if !zonenet.NetnsExists(o.Netns) {

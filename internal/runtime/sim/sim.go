@@ -262,6 +262,20 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	return r.persist()
 }
 
+// Inspect looks at one zone.
+func (r *Runtime) Inspect(ctx context.Context, name string) (zone.Observed, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return zone.Observed{}, false, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	z, ok := r.zones[name]
+	if !ok {
+		return zone.Observed{}, false, nil
+	}
+	return zone.Observed{Name: z.name, ID: z.id, Hash: z.hash, Running: z.running}, true, nil
+}
+
 // List returns every zone.
 func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 	if err := ctx.Err(); err != nil {

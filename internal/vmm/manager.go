@@ -1,0 +1,238 @@
+// Package vmm hosts VMMs: each is a zone oxz_propolis-server_<propolis id>
+// running the VMM service (internal/vmm/propolis), created on the active zone
+// runtime and followed by a monitor. The upstream agent waited without a
+// deadline for a VM's service to come up, and hung for ever when the zone
+// was deleted first. Here every wait has a deadline and checks that the
+// zone still exists; a zone that disappears in any phase (before its
+// service is up, while the guest starts, runs or stops) turns the VMM
+// failed within a second, and its leftovers are removed.
+package vmm
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+// Runtime is what the manager needs of the zone runtime.
+type Runtime interface {
+	Ensure(ctx context.Context, spec zone.Spec) error
+	Destroy(ctx context.Context, name string) error
+	List(ctx context.Context) ([]zone.Observed, error)
+}
+
+// Host makes a VMM zone's service reachable. With the Linux runtime the
+// zone runs the service itself at its address (LinuxHost); with the sim
+// runtime, whose zones run nothing, the service runs in the agent on
+// loopback (InProcessHost).
+type Host interface {
+	// Start returns the host:port at which the service of VMM id, whose
+	// zone serves at addr, answers, and a function that stops what Start
+	// started.
+	Start(ctx context.Context, id string, addr netip.AddrPort) (reach string, stop func(), err error)
+}
+
+// Errors for decisions (the API maps them to 404 and 400/409).
+var (
+	ErrNotFound = errors.New("no such VMM")
+	// ErrConflict: registered already with another address or instance.
+	ErrConflict = errors.New("VMM registered with another configuration")
+	// ErrInvalid: a request the VMM cannot carry out in its state.
+	ErrInvalid = errors.New("invalid request for the VMM's state")
+)
+
+// Options tune the manager. Zero values take the defaults.
+type Options struct {
+	// StartTimeout bounds bringing a VMM's zone up with its service (2m).
+	StartTimeout time.Duration
+	// PollWait is how long one long poll of the service waits, and so the
+	// longest a vanished zone goes unnoticed without an event (500ms).
+	PollWait time.Duration
+	// StopGrace is how long a stop may take before the zone is torn down
+	// anyway (10s).
+	StopGrace time.Duration
+	// ServiceLost is how long the service may be unreachable in a zone that
+	// still exists before the VMM is failed (10s).
+	ServiceLost time.Duration
+	// CallTimeout bounds each call to the service and the runtime's
+	// listings and teardowns (5s; teardowns 1m).
+	CallTimeout time.Duration
+	// HistoryLen is how many events each VMM keeps (32).
+	HistoryLen int
+	Log        *slog.Logger
+}
+
+func (o *Options) setDefaults() {
+	o.StartTimeout = cmp.Or(o.StartTimeout, 2*time.Minute)
+	o.PollWait = cmp.Or(o.PollWait, 500*time.Millisecond)
+	o.StopGrace = cmp.Or(o.StopGrace, 10*time.Second)
+	o.ServiceLost = cmp.Or(o.ServiceLost, 10*time.Second)
+	o.CallTimeout = cmp.Or(o.CallTimeout, 5*time.Second)
+	o.HistoryLen = cmp.Or(o.HistoryLen, 32)
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Registration is what PUT /vmms/{id} says of a VMM, with the whole body
+// kept as it came.
+type Registration struct {
+	InstanceID   string
+	PropolisAddr netip.AddrPort
+	// Initial is the VMM runtime state the control plane registered it with.
+	Initial RuntimeState
+	// Body is the registration as sent, fields this agent does not act on
+	// included.
+	Body json.RawMessage
+}
+
+// RuntimeState is upstream's VmmRuntimeState.
+type RuntimeState struct {
+	Gen         uint64    `json:"gen"`
+	State       string    `json:"state" enum:"starting,running,stopping,stopped,rebooting,migrating,failed,destroyed"`
+	TimeUpdated time.Time `json:"time_updated"`
+}
+
+// Event is one line of a VMM's history.
+type Event struct {
+	At     time.Time `json:"at"`
+	Event  string    `json:"event"`
+	Detail string    `json:"detail,omitempty"`
+}
+
+// Info is a VMM as the manager reports it.
+type Info struct {
+	ID           string          `json:"propolis_id"`
+	InstanceID   string          `json:"instance_id"`
+	Zone         string          `json:"zone"`
+	PropolisAddr string          `json:"propolis_addr"`
+	State        RuntimeState    `json:"vmm_state"`
+	Detail       string          `json:"detail,omitempty"`
+	History      []Event         `json:"history"`
+	Registration json.RawMessage `json:"registration"`
+}
+
+// Manager hosts the VMMs.
+type Manager struct {
+	rt   Runtime
+	host Host
+	opts Options
+	ctx  context.Context // the monitors'; ends with Close
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu   sync.Mutex
+	vmms map[string]*vmm // guarded by mu; by propolis id
+}
+
+// New returns a manager. Close stops its monitors (VMMs keep running).
+func New(rt Runtime, host Host, opts Options) *Manager {
+	opts.setDefaults()
+	ctx, stop := context.WithCancel(context.Background())
+	return &Manager{rt: rt, host: host, opts: opts, ctx: ctx, stop: stop, vmms: map[string]*vmm{}}
+}
+
+// Close stops every monitor and waits for them. VMMs and their zones are
+// left as they are: stopping the agent is not stopping the VMs.
+func (m *Manager) Close() {
+	m.stop()
+	m.wg.Wait()
+}
+
+// Poke tells every monitor that a zone may have gone (runtime events). It
+// never blocks.
+func (m *Manager) Poke() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, v := range m.vmms {
+		v.poke()
+	}
+}
+
+// Register makes VMM id known and starts bringing its zone up; it returns
+// at once with the VMM's state. Registering the same VMM again returns its
+// current state; with another address or instance it is ErrConflict.
+func (m *Manager) Register(id string, reg Registration) (Info, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if v, ok := m.vmms[id]; ok {
+		if v.reg.PropolisAddr != reg.PropolisAddr || v.reg.InstanceID != reg.InstanceID {
+			return Info{}, fmt.Errorf("%w: VMM %s serves at %s for instance %s", ErrConflict, id, v.reg.PropolisAddr, v.reg.InstanceID)
+		}
+		return v.info(), nil
+	}
+	v := newVMM(m, id, reg)
+	m.vmms[id] = v
+	m.wg.Go(func() { v.monitor(v.ctx) })
+	return v.info(), nil
+}
+
+// Get returns VMM id's state.
+func (m *Manager) Get(id string) (Info, error) {
+	m.mu.Lock()
+	v, ok := m.vmms[id]
+	m.mu.Unlock()
+	if !ok {
+		return Info{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return v.info(), nil
+}
+
+// List returns every VMM, sorted by id.
+func (m *Manager) List() []Info {
+	m.mu.Lock()
+	vs := make([]*vmm, 0, len(m.vmms))
+	for _, v := range m.vmms {
+		vs = append(vs, v)
+	}
+	m.mu.Unlock()
+	out := make([]Info, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, v.info())
+	}
+	slices.SortFunc(out, func(a, b Info) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// RequestState asks VMM id's guest to run, stop or reboot. It returns once
+// the service took the request, with the VMM's state then; changed is false
+// when the request changed nothing.
+func (m *Manager) RequestState(ctx context.Context, id string, r propolis.Request) (info Info, changed bool, err error) {
+	m.mu.Lock()
+	v, ok := m.vmms[id]
+	m.mu.Unlock()
+	if !ok {
+		return Info{}, false, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return v.request(ctx, r)
+}
+
+// Unregister stops VMM id's monitor, tears its zone down and forgets it.
+func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
+	m.mu.Lock()
+	v, ok := m.vmms[id]
+	if ok {
+		delete(m.vmms, id)
+	}
+	m.mu.Unlock()
+	if !ok {
+		return Info{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	v.cancel()
+	<-v.done
+	if err := v.teardown(ctx); err != nil {
+		return v.info(), err
+	}
+	v.set(string(propolis.StateDestroyed), "unregistered; zone torn down", "unregistered")
+	return v.info(), nil
+}

@@ -1,0 +1,377 @@
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+// Inspector is a Runtime that can look at one zone without listing them all
+// (the monitors look every PollWait).
+type Inspector interface {
+	Inspect(ctx context.Context, name string) (zone.Observed, bool, error)
+}
+
+// vmm is one VMM: its registration, what is known of it, and its monitor.
+type vmm struct {
+	m      *Manager
+	id     string
+	name   string
+	reg    Registration
+	pokec  chan struct{}
+	ctx    context.Context // the monitor's
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the monitor returns
+
+	mu      sync.Mutex
+	state   RuntimeState     // guarded by mu
+	detail  string           // guarded by mu
+	history []Event          // guarded by mu
+	client  *propolis.Client // guarded by mu; set once the service answers
+	svcGen  uint64           // guarded by mu; the service's last gen seen
+	pending propolis.Request // guarded by mu; asked before the service answered
+	stopAt  time.Time        // guarded by mu; when a stop was asked
+}
+
+func newVMM(m *Manager, id string, reg Registration) *vmm {
+	ctx, cancel := context.WithCancel(m.ctx)
+	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, reg: reg, pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	v.state = RuntimeState{Gen: max(reg.Initial.Gen, 1), State: string(propolis.StateStarting), TimeUpdated: time.Now()}
+	v.detail = "zone being created"
+	v.record("registered", fmt.Sprintf("service at %s", reg.PropolisAddr))
+	return v
+}
+
+func (v *vmm) poke() {
+	select {
+	case v.pokec <- struct{}{}:
+	default:
+	}
+}
+
+// spec is the VMM's zone: the runtime creates it like any zone, with the
+// VMM service as its image.
+func (v *vmm) spec() zone.Spec {
+	z := sledconfig.Zone{ID: v.id, ZoneType: sledconfig.ZoneType{Type: zone.VMMZoneType, Address: v.reg.PropolisAddr.String()}}
+	return zone.Spec{Name: v.name, ID: v.id, Hash: "vmm:" + v.reg.PropolisAddr.String(), Config: z}
+}
+
+func (v *vmm) info() Info {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return Info{ID: v.id, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(),
+		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.reg.Body}
+}
+
+// set moves the VMM to state with detail, recording event; the generation
+// increases with every change.
+func (v *vmm) set(state, detail, event string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.setLocked(state, detail, event)
+}
+
+func (v *vmm) setLocked(state, detail, event string) {
+	if state == v.state.State && detail == v.detail {
+		return
+	}
+	v.state.Gen++
+	v.state.State, v.state.TimeUpdated, v.detail = state, time.Now(), detail
+	v.recordLocked(event, detail)
+}
+
+func (v *vmm) record(event, detail string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.recordLocked(event, detail)
+}
+
+func (v *vmm) recordLocked(event, detail string) {
+	if n := v.m.opts.HistoryLen; len(v.history) >= n {
+		v.history = slices.Delete(v.history, 0, len(v.history)-n+1)
+	}
+	v.history = append(v.history, Event{At: time.Now(), Event: event, Detail: detail})
+}
+
+// monitor brings the zone up and follows the guest until it stops, fails
+// or the zone disappears, or until the monitor is cancelled (unregister,
+// agent shutdown), which leaves the VMM as it is.
+func (v *vmm) monitor(ctx context.Context) {
+	defer close(v.done)
+	opts := v.m.opts
+	ectx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+	err := v.m.rt.Ensure(ectx, v.spec())
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		what := "zone did not come up"
+		if errors.Is(err, zone.ErrGone) {
+			what = "zone vanished before its service was up"
+		}
+		v.fail(fmt.Sprintf("%s: %v", what, err))
+		return
+	}
+	reach, stopService, err := v.m.host.Start(ctx, v.id, v.reg.PropolisAddr)
+	if err != nil {
+		v.fail(fmt.Sprintf("reaching its service: %v", err))
+		return
+	}
+	defer stopService()
+	client := propolis.NewClient(reach)
+	client.Timeout = opts.CallTimeout
+	v.mu.Lock()
+	v.client = client
+	pending := v.pending
+	v.mu.Unlock()
+	v.record("service up", "at "+reach)
+	if pending != "" {
+		if _, _, err := v.request(ctx, pending); err != nil {
+			v.record("request failed", fmt.Sprintf("%s: %v", pending, err))
+		}
+	}
+	lastAnswer := time.Now()
+	for ctx.Err() == nil {
+		if gone, why := v.zoneGone(ctx); gone {
+			v.fail(fmt.Sprintf("zone vanished while the guest was %s: %s", v.guestState(), why))
+			return
+		}
+		if v.stopOverdue() {
+			v.forceStop(ctx)
+			return
+		}
+		st, err := v.poll(ctx, client)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errPoked):
+			continue
+		case err != nil:
+			if time.Since(lastAnswer) > opts.ServiceLost {
+				v.fail(fmt.Sprintf("its service has not answered for %s: %v", opts.ServiceLost, err))
+				return
+			}
+			v.pause(ctx, 100*time.Millisecond)
+			continue
+		}
+		lastAnswer = time.Now()
+		if v.observe(st) == propolis.StateStopped {
+			v.finishStop(ctx, "guest stopped")
+			return
+		}
+	}
+}
+
+var errPoked = errors.New("poked")
+
+// poll waits for the service's next change, at most PollWait, or until a
+// poke says the zone may be gone.
+func (v *vmm) poll(ctx context.Context, c *propolis.Client) (propolis.Status, error) {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	poked := make(chan struct{})
+	go func() {
+		select {
+		case <-v.pokec:
+			close(poked)
+			cancel()
+		case <-pctx.Done():
+		}
+	}()
+	v.mu.Lock()
+	after := v.svcGen
+	v.mu.Unlock()
+	st, err := c.WaitChange(pctx, after, v.m.opts.PollWait)
+	select {
+	case <-poked:
+		return st, errPoked
+	default:
+	}
+	return st, err
+}
+
+func (v *vmm) pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-v.pokec:
+		v.poke() // the next look at the zone is now
+	case <-t.C:
+	}
+}
+
+// zoneGone reports whether the VMM's zone no longer exists, and why.
+func (v *vmm) zoneGone(ctx context.Context) (bool, string) {
+	cctx, cancel := context.WithTimeout(ctx, v.m.opts.CallTimeout)
+	defer cancel()
+	// A zone that exists but is no longer whole (its namespace deleted, its
+	// service's process dead) has lost its guest as surely as one that is
+	// gone.
+	verdict := func(o zone.Observed, exists bool) (bool, string) {
+		switch {
+		case !exists:
+			return true, "it no longer exists"
+		case !o.Running:
+			return true, "it is broken: " + o.Detail
+		}
+		return false, ""
+	}
+	if in, ok := v.m.rt.(Inspector); ok {
+		o, exists, err := in.Inspect(cctx, v.name)
+		if err != nil {
+			return false, "" // cannot tell: look again next time
+		}
+		return verdict(o, exists)
+	}
+	obs, err := v.m.rt.List(cctx)
+	if err != nil {
+		return false, ""
+	}
+	for _, o := range obs {
+		if o.Name == v.name {
+			return verdict(o, true)
+		}
+	}
+	return verdict(zone.Observed{}, false)
+}
+
+func (v *vmm) guestState() string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.state.State
+}
+
+// observe takes the service's status as the VMM's and returns its state.
+func (v *vmm) observe(st propolis.Status) propolis.State {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if st.Gen < v.svcGen {
+		return propolis.State(v.state.State) // an older answer than one already seen
+	}
+	v.svcGen = st.Gen
+	v.setLocked(string(st.State), st.Detail, "guest "+string(st.State))
+	return st.State
+}
+
+// request hands r to the service, or keeps it until the service answers.
+func (v *vmm) request(ctx context.Context, r propolis.Request) (Info, bool, error) {
+	v.mu.Lock()
+	state, client := v.state.State, v.client
+	switch {
+	case state == string(propolis.StateFailed) || state == string(propolis.StateDestroyed):
+		v.mu.Unlock()
+		return Info{}, false, fmt.Errorf("%w: the VMM is %s (%s)", ErrInvalid, state, v.detail)
+	case client == nil:
+		if r == propolis.RequestReboot {
+			v.mu.Unlock()
+			return Info{}, false, fmt.Errorf("%w: the VMM is %s and cannot reboot", ErrInvalid, state)
+		}
+		changed := v.pending != r
+		v.pending = r
+		if r == propolis.RequestStopped && v.stopAt.IsZero() {
+			v.stopAt = time.Now()
+		}
+		v.recordLocked("requested", string(r)+" (once its service is up)")
+		v.mu.Unlock()
+		return v.info(), changed, nil
+	}
+	gen := v.state.Gen
+	if r == propolis.RequestStopped && v.stopAt.IsZero() {
+		v.stopAt = time.Now()
+	}
+	v.mu.Unlock()
+	st, err := client.Request(ctx, r)
+	if errors.Is(err, propolis.ErrInvalidTransition) {
+		return Info{}, false, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err != nil {
+		return Info{}, false, fmt.Errorf("asking the VMM's service to %s: %w", r, err)
+	}
+	v.record("requested", string(r))
+	v.observe(st)
+	info := v.info()
+	return info, info.State.Gen != gen, nil
+}
+
+// stopOverdue reports whether a stop has taken longer than StopGrace.
+func (v *vmm) stopOverdue() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return !v.stopAt.IsZero() && time.Since(v.stopAt) > v.m.opts.StopGrace && v.state.State != string(propolis.StateStopped)
+}
+
+// forceStop tears down a VMM whose stop did not finish in time.
+func (v *vmm) forceStop(ctx context.Context) {
+	v.record("stop overdue", fmt.Sprintf("not stopped within %s: tearing the zone down", v.m.opts.StopGrace))
+	v.finishStop(ctx, fmt.Sprintf("stop forced after %s", v.m.opts.StopGrace))
+}
+
+// finishStop tears the zone of a stopped VMM down.
+func (v *vmm) finishStop(ctx context.Context, why string) {
+	if err := v.teardown(ctx); err != nil {
+		v.set(string(propolis.StateFailed), fmt.Sprintf("%s, but tearing its zone down failed: %v", why, err), "teardown failed")
+		return
+	}
+	v.set(string(propolis.StateDestroyed), why+"; zone torn down", "destroyed")
+}
+
+// fail marks the VMM failed and removes what is left of its zone.
+func (v *vmm) fail(why string) {
+	v.set(string(propolis.StateFailed), why, "failed")
+	v.m.opts.Log.Warn("VMM failed", "vmm", v.id, "why", why)
+	if err := v.teardown(v.m.ctx); err != nil {
+		v.record("cleanup failed", err.Error())
+		return
+	}
+	v.record("cleaned up", "what was left of its zone is removed")
+}
+
+// teardown destroys the VMM's zone, under a deadline.
+func (v *vmm) teardown(ctx context.Context) error {
+	if ctx.Err() != nil {
+		ctx = context.Background() // unregistering after Close: still bounded below
+	}
+	dctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return v.m.rt.Destroy(dctx, v.name)
+}
+
+// LinuxHost is the Host of the Linux runtime: the zone runs the service.
+type LinuxHost struct{}
+
+// Start returns the zone's own address.
+func (LinuxHost) Start(ctx context.Context, id string, addr netip.AddrPort) (string, func(), error) {
+	return addr.String(), func() {}, nil
+}
+
+// InProcessHost is the Host of the sim runtime: the service runs in the
+// agent, on loopback, with the guest's timings in Options.
+type InProcessHost struct {
+	Options propolis.Options
+}
+
+// Start serves VMM id's service on a loopback port until stop.
+func (h InProcessHost) Start(ctx context.Context, id string, addr netip.AddrPort) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		propolis.ServeListener(sctx, ln, id, h.Options)
+	}()
+	return ln.Addr().String(), func() { cancel(); <-done }, nil
+}
