@@ -223,4 +223,3 @@ func waitDetail(t *testing.T, e *env, detail string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-
