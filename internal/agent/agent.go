@@ -34,6 +34,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/vmm"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -129,6 +130,8 @@ type Agent struct {
 	prefixes *prefix.Reconciler
 	// nat, if set, keeps the sled's NAT entries on every switch.
 	nat *nat.Reconciler
+	// vmms hosts the VMMs.
+	vmms *vmm.Manager
 }
 
 // New prepares an agent: it loads the ledger, binds the listener and builds
@@ -236,7 +239,16 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		a.nat = nat.New(a.rec, *natOpts)
 		onRunningChange = append(onRunningChange, a.nat.Poke)
 	}
-	rt.SetNotify(a.rec.Poke)
+	var host vmm.Host = vmm.InProcessHost{} // the sim's zones run nothing
+	if _, ok := rt.(*linux.Runtime); ok {
+		host = vmm.LinuxHost{}
+	}
+	a.vmms = vmm.New(rt, host, vmm.Options{Log: a.log.With("component", "vmm")})
+	// A zone may have died: the zone reconciler relists, VMM monitors look.
+	rt.SetNotify(func() {
+		a.rec.Poke()
+		a.vmms.Poke()
+	})
 
 	l, err := ledger.Open(cfg.LedgerDirs, LedgerFile, a.log.With("component", "ledger"))
 	if err != nil {
@@ -266,6 +278,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.nat != nil {
 		deps.NAT = a.nat
 	}
+	deps.VMMs = a.vmms
 	a.server = api.New(deps)
 	return a, nil
 }
@@ -382,6 +395,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		srv.Close()
 	}
 	wg.Wait()
+	a.vmms.Close() // monitors stop; the VMMs keep running
 	close(errc)
 	var errs []error
 	for err := range errc {

@@ -89,6 +89,8 @@ type Deps struct {
 	DDMURL   string
 	// NAT, if set, is the NAT reconciler, reported in inventory.
 	NAT NAT
+	// VMMs, if set, is the VMM manager, behind /vmms.
+	VMMs VMMs
 	Log *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
@@ -182,6 +184,9 @@ func (s *Server) register() {
 		Path:        "/agent/restore",
 		Summary:     "What the agent found at start-up and did about it: zones adopted, repaired, removed; leftovers swept",
 	}, s.agentRestore)
+	if s.deps.VMMs != nil {
+		s.registerVMMs()
+	}
 	if s.deps.Faults != nil {
 		s.registerFaults()
 	}

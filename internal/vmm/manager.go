@@ -103,8 +103,8 @@ type RuntimeState struct {
 	TimeUpdated time.Time `json:"time_updated"`
 }
 
-// Event is one line of a VMM's history.
-type Event struct {
+// LogEntry is one line of a VMM's history.
+type LogEntry struct {
 	At     time.Time `json:"at"`
 	Event  string    `json:"event"`
 	Detail string    `json:"detail,omitempty"`
@@ -118,7 +118,7 @@ type Info struct {
 	PropolisAddr string          `json:"propolis_addr"`
 	State        RuntimeState    `json:"vmm_state"`
 	Detail       string          `json:"detail,omitempty"`
-	History      []Event         `json:"history"`
+	History      []LogEntry      `json:"history"`
 	Registration json.RawMessage `json:"registration"`
 }
 

@@ -35,7 +35,7 @@ type vmm struct {
 	mu      sync.Mutex
 	state   RuntimeState     // guarded by mu
 	detail  string           // guarded by mu
-	history []Event          // guarded by mu
+	history []LogEntry       // guarded by mu
 	client  *propolis.Client // guarded by mu; set once the service answers
 	svcGen  uint64           // guarded by mu; the service's last gen seen
 	pending propolis.Request // guarded by mu; asked before the service answered
@@ -99,7 +99,7 @@ func (v *vmm) recordLocked(event, detail string) {
 	if n := v.m.opts.HistoryLen; len(v.history) >= n {
 		v.history = slices.Delete(v.history, 0, len(v.history)-n+1)
 	}
-	v.history = append(v.history, Event{At: time.Now(), Event: event, Detail: detail})
+	v.history = append(v.history, LogEntry{At: time.Now(), Event: event, Detail: detail})
 }
 
 // monitor brings the zone up and follows the guest until it stops, fails

@@ -1,0 +1,153 @@
+package agent_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/api"
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+const testVMM = "6a2a4a2e-57c3-4e3c-8c3b-1b4f0d6e8a01"
+
+// ensureBody is an InstanceEnsureBody as the control plane sends it (the
+// parts this agent does not act on abbreviated, but present).
+func ensureBody(addr string) string {
+	return `{"instance_id":"0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e","propolis_addr":"` + addr + `",
+	"vmm_runtime":{"gen":1,"state":"starting","time_updated":"2026-11-29T00:00:00Z"},
+	"local_config":{"hostname":"vm0","nics":[]},"metadata":{"project_id":"a","silo_id":"b"},"vmm_spec":{"board":{}}}`
+}
+
+// call sends a JSON request to the agent and returns the status and body.
+func call(t *testing.T, a *agent.Agent, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, "http://"+a.Addr()+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func vmmState(t *testing.T, a *agent.Agent) api.SledVmmState {
+	t.Helper()
+	code, b := call(t, a, http.MethodGet, "/vmms/"+testVMM+"/state", "")
+	if code != http.StatusOK {
+		t.Fatalf("GET state: %d %s", code, b)
+	}
+	var st api.SledVmmState
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func waitVMM(t *testing.T, a *agent.Agent, state string) api.SledVmmState {
+	t.Helper()
+	var st api.SledVmmState
+	waitFor(t, "VMM "+state, func() (bool, string) {
+		st = vmmState(t, a)
+		return st.VmmState.State == state, fmt.Sprintf("%+v", st)
+	})
+	return st
+}
+
+func TestVMMRoundTripOverTheAPI(t *testing.T) {
+	a, _ := start(t, agent.Config{DataDir: t.TempDir()})
+	body := ensureBody("[fd00:1122:3344:101::1:5]:12400")
+	code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, body)
+	if code != http.StatusOK || !bytes.Contains(b, []byte(`"vmm_state"`)) || !bytes.Contains(b, []byte(`"migration_in":null`)) {
+		t.Fatalf("register: %d %s", code, b)
+	}
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, body); code != http.StatusOK {
+		t.Fatalf("registering again: %d %s", code, b)
+	}
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:101::1:6]:12400")); code != http.StatusConflict {
+		t.Fatalf("registering with another address: %d %s", code, b)
+	}
+	first := vmmState(t, a)
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK || !bytes.Contains(b, []byte(`"updated_runtime":{`)) {
+		t.Fatalf("requesting running: %d %s", code, b)
+	}
+	running := waitVMM(t, a, "running")
+	if running.VmmState.Gen <= first.VmmState.Gen {
+		t.Fatalf("gen %d, then %d", first.VmmState.Gen, running.VmmState.Gen)
+	}
+	code, b = call(t, a, http.MethodGet, "/agent/vmms", "")
+	if code != http.StatusOK || !bytes.Contains(b, []byte(`"hostname":"vm0"`)) || !bytes.Contains(b, []byte(zone.VMMNamePrefix+testVMM)) {
+		t.Fatalf("GET /agent/vmms: %d %s", code, b)
+	}
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"stopped"}}`); code != http.StatusOK {
+		t.Fatalf("requesting stopped: %d %s", code, b)
+	}
+	waitVMM(t, a, "destroyed")
+	if code, b := call(t, a, http.MethodDelete, "/vmms/"+testVMM, ""); code != http.StatusOK || !bytes.Contains(b, []byte(`"updated_runtime"`)) {
+		t.Fatalf("unregister: %d %s", code, b)
+	}
+	if code, _ := call(t, a, http.MethodGet, "/vmms/"+testVMM+"/state", ""); code != http.StatusNotFound {
+		t.Fatalf("GET state after unregister: %d", code)
+	}
+}
+
+func TestVMMBadRequestsChangeNothing(t *testing.T) {
+	a, _ := start(t, agent.Config{DataDir: t.TempDir()})
+	for _, c := range []struct {
+		method, path, body string
+		code               int
+		says               string
+	}{
+		{http.MethodGet, "/vmms/" + testVMM + "/state", "", 404, "no such VMM"},
+		{http.MethodPut, "/vmms/not-a-uuid", ensureBody("[fd00::1]:1"), 400, "propolis_id"},
+		{http.MethodPut, "/vmms/" + testVMM, `{"instance_id":"0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e"}`, 400, "local_config, metadata, propolis_addr, vmm_runtime, vmm_spec"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBody("192.0.2.1:12400"), 400, "propolis_addr"},
+		{http.MethodPut, "/vmms/" + testVMM + "/state", `{"state":{"type":"running"}}`, 404, "no such VMM"},
+		{http.MethodDelete, "/vmms/" + testVMM, "", 404, "no such VMM"},
+	} {
+		code, b := call(t, a, c.method, c.path, c.body)
+		if code != c.code || !strings.Contains(string(b), c.says) || !strings.Contains(string(b), `"request_id"`) {
+			t.Errorf("%s %s: %d %s, want %d saying %q", c.method, c.path, code, b, c.code, c.says)
+		}
+	}
+	call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:101::1:5]:12400"))
+	waitVMM(t, a, "starting")
+	for body, says := range map[string]string{
+		`{"state":{"type":"reboot"}}`: "not running yet",
+		`{"state":{"type":"migration_target","value":{"src_propolis_addr":"[::1]:1"}}}`: "not supported",
+		`{"state":{"type":"sideways"}}`: "want running, stopped or reboot",
+		`{}`:                            `body must be`,
+	} {
+		code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", body)
+		if code != http.StatusBadRequest || !strings.Contains(string(b), says) {
+			t.Errorf("PUT state %s: %d %s, want 400 saying %q", body, code, b, says)
+		}
+	}
+}
+
+func TestVanishedVMMZoneIsReportedFailed(t *testing.T) {
+	a, _ := start(t, agent.Config{DataDir: t.TempDir()})
+	call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:101::1:5]:12400"))
+	call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`)
+	waitVMM(t, a, "running")
+	if !a.Sim().Vanish(zone.VMMNamePrefix + testVMM) {
+		t.Fatal("no VMM zone in the sim")
+	}
+	failed := waitVMM(t, a, "failed")
+	code, b := call(t, a, http.MethodGet, "/agent/vmms", "")
+	if code != http.StatusOK || !bytes.Contains(b, []byte("zone vanished while the guest was running")) {
+		t.Fatalf("GET /agent/vmms after the zone vanished: %d %s (state %+v)", code, b, failed)
+	}
+}

@@ -1,0 +1,271 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+	"github.com/google/uuid"
+
+	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+)
+
+// VMMs is the VMM manager (internal/vmm.Manager).
+type VMMs interface {
+	Register(id string, reg vmm.Registration) (vmm.Info, error)
+	Get(id string) (vmm.Info, error)
+	List() []vmm.Info
+	RequestState(ctx context.Context, id string, r propolis.Request) (vmm.Info, bool, error)
+	Unregister(ctx context.Context, id string) (vmm.Info, error)
+}
+
+// MaxVMMBodyBytes bounds a VMM registration.
+const MaxVMMBodyBytes = 4 << 20
+
+// SledVmmState is upstream's: the sled's whole knowledge of a VMM's state.
+// This agent does not migrate VMMs, so both migrations are always null.
+type SledVmmState struct {
+	VmmState     vmm.RuntimeState       `json:"vmm_state"`
+	MigrationIn  *MigrationRuntimeState `json:"migration_in" doc:"Always null: this agent does not migrate VMMs."`
+	MigrationOut *MigrationRuntimeState `json:"migration_out" doc:"Always null: this agent does not migrate VMMs."`
+}
+
+// MigrationRuntimeState is upstream's; never set by this agent.
+type MigrationRuntimeState struct {
+	Gen         uint64    `json:"gen"`
+	MigrationID string    `json:"migration_id"`
+	State       string    `json:"state"`
+	TimeUpdated time.Time `json:"time_updated"`
+}
+
+// VmmUpdate is upstream's VmmUnregisterResponse and VmmPutStateResponse.
+type VmmUpdate struct {
+	UpdatedRuntime *SledVmmState `json:"updated_runtime" doc:"The VMM's state after the request; null when it changed nothing."`
+}
+
+func sledVmmState(i vmm.Info) SledVmmState { return SledVmmState{VmmState: i.State} }
+
+func (s *Server) registerVMMs() {
+	huma.Register(s.api, huma.Operation{
+		OperationID:      "vmm_register",
+		Method:           http.MethodPut,
+		Path:             "/vmms/{propolis_id}",
+		Summary:          "Register a VMM and start bringing its zone up",
+		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused.",
+		MaxBodyBytes:     MaxVMMBodyBytes,
+		SkipValidateBody: true,
+		Errors:           []int{400, 409},
+	}, s.vmmRegister)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "vmm_unregister",
+		Method:      http.MethodDelete,
+		Path:        "/vmms/{propolis_id}",
+		Summary:     "Unregister a VMM and tear its zone down",
+		Errors:      []int{404},
+	}, s.vmmUnregister)
+	huma.Register(s.api, huma.Operation{
+		OperationID:      "vmm_put_state",
+		Method:           http.MethodPut,
+		Path:             "/vmms/{propolis_id}/state",
+		Summary:          "Ask a VMM's guest to run, stop or reboot",
+		Description:      `Body {"state": {"type": "running" | "stopped" | "reboot"}}. Answers once the VMM's service took the request; updated_runtime is null when it changed nothing. Live migration ("migration_target") is not supported.`,
+		SkipValidateBody: true,
+		Errors:           []int{400, 404, 503},
+	}, s.vmmPutState)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "vmm_get_state",
+		Method:      http.MethodGet,
+		Path:        "/vmms/{propolis_id}/state",
+		Summary:     "A VMM's state; vmm_state.gen increases with every change",
+		Errors:      []int{404},
+	}, s.vmmGetState)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "agent_vmms",
+		Method:      http.MethodGet,
+		Path:        "/agent/vmms",
+		Summary:     "Every VMM: state, what happened to it, its registration",
+	}, s.agentVMMs)
+}
+
+type vmmPath struct {
+	PropolisID string `path:"propolis_id" maxLength:"36" doc:"The VMM's (propolis) UUID."`
+}
+
+type vmmRegisterInput struct {
+	PropolisID string `path:"propolis_id" maxLength:"36" doc:"The VMM's (propolis) UUID."`
+	RawBody    []byte `contentType:"application/json"`
+}
+
+type sledVmmStateOutput struct {
+	Body SledVmmState
+}
+
+type vmmUpdateOutput struct {
+	Body VmmUpdate
+}
+
+// ensureBody is what this agent reads of InstanceEnsureBody.
+type ensureBody struct {
+	InstanceID   *string           `json:"instance_id"`
+	PropolisAddr *string           `json:"propolis_addr"`
+	VmmRuntime   *vmm.RuntimeState `json:"vmm_runtime"`
+	LocalConfig  json.RawMessage   `json:"local_config"`
+	Metadata     json.RawMessage   `json:"metadata"`
+	VmmSpec      json.RawMessage   `json:"vmm_spec"`
+}
+
+// parseRegistration checks a registration body and returns what the
+// manager needs; an error names the problem.
+func parseRegistration(raw []byte) (vmm.Registration, error) {
+	var b ensureBody
+	if err := json.Unmarshal(raw, &b); err != nil {
+		return vmm.Registration{}, fmt.Errorf("body is not an InstanceEnsureBody: %v", err)
+	}
+	var missing []string
+	for name, present := range map[string]bool{
+		"instance_id": b.InstanceID != nil, "propolis_addr": b.PropolisAddr != nil, "vmm_runtime": b.VmmRuntime != nil,
+		"local_config": b.LocalConfig != nil, "metadata": b.Metadata != nil, "vmm_spec": b.VmmSpec != nil,
+	} {
+		if !present {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return vmm.Registration{}, fmt.Errorf("missing field(s): %s", strings.Join(slices.Sorted(slices.Values(missing)), ", "))
+	}
+	id, err := uuid.Parse(*b.InstanceID)
+	if err != nil || len(*b.InstanceID) != 36 {
+		return vmm.Registration{}, fmt.Errorf("instance_id %q is not a UUID", *b.InstanceID)
+	}
+	addr, err := netip.ParseAddrPort(*b.PropolisAddr)
+	if err != nil || !addr.Addr().Is6() || addr.Addr().Is4In6() || addr.Addr().Zone() != "" || !addr.Addr().IsGlobalUnicast() || addr.Port() == 0 {
+		return vmm.Registration{}, fmt.Errorf("propolis_addr %q: want [ipv6]:port on the underlay", *b.PropolisAddr)
+	}
+	// A copy: the server reuses the buffer raw lies in.
+	return vmm.Registration{InstanceID: id.String(), PropolisAddr: addr, Initial: *b.VmmRuntime, Body: json.RawMessage(bytes.Clone(raw))}, nil
+}
+
+// propolisID checks the path's id: it names the VMM's zone.
+func propolisID(ctx context.Context, s string) (string, error) {
+	u, err := uuid.Parse(s)
+	if err != nil || len(s) != 36 {
+		return "", apiError(ctx, http.StatusBadRequest, fmt.Sprintf("propolis_id %q is not a UUID", s))
+	}
+	return u.String(), nil
+}
+
+func (s *Server) vmmError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, vmm.ErrNotFound):
+		return apiError(ctx, http.StatusNotFound, err.Error())
+	case errors.Is(err, vmm.ErrConflict):
+		return apiError(ctx, http.StatusConflict, err.Error())
+	case errors.Is(err, vmm.ErrInvalid):
+		return apiError(ctx, http.StatusBadRequest, err.Error())
+	case errors.Is(err, propolis.ErrUnreachable):
+		return apiError(ctx, http.StatusServiceUnavailable, err.Error())
+	default:
+		return apiError(ctx, http.StatusInternalServerError, err.Error())
+	}
+}
+
+func (s *Server) vmmRegister(ctx context.Context, in *vmmRegisterInput) (*sledVmmStateOutput, error) {
+	id, err := propolisID(ctx, in.PropolisID)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := parseRegistration(in.RawBody)
+	if err != nil {
+		return nil, apiError(ctx, http.StatusBadRequest, err.Error())
+	}
+	info, err := s.deps.VMMs.Register(id, reg)
+	if err != nil {
+		return nil, s.vmmError(ctx, err)
+	}
+	return &sledVmmStateOutput{Body: sledVmmState(info)}, nil
+}
+
+func (s *Server) vmmUnregister(ctx context.Context, in *vmmPath) (*vmmUpdateOutput, error) {
+	id, err := propolisID(ctx, in.PropolisID)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.deps.VMMs.Unregister(ctx, id)
+	if err != nil {
+		return nil, s.vmmError(ctx, err)
+	}
+	st := sledVmmState(info)
+	return &vmmUpdateOutput{Body: VmmUpdate{UpdatedRuntime: &st}}, nil
+}
+
+type vmmPutStateInput struct {
+	PropolisID string `path:"propolis_id" maxLength:"36" doc:"The VMM's (propolis) UUID."`
+	RawBody    []byte `contentType:"application/json"`
+}
+
+func (s *Server) vmmPutState(ctx context.Context, in *vmmPutStateInput) (*vmmUpdateOutput, error) {
+	id, err := propolisID(ctx, in.PropolisID)
+	if err != nil {
+		return nil, err
+	}
+	var b struct {
+		State *struct {
+			Type string `json:"type"`
+		} `json:"state"`
+	}
+	if err := json.Unmarshal(in.RawBody, &b); err != nil || b.State == nil {
+		return nil, apiError(ctx, http.StatusBadRequest, `body must be {"state": {"type": "running" | "stopped" | "reboot"}}`)
+	}
+	var r propolis.Request
+	switch b.State.Type {
+	case "running":
+		r = propolis.RequestRunning
+	case "stopped":
+		r = propolis.RequestStopped
+	case "reboot":
+		r = propolis.RequestReboot
+	case "migration_target":
+		return nil, apiError(ctx, http.StatusBadRequest, "live migration (migration_target) is not supported by this agent")
+	default:
+		return nil, apiError(ctx, http.StatusBadRequest, fmt.Sprintf("state type %q: want running, stopped or reboot", b.State.Type))
+	}
+	info, changed, err := s.deps.VMMs.RequestState(ctx, id, r)
+	if err != nil {
+		return nil, s.vmmError(ctx, err)
+	}
+	out := &vmmUpdateOutput{}
+	if changed {
+		st := sledVmmState(info)
+		out.Body.UpdatedRuntime = &st
+	}
+	return out, nil
+}
+
+func (s *Server) vmmGetState(ctx context.Context, in *vmmPath) (*sledVmmStateOutput, error) {
+	id, err := propolisID(ctx, in.PropolisID)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.deps.VMMs.Get(id)
+	if err != nil {
+		return nil, s.vmmError(ctx, err)
+	}
+	return &sledVmmStateOutput{Body: sledVmmState(info)}, nil
+}
+
+type agentVMMsOutput struct {
+	Body []vmm.Info
+}
+
+func (s *Server) agentVMMs(context.Context, *struct{}) (*agentVMMsOutput, error) {
+	return &agentVMMsOutput{Body: s.deps.VMMs.List()}, nil
+}
