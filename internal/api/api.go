@@ -91,7 +91,7 @@ type Deps struct {
 	NAT NAT
 	// VMMs, if set, is the VMM manager, behind /vmms.
 	VMMs VMMs
-	Log *slog.Logger
+	Log  *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
 }
