@@ -56,7 +56,7 @@ var (
 
 // Config is what Ensure builds for one zone.
 type Config struct {
-	Netns    string     // namespace name (/run/netns/<Netns>): 1–64 bytes of [A-Za-z0-9_.-], no leading dot
+	Netns    string     // namespace name (/run/netns/<Netns>): 1–128 bytes of [A-Za-z0-9_.-], no leading dot
 	Tag      string     // ownership tag: 1–20 bytes of [a-z0-9-]
 	ZoneID   string     // zone UUID, 36-character hyphenated form (compared in lower case)
 	Underlay netip.Addr // the zone's underlay IPv6 address
@@ -149,8 +149,8 @@ func (c Config) validate() error {
 }
 
 func validNetns(s string) error {
-	if len(s) == 0 || len(s) > 64 || s[0] == '.' || !only(s, "_.-", true) {
-		return fmt.Errorf("%w: namespace name %q: want 1–64 bytes of [A-Za-z0-9_.-], not starting with a dot", ErrInvalid, s)
+	if len(s) == 0 || len(s) > 128 || s[0] == '.' || !only(s, "_.-", true) {
+		return fmt.Errorf("%w: namespace name %q: want 1–128 bytes of [A-Za-z0-9_.-], not starting with a dot", ErrInvalid, s)
 	}
 	return nil
 }

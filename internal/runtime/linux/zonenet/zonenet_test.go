@@ -194,7 +194,7 @@ func TestValidation(t *testing.T) {
 		"netns empty":      func(c *Config) { c.Netns = "" },
 		"netns dot":        func(c *Config) { c.Netns = ".." },
 		"netns slash":      func(c *Config) { c.Netns = "a/b" },
-		"netns long":       func(c *Config) { c.Netns = strings.Repeat("a", 65) },
+		"netns long":       func(c *Config) { c.Netns = strings.Repeat("a", 129) },
 		"tag upper":        func(c *Config) { c.Tag = "Sled" },
 		"tag long":         func(c *Config) { c.Tag = "abcdefghijklmnopqrstu" },
 		"tag colon":        func(c *Config) { c.Tag = "a:b" },
