@@ -243,7 +243,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if _, ok := rt.(*linux.Runtime); ok {
 		host = vmm.LinuxHost{}
 	}
-	a.vmms = vmm.New(rt, host, vmm.Options{Log: a.log.With("component", "vmm")})
+	a.vmms = vmm.New(rt, host, vmm.Options{StateDir: filepath.Join(cfg.DataDir, "vmms"), Log: a.log.With("component", "vmm")})
 	// A zone may have died: the zone reconciler relists, VMM monitors look.
 	rt.SetNotify(func() {
 		a.rec.Poke()
@@ -359,6 +359,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		Handler:           a.server.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+	}
+	// VMMs outlive the agent: take back the ones the last agent left.
+	if n, err := a.vmms.Resume(ctx); err != nil {
+		a.log.Error("adopting VMMs", "err", err, "adopted", n)
+	} else if n > 0 {
+		a.log.Info("adopted VMMs", "count", n)
 	}
 	var wg sync.WaitGroup
 	errc := make(chan error, 2)

@@ -125,7 +125,7 @@ func TestVMMBadRequestsChangeNothing(t *testing.T) {
 	call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:101::1:5]:12400"))
 	waitVMM(t, a, "starting")
 	for body, says := range map[string]string{
-		`{"state":{"type":"reboot"}}`: "not running yet",
+		`{"state":{"type":"reboot"}}`: "starting",
 		`{"state":{"type":"migration_target","value":{"src_propolis_addr":"[::1]:1"}}}`: "not supported",
 		`{"state":{"type":"sideways"}}`: "want running, stopped or reboot",
 		`{}`:                            `body must be`,
@@ -149,5 +149,45 @@ func TestVanishedVMMZoneIsReportedFailed(t *testing.T) {
 	code, b := call(t, a, http.MethodGet, "/agent/vmms", "")
 	if code != http.StatusOK || !bytes.Contains(b, []byte("zone vanished while the guest was running")) {
 		t.Fatalf("GET /agent/vmms after the zone vanished: %d %s (state %+v)", code, b, failed)
+	}
+}
+
+func TestRestartAdoptsRunningVMMs(t *testing.T) {
+	dir := t.TempDir()
+	first := newAgent(t, agent.Config{DataDir: dir})
+	stop := run(t, first)
+	call(t, first, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:101::1:5]:12400"))
+	call(t, first, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`)
+	before := waitVMM(t, first, "running")
+	name := zone.VMMNamePrefix + testVMM
+	inc, ok := first.Sim().Incarnation(name)
+	if !ok {
+		t.Fatal("no VMM zone")
+	}
+	// A VMM zone nobody knows: an unregister the last agent did not finish.
+	stray := zone.Spec{Name: zone.VMMNamePrefix + "00000000-0000-4000-8000-0000000000aa", ID: "00000000-0000-4000-8000-0000000000aa", Hash: "x"}
+	stray.Config.ZoneType.Type = zone.VMMZoneType
+	if err := first.Sim().Ensure(t.Context(), stray); err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	second := newAgent(t, agent.Config{DataDir: dir})
+	run(t, second)
+	after := waitVMM(t, second, "running")
+	if after.VmmState.Gen <= before.VmmState.Gen {
+		t.Errorf("gen %d after the restart, %d before: it must go on rising", after.VmmState.Gen, before.VmmState.Gen)
+	}
+	if got, ok := second.Sim().Incarnation(name); !ok || got != inc {
+		t.Errorf("VMM zone recreated: incarnation %d → %d (%v)", inc, got, ok)
+	}
+	if _, ok := second.Sim().Incarnation(stray.Name); ok {
+		t.Errorf("the stray VMM zone is still there")
+	}
+	code, b := call(t, second, http.MethodGet, "/agent/vmms", "")
+	if code != http.StatusOK || !bytes.Contains(b, []byte(`"adopted"`)) || !bytes.Contains(b, []byte(`"hostname":"vm0"`)) {
+		t.Fatalf("GET /agent/vmms: %d %s", code, b)
 	}
 }

@@ -38,8 +38,8 @@ type Runtime interface {
 type Host interface {
 	// Start returns the host:port at which the service of VMM id, whose
 	// zone serves at addr, answers, and a function that stops what Start
-	// started.
-	Start(ctx context.Context, id string, addr netip.AddrPort) (reach string, stop func(), err error)
+	// started. resume: the VMM was found running after a restart.
+	Start(ctx context.Context, id string, addr netip.AddrPort, resume bool) (reach string, stop func(), err error)
 }
 
 // Errors for decisions (the API maps them to 404 and 400/409).
@@ -69,7 +69,10 @@ type Options struct {
 	CallTimeout time.Duration
 	// HistoryLen is how many events each VMM keeps (32).
 	HistoryLen int
-	Log        *slog.Logger
+	// StateDir keeps each VMM's registration and state, so that a restarted
+	// agent adopts them (Resume); "" keeps nothing.
+	StateDir string
+	Log      *slog.Logger
 }
 
 func (o *Options) setDefaults() {
@@ -131,8 +134,9 @@ type Manager struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
-	mu   sync.Mutex
-	vmms map[string]*vmm // guarded by mu; by propolis id
+	registerMu sync.Mutex // serialises Register and Unregister
+	mu         sync.Mutex
+	vmms       map[string]*vmm // guarded by mu; by propolis id
 }
 
 // New returns a manager. Close stops its monitors (VMMs keep running).
@@ -163,17 +167,28 @@ func (m *Manager) Poke() {
 // at once with the VMM's state. Registering the same VMM again returns its
 // current state; with another address or instance it is ErrConflict.
 func (m *Manager) Register(id string, reg Registration) (Info, error) {
+	// Registrations one at a time (each writes a file); readers never wait
+	// for them: m.mu is not held while the file is written.
+	m.registerMu.Lock()
+	defer m.registerMu.Unlock()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if v, ok := m.vmms[id]; ok {
-		if v.reg.PropolisAddr != reg.PropolisAddr || v.reg.InstanceID != reg.InstanceID {
-			return Info{}, fmt.Errorf("%w: VMM %s serves at %s for instance %s", ErrConflict, id, v.reg.PropolisAddr, v.reg.InstanceID)
+	old, ok := m.vmms[id]
+	m.mu.Unlock()
+	if ok {
+		if old.reg.PropolisAddr != reg.PropolisAddr || old.reg.InstanceID != reg.InstanceID {
+			return Info{}, fmt.Errorf("%w: VMM %s serves at %s for instance %s", ErrConflict, id, old.reg.PropolisAddr, old.reg.InstanceID)
 		}
-		return v.info(), nil
+		return old.info(), nil
 	}
 	v := newVMM(m, id, reg)
+	if err := v.save(); err != nil {
+		v.cancel()
+		return Info{}, err
+	}
+	m.mu.Lock()
 	m.vmms[id] = v
-	m.wg.Go(func() { v.monitor(v.ctx) })
+	m.mu.Unlock()
+	m.wg.Go(func() { v.monitor(v.ctx, false) })
 	return v.info(), nil
 }
 
@@ -217,22 +232,32 @@ func (m *Manager) RequestState(ctx context.Context, id string, r propolis.Reques
 	return v.request(ctx, r)
 }
 
-// Unregister stops VMM id's monitor, tears its zone down and forgets it.
+// Unregister forgets VMM id, stops its monitor and tears its zone down. A
+// zone whose teardown a crash interrupts is removed by the next Resume.
 func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
+	m.registerMu.Lock()
 	m.mu.Lock()
 	v, ok := m.vmms[id]
-	if ok {
-		delete(m.vmms, id)
-	}
+	delete(m.vmms, id)
 	m.mu.Unlock()
+	var err error
+	if ok {
+		err = v.forget()
+	}
+	m.registerMu.Unlock()
 	if !ok {
 		return Info{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return v.info(), fmt.Errorf("forgetting VMM %s: %w", id, err)
 	}
 	v.cancel()
 	<-v.done
 	if err := v.teardown(ctx); err != nil {
 		return v.info(), err
 	}
-	v.set(string(propolis.StateDestroyed), "unregistered; zone torn down", "unregistered")
+	v.mu.Lock()
+	v.setLocked(string(propolis.StateDestroyed), "unregistered; zone torn down", "unregistered")
+	v.mu.Unlock()
 	return v.info(), nil
 }

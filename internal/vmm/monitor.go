@@ -31,6 +31,7 @@ type vmm struct {
 	ctx    context.Context // the monitor's
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the monitor returns
+	saveMu sync.Mutex    // orders writes of the VMM's file
 
 	mu      sync.Mutex
 	state   RuntimeState     // guarded by mu
@@ -76,8 +77,18 @@ func (v *vmm) info() Info {
 // increases with every change.
 func (v *vmm) set(state, detail, event string) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	v.setLocked(state, detail, event)
+	v.mu.Unlock()
+	v.saveOrLog()
+}
+
+// saveOrLog keeps the VMM's state; a failure is logged and recorded (the
+// state in memory is right; a restarted agent would find an older one).
+func (v *vmm) saveOrLog() {
+	if err := v.save(); err != nil {
+		v.m.opts.Log.Error("keeping a VMM's state", "vmm", v.id, "err", err)
+		v.record("not kept", err.Error())
+	}
 }
 
 func (v *vmm) setLocked(state, detail, event string) {
@@ -102,27 +113,36 @@ func (v *vmm) recordLocked(event, detail string) {
 	v.history = append(v.history, LogEntry{At: time.Now(), Event: event, Detail: detail})
 }
 
-// monitor brings the zone up and follows the guest until it stops, fails
-// or the zone disappears, or until the monitor is cancelled (unregister,
-// agent shutdown), which leaves the VMM as it is.
-func (v *vmm) monitor(ctx context.Context) {
+// monitor brings the zone up (or, adopting a VMM found after a restart,
+// checks that it is still there) and follows the guest until it stops,
+// fails or the zone disappears, or until the monitor is cancelled
+// (unregister, agent shutdown), which leaves the VMM as it is.
+func (v *vmm) monitor(ctx context.Context, adopt bool) {
 	defer close(v.done)
 	opts := v.m.opts
-	ectx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
-	err := v.m.rt.Ensure(ectx, v.spec())
-	cancel()
-	if ctx.Err() != nil {
-		return
-	}
-	if err != nil {
-		what := "zone did not come up"
-		if errors.Is(err, zone.ErrGone) {
-			what = "zone vanished before its service was up"
+	if adopt {
+		if gone, why := v.zoneGone(ctx); gone {
+			v.fail("zone gone while the agent was down: " + why)
+			return
 		}
-		v.fail(fmt.Sprintf("%s: %v", what, err))
-		return
+	} else {
+		ectx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+		err := v.m.rt.Ensure(ectx, v.spec())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			what := "zone did not come up"
+			if errors.Is(err, zone.ErrGone) {
+				what = "zone vanished before its service was up"
+			}
+			v.fail(fmt.Sprintf("%s: %v", what, err))
+			return
+		}
 	}
-	reach, stopService, err := v.m.host.Start(ctx, v.id, v.reg.PropolisAddr)
+	resume := adopt && v.guestState() == string(propolis.StateRunning)
+	reach, stopService, err := v.m.host.Start(ctx, v.id, v.reg.PropolisAddr, resume)
 	if err != nil {
 		v.fail(fmt.Sprintf("reaching its service: %v", err))
 		return
@@ -140,6 +160,12 @@ func (v *vmm) monitor(ctx context.Context) {
 			v.record("request failed", fmt.Sprintf("%s: %v", pending, err))
 		}
 	}
+	v.follow(ctx, client)
+}
+
+// follow tracks the guest through its service until the VMM ends.
+func (v *vmm) follow(ctx context.Context, client *propolis.Client) {
+	opts := v.m.opts
 	lastAnswer := time.Now()
 	for ctx.Err() == nil {
 		if gone, why := v.zoneGone(ctx); gone {
@@ -255,12 +281,19 @@ func (v *vmm) guestState() string {
 // observe takes the service's status as the VMM's and returns its state.
 func (v *vmm) observe(st propolis.Status) propolis.State {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	if st.Gen < v.svcGen {
-		return propolis.State(v.state.State) // an older answer than one already seen
+		cur := v.state.State // an older answer than one already seen
+		v.mu.Unlock()
+		return propolis.State(cur)
 	}
 	v.svcGen = st.Gen
+	gen := v.state.Gen
 	v.setLocked(string(st.State), st.Detail, "guest "+string(st.State))
+	changed := v.state.Gen != gen
+	v.mu.Unlock()
+	if changed {
+		v.saveOrLog()
+	}
 	return st.State
 }
 
@@ -350,8 +383,9 @@ func (v *vmm) teardown(ctx context.Context) error {
 // LinuxHost is the Host of the Linux runtime: the zone runs the service.
 type LinuxHost struct{}
 
-// Start returns the zone's own address.
-func (LinuxHost) Start(ctx context.Context, id string, addr netip.AddrPort) (string, func(), error) {
+// Start returns the zone's own address: the zone's service, which outlives
+// the agent, resumes by itself.
+func (LinuxHost) Start(ctx context.Context, id string, addr netip.AddrPort, resume bool) (string, func(), error) {
 	return addr.String(), func() {}, nil
 }
 
@@ -361,8 +395,9 @@ type InProcessHost struct {
 	Options propolis.Options
 }
 
-// Start serves VMM id's service on a loopback port until stop.
-func (h InProcessHost) Start(ctx context.Context, id string, addr netip.AddrPort) (string, func(), error) {
+// Start serves VMM id's service on a loopback port until stop; resume
+// starts its guest running (the agent's service died with the last agent).
+func (h InProcessHost) Start(ctx context.Context, id string, addr netip.AddrPort, resume bool) (string, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
@@ -371,7 +406,9 @@ func (h InProcessHost) Start(ctx context.Context, id string, addr netip.AddrPort
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		propolis.ServeListener(sctx, ln, id, h.Options)
+		opts := h.Options
+		opts.Running = resume
+		propolis.ServeListener(sctx, ln, id, opts)
 	}()
 	return ln.Addr().String(), func() { cancel(); <-done }, nil
 }

@@ -90,6 +90,9 @@ type Options struct {
 	BootTime   time.Duration // starting (booting) → running
 	StopTime   time.Duration // stopping → stopped
 	RebootTime time.Duration // rebooting → running
+	// Running starts the guest running, as one found running: the agent's
+	// in-process service resumes so a VMM it adopts after a restart.
+	Running bool
 }
 
 func (o Options) withDefaults() Options {
@@ -129,13 +132,14 @@ type Guest struct {
 	closed  bool
 }
 
-// NewGuest returns a guest in state starting, waiting for a request to run.
+// NewGuest returns a guest in state starting, waiting for a request to run
+// (or running, with Options.Running).
 func NewGuest(opts Options) *Guest {
-	return &Guest{
-		opts:    opts.withDefaults(),
-		st:      Status{Gen: 1, State: StateStarting, TimeUpdated: time.Now().UTC(), Detail: detailWaiting},
-		changed: make(chan struct{}),
+	st := Status{Gen: 1, State: StateStarting, TimeUpdated: time.Now().UTC(), Detail: detailWaiting}
+	if opts.Running {
+		st.State, st.Detail = StateRunning, "resumed"
 	}
+	return &Guest{opts: opts.withDefaults(), st: st, changed: make(chan struct{})}
 }
 
 // Status returns the guest's current status.

@@ -1,0 +1,160 @@
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sled-agent/sled-agent/internal/atomicfile"
+	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+// A VMM outlives the agent: its registration and last reported state are
+// kept in Options.StateDir, one file per VMM, written durably at every
+// change, so that a restarted agent adopts the VMM (Resume) instead of
+// forgetting or destroying it, and its generation only ever goes up.
+
+// record is a VMM's file.
+type record struct {
+	ID           string          `json:"propolis_id"`
+	InstanceID   string          `json:"instance_id"`
+	PropolisAddr string          `json:"propolis_addr"`
+	Initial      RuntimeState    `json:"initial"`
+	State        RuntimeState    `json:"vmm_state"`
+	Detail       string          `json:"detail,omitempty"`
+	Registration json.RawMessage `json:"registration"`
+}
+
+func (v *vmm) path() string { return filepath.Join(v.m.opts.StateDir, v.id+".json") }
+
+// save writes the VMM's file. r.mu is not held while writing; saveMu keeps
+// writes in order.
+func (v *vmm) save() error {
+	if v.m.opts.StateDir == "" {
+		return nil
+	}
+	v.saveMu.Lock()
+	defer v.saveMu.Unlock()
+	v.mu.Lock()
+	rec := record{ID: v.id, InstanceID: v.reg.InstanceID, PropolisAddr: v.reg.PropolisAddr.String(), Initial: v.reg.Initial,
+		State: v.state, Detail: v.detail, Registration: v.reg.Body}
+	v.mu.Unlock()
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(v.path(), data, atomicfile.Options{Perm: 0o600, Durable: true}); err != nil {
+		return fmt.Errorf("keeping VMM %s: %w", v.id, err)
+	}
+	return nil
+}
+
+func (v *vmm) forget() error {
+	if v.m.opts.StateDir == "" {
+		return nil
+	}
+	v.saveMu.Lock()
+	defer v.saveMu.Unlock()
+	if err := os.Remove(v.path()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Resume adopts the VMMs an earlier agent left: each is known again with
+// its registration, its generation continues above the last one reported,
+// and a monitor looks at its zone: still there, it follows the guest as
+// before (nothing is restarted); gone, the VMM fails. VMM zones of no known
+// VMM (an unregister cut short) are torn down. It returns how many VMMs it
+// adopted. A file it cannot read is an error naming it; the others are
+// adopted all the same, and the zone of a VMM whose file is unreadable is
+// left alone.
+func (m *Manager) Resume(ctx context.Context) (int, error) {
+	if m.opts.StateDir == "" {
+		return 0, nil
+	}
+	ents, err := os.ReadDir(m.opts.StateDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, err
+	}
+	var errs []error
+	n := 0
+	known := map[string]bool{}
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || uuid.Validate(id) != nil {
+			continue
+		}
+		known[id] = true
+		rec, err := readRecord(filepath.Join(m.opts.StateDir, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.adopt(id, rec)
+		n++
+	}
+	lctx, cancel := context.WithTimeout(ctx, m.opts.CallTimeout)
+	obs, err := m.rt.List(lctx)
+	cancel()
+	if err != nil {
+		return n, errors.Join(append(errs, fmt.Errorf("listing zones for VMM leftovers: %w", err))...)
+	}
+	for _, o := range obs {
+		if id, ok := strings.CutPrefix(o.Name, zone.VMMNamePrefix); ok && !known[id] {
+			m.opts.Log.Warn("tearing down the zone of a VMM nobody knows", "zone", o.Name)
+			dctx, cancel := context.WithTimeout(ctx, time.Minute)
+			if err := m.rt.Destroy(dctx, o.Name); err != nil {
+				errs = append(errs, err)
+			}
+			cancel()
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+func readRecord(path string) (record, error) {
+	var rec record
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return rec, err
+	}
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return rec, fmt.Errorf("%s: %w", path, err)
+	}
+	if _, err := netip.ParseAddrPort(rec.PropolisAddr); err != nil {
+		return rec, fmt.Errorf("%s: propolis_addr: %w", path, err)
+	}
+	return rec, nil
+}
+
+func (m *Manager) adopt(id string, rec record) {
+	reg := Registration{InstanceID: rec.InstanceID, PropolisAddr: netip.MustParseAddrPort(rec.PropolisAddr), Initial: rec.Initial, Body: rec.Registration}
+	v := newVMM(m, id, reg)
+	v.mu.Lock()
+	v.history = nil
+	v.state = rec.State
+	v.detail = rec.Detail
+	v.setLocked(rec.State.State, "adopted after an agent restart", "adopted")
+	v.mu.Unlock()
+	m.mu.Lock()
+	m.vmms[id] = v
+	m.mu.Unlock()
+	terminal := rec.State.State == string(propolis.StateFailed) || rec.State.State == string(propolis.StateDestroyed)
+	if terminal {
+		close(v.done) // nothing to follow
+		return
+	}
+	v.save()
+	m.wg.Go(func() { v.monitor(v.ctx, true) })
+}
