@@ -386,3 +386,33 @@ func TestLinuxVMMFailsWhenItsZoneIsDeleted(t *testing.T) {
 		return err == nil && len(nss)+len(links) == 0, fmt.Sprint(nss, links, err)
 	})
 }
+
+// TestLinuxRestartAdoptsARunningVMM: the VMM's service process in its real
+// zone keeps running through an agent restart, and the new agent follows it
+// with a higher generation.
+func TestLinuxRestartAdoptsARunningVMM(t *testing.T) {
+	tag, prefix, dir, runDir := linuxEnv(t)
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix}
+	first := newAgent(t, cfg)
+	stop := run(t, first)
+	call(t, first, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:1d0::6]:12400"))
+	call(t, first, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`)
+	before := waitVMM(t, first, "running")
+	svc := filepath.Join(runDir, tag, zone.VMMNamePrefix+testVMM)
+	st, err := supervise.Status(svc)
+	if err != nil || !st.Up {
+		t.Fatalf("VMM service: %+v, %v", st, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	second := newAgent(t, cfg)
+	run(t, second)
+	after := waitVMM(t, second, "running")
+	if after.VmmState.Gen <= before.VmmState.Gen {
+		t.Errorf("gen %d after the restart, %d before", after.VmmState.Gen, before.VmmState.Gen)
+	}
+	if st2, err := supervise.Status(svc); err != nil || st2.PID != st.PID {
+		t.Errorf("VMM service pid %d before the restart, %+v (%v) after", st.PID, st2, err)
+	}
+}
