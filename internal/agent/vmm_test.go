@@ -146,9 +146,11 @@ func TestVanishedVMMZoneIsReportedFailed(t *testing.T) {
 		t.Fatal("no VMM zone in the sim")
 	}
 	failed := waitVMM(t, a, "failed")
-	code, b := call(t, a, http.MethodGet, "/agent/vmms", "")
-	if code != http.StatusOK || !bytes.Contains(b, []byte("zone vanished while the guest was running")) {
-		t.Fatalf("GET /agent/vmms after the zone vanished: %d %s (state %+v)", code, b, failed)
+	for _, path := range []string{"/agent/vmms", "/inventory"} {
+		code, b := call(t, a, http.MethodGet, path, "")
+		if code != http.StatusOK || !bytes.Contains(b, []byte("zone vanished while the guest was running")) {
+			t.Fatalf("GET %s after the zone vanished: %d %s (state %+v)", path, code, b, failed)
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/prefix"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
 var jsonMarshal = json.Marshal
@@ -26,6 +27,7 @@ type Inventory struct {
 
 	Ledger     LedgerStatus  `json:"ledger" doc:"State of every ledger copy (ours)."`
 	ZoneStates []ZoneSummary `json:"zone_states" doc:"Every zone the agent manages, sorted by name (ours)."`
+	VMMs       []VMMSummary  `json:"vmms" doc:"Every VMM: its zone, state and what last happened to it (ours; details in GET /agent/vmms)."`
 	NAT        *nat.Status   `json:"nat" doc:"This sled's NAT entries on every switch: how the switches were found, each switch's slot, last success and error, entries wanted and present, conflicts (ours); null when the agent manages none."`
 	DDM        *DDMStatus    `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes (ours); null when the agent manages none."`
 }
@@ -83,6 +85,15 @@ type LedgerCopy struct {
 	Error      string `json:"error,omitempty"`
 }
 
+// VMMSummary is one VMM in inventory.
+type VMMSummary struct {
+	ID        string           `json:"propolis_id"`
+	Zone      string           `json:"zone"`
+	State     vmm.RuntimeState `json:"vmm_state"`
+	Detail    string           `json:"detail,omitempty"`
+	LastEvent *vmm.LogEntry    `json:"last_event,omitempty"`
+}
+
 // DDMStatus is the prefix reconciler's status, with the routing daemon's
 // address.
 type DDMStatus struct {
@@ -131,6 +142,16 @@ func (s *Server) inventory(context.Context, *struct{}) (*inventoryOutput, error)
 		LedgeredSledConfig: s.deps.Configs.Current(),
 		Ledger:             LedgerStatus{Problem: s.deps.Configs.LoadProblem(), Copies: []LedgerCopy{}},
 		ZoneStates:         []ZoneSummary{},
+	}
+	inv.VMMs = []VMMSummary{}
+	if s.deps.VMMs != nil {
+		for _, v := range s.deps.VMMs.List() {
+			sum := VMMSummary{ID: v.ID, Zone: v.Zone, State: v.State, Detail: v.Detail}
+			if n := len(v.History); n > 0 {
+				sum.LastEvent = &v.History[n-1]
+			}
+			inv.VMMs = append(inv.VMMs, sum)
+		}
 	}
 	if s.deps.NAT != nil {
 		st := s.deps.NAT.Status()

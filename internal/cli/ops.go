@@ -129,6 +129,9 @@ func printInventory(w io.Writer, inv *api.Inventory) error {
 			}
 		}
 	}
+	for _, v := range inv.VMMs {
+		fmt.Fprintf(tw, "vmm %s\t%s (gen %d) %s\n", v.ID, v.State.State, v.State.Gen, v.Detail)
+	}
 	if n := inv.NAT; n != nil {
 		found := "switches found by " + n.Discovery.Source
 		if n.Discovery.DNSError != "" {
