@@ -361,7 +361,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		IdleTimeout:       2 * time.Minute,
 	}
 	// VMMs outlive the agent: take back the ones the last agent left.
-	if n, err := a.vmms.Resume(ctx); err != nil {
+	if n, err := a.vmms.Resume(); err != nil {
 		a.log.Error("adopting VMMs", "err", err, "adopted", n)
 	} else if n > 0 {
 		a.log.Info("adopted VMMs", "count", n)

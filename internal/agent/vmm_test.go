@@ -185,9 +185,10 @@ func TestRestartAdoptsRunningVMMs(t *testing.T) {
 	if got, ok := second.Sim().Incarnation(name); !ok || got != inc {
 		t.Errorf("VMM zone recreated: incarnation %d → %d (%v)", inc, got, ok)
 	}
-	if _, ok := second.Sim().Incarnation(stray.Name); ok {
-		t.Errorf("the stray VMM zone is still there")
-	}
+	waitFor(t, "the stray VMM zone torn down", func() (bool, string) {
+		_, ok := second.Sim().Incarnation(stray.Name)
+		return !ok, "still there"
+	})
 	code, b := call(t, second, http.MethodGet, "/agent/vmms", "")
 	if code != http.StatusOK || !bytes.Contains(b, []byte(`"adopted"`)) || !bytes.Contains(b, []byte(`"hostname":"vm0"`)) {
 		t.Fatalf("GET /agent/vmms: %d %s", code, b)

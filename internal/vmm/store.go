@@ -75,11 +75,11 @@ func (v *vmm) forget() error {
 // its registration, its generation continues above the last one reported,
 // and a monitor looks at its zone: still there, it follows the guest as
 // before (nothing is restarted); gone, the VMM fails. VMM zones of no known
-// VMM (an unregister cut short) are torn down. It returns how many VMMs it
-// adopted. A file it cannot read is an error naming it; the others are
+// VMM (an unregister cut short) are torn down, in the background. It
+// returns how many VMMs it adopted. A file it cannot read is an error naming it; the others are
 // adopted all the same, and the zone of a VMM whose file is unreadable is
 // left alone.
-func (m *Manager) Resume(ctx context.Context) (int, error) {
+func (m *Manager) Resume() (int, error) {
 	if m.opts.StateDir == "" {
 		return 0, nil
 	}
@@ -104,23 +104,55 @@ func (m *Manager) Resume(ctx context.Context) (int, error) {
 		m.adopt(id, rec)
 		n++
 	}
-	lctx, cancel := context.WithTimeout(ctx, m.opts.CallTimeout)
-	obs, err := m.rt.List(lctx)
+	// Listing every zone takes a while with many: in the background, so
+	// that the agent answers at once.
+	m.wg.Go(func() { m.removeUnknown(known) })
+	return n, errors.Join(errs...)
+}
+
+// removeUnknown tears down the VMM zones of no VMM in known.
+func (m *Manager) removeUnknown(known map[string]bool) {
+	ctx := m.ctx
+	lctx, cancel := context.WithTimeout(ctx, time.Minute)
+	names, err := m.vmmZoneNames(lctx)
 	cancel()
 	if err != nil {
-		return n, errors.Join(append(errs, fmt.Errorf("listing zones for VMM leftovers: %w", err))...)
+		m.opts.Log.Error("listing zones for VMM leftovers", "err", err)
+		return
 	}
-	for _, o := range obs {
-		if id, ok := strings.CutPrefix(o.Name, zone.VMMNamePrefix); ok && !known[id] {
-			m.opts.Log.Warn("tearing down the zone of a VMM nobody knows", "zone", o.Name)
+	for _, name := range names {
+		if id, ok := strings.CutPrefix(name, zone.VMMNamePrefix); ok && !known[id] {
+			m.opts.Log.Warn("tearing down the zone of a VMM nobody knows", "zone", name)
 			dctx, cancel := context.WithTimeout(ctx, time.Minute)
-			if err := m.rt.Destroy(dctx, o.Name); err != nil {
-				errs = append(errs, err)
+			if err := m.rt.Destroy(dctx, name); err != nil {
+				m.opts.Log.Error("tearing down the zone of a VMM nobody knows", "zone", name, "err", err)
 			}
 			cancel()
 		}
 	}
-	return n, errors.Join(errs...)
+}
+
+// Namer is a Runtime that can name its zones without inspecting them.
+type Namer interface {
+	Names(ctx context.Context, prefix string) ([]string, error)
+}
+
+// vmmZoneNames names the VMM zones that exist.
+func (m *Manager) vmmZoneNames(ctx context.Context) ([]string, error) {
+	if n, ok := m.rt.(Namer); ok {
+		return n.Names(ctx, zone.VMMNamePrefix)
+	}
+	obs, err := m.rt.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, o := range obs {
+		if zone.IsVMM(o.Name) {
+			out = append(out, o.Name)
+		}
+	}
+	return out, nil
 }
 
 func readRecord(path string) (record, error) {

@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -443,6 +444,26 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 		obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
 		obs.Running, obs.Detail = r.inspect(o)
 		out = append(out, obs)
+	}
+	return out, nil
+}
+
+// Names returns the names of the zones whose name begins with prefix and
+// whose root carries this runtime's mark, without inspecting them (cheap
+// where List, with many zones, is not).
+func (r *Runtime) Names(ctx context.Context, prefix string) ([]string, error) {
+	roots, err := filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", prefix+"*"))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, root := range roots {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if o, err := readOwner(root); err == nil && o.Tag == r.opts.Tag && strings.HasPrefix(o.Name, prefix) {
+			out = append(out, o.Name)
+		}
 	}
 	return out, nil
 }

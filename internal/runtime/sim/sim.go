@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -260,6 +261,22 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	r.removeLeftoversLocked(name)
 	r.mu.Unlock()
 	return r.persist()
+}
+
+// Names returns the names of the zones that begin with prefix.
+func (r *Runtime) Names(ctx context.Context, prefix string) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for name := range r.zones {
+		if strings.HasPrefix(name, prefix) {
+			out = append(out, name)
+		}
+	}
+	return out, nil
 }
 
 // Inspect looks at one zone.
