@@ -431,7 +431,7 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []zone.Observed
+	var owners []owner
 	for _, root := range roots {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -441,12 +441,34 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 			continue
 		}
 		r.noteRoot(o.Name, root)
-		obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
-		obs.Running, obs.Detail = r.inspect(o)
-		out = append(out, obs)
+		owners = append(owners, o)
+	}
+	// Inspecting a zone is a few netlink round trips, mostly waiting:
+	// several at once.
+	out := make([]zone.Observed, len(owners))
+	sem := make(chan struct{}, listInspections)
+	var wg sync.WaitGroup
+	for i, o := range owners {
+		if err := ctx.Err(); err != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
+			obs.Running, obs.Detail = r.inspect(o)
+			out[i] = obs
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
+
+// listInspections bounds how many zones List inspects at once.
+const listInspections = 8
 
 // Names returns the names of the zones whose name begins with prefix and
 // whose root carries this runtime's mark, without inspecting them (cheap
