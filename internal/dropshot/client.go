@@ -37,6 +37,9 @@ type Config struct {
 	Name string
 	// APIVersion is sent in the api-version header of every request.
 	APIVersion string
+	// Unversioned says that the API has no versions: no api-version
+	// header is sent, and APIVersion is empty.
+	Unversioned bool
 	// Unreachable is wrapped by every error where no complete HTTP answer
 	// came back: connection refused or reset, DNS failure, dial or
 	// response timeouts and the call's deadline. The underlying error
@@ -44,6 +47,17 @@ type Config struct {
 	// works too. A call cancelled by its caller (context.Canceled) does
 	// not wrap it.
 	Unreachable error
+	// NoKeepAlive makes every call use a new connection, closed after
+	// its answer: for a server that may vanish, or be replaced by another
+	// at the same address, at any moment.
+	NoKeepAlive bool
+	// NoRedirects answers a redirect as an *APIError instead of
+	// following it.
+	NoRedirects bool
+	// LongPoll is the longest the server holds a request on purpose
+	// before it answers (a long poll): the backstop on waiting for an
+	// answer's headers is extended by it.
+	LongPoll time.Duration
 }
 
 // Client sends requests to one dropshot server. It is safe for concurrent
@@ -57,8 +71,8 @@ type Client struct {
 // NewClient returns a client for the server at baseURL, e.g.
 // "http://[::1]:8000".
 func NewClient(baseURL string, cfg Config) (*Client, error) {
-	if cfg.Name == "" || cfg.APIVersion == "" || cfg.Unreachable == nil {
-		return nil, errors.New("dropshot: the config needs a Name, an APIVersion and an Unreachable error")
+	if cfg.Name == "" || (cfg.APIVersion == "") != cfg.Unversioned || cfg.Unreachable == nil {
+		return nil, errors.New("dropshot: the config needs a Name, an APIVersion or Unversioned, and an Unreachable error")
 	}
 	u, err := url.Parse(baseURL)
 	switch {
@@ -84,11 +98,16 @@ func NewClient(baseURL string, cfg Config) (*Client, error) {
 			KeepAlive: 30 * time.Second,
 		}).DialContext,
 		TLSHandshakeTimeout:   dialTimeout,
-		ResponseHeaderTimeout: responseHeaderTimeout,
+		ResponseHeaderTimeout: responseHeaderTimeout + max(cfg.LongPoll, 0),
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       90 * time.Second,
+		DisableKeepAlives:     cfg.NoKeepAlive,
 	}
-	return &Client{cfg: cfg, base: u.String(), http: &http.Client{Transport: tr}}, nil
+	hc := &http.Client{Transport: tr}
+	if cfg.NoRedirects {
+		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	}
+	return &Client{cfg: cfg, base: u.String(), http: hc}, nil
 }
 
 // CloseIdleConnections closes the client's idle keep-alive connections.
@@ -126,7 +145,9 @@ func (c *Client) Do(ctx context.Context, timeout time.Duration, method, path str
 	if err != nil {
 		return fmt.Errorf("%s %s %s: %w", c.cfg.Name, method, path, err)
 	}
-	req.Header.Set("api-version", c.cfg.APIVersion)
+	if !c.cfg.Unversioned {
+		req.Header.Set("api-version", c.cfg.APIVersion)
+	}
 	req.Header.Set("Accept", "application/json")
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")

@@ -96,10 +96,14 @@ func TestNewClientValidatesURLAndConfig(t *testing.T) {
 		{APIVersion: "1.2.3", Unreachable: errUnreachable},
 		{Name: "fake", Unreachable: errUnreachable},
 		{Name: "fake", APIVersion: "1.2.3"},
+		{Name: "fake", APIVersion: "1.2.3", Unversioned: true, Unreachable: errUnreachable},
 	} {
 		if _, err := dropshot.NewClient("http://[::1]:8000", cfg); err == nil {
 			t.Errorf("NewClient with config %+v succeeded", cfg)
 		}
+	}
+	if _, err := dropshot.NewClient("http://[::1]:8000", dropshot.Config{Name: "fake", Unversioned: true, Unreachable: errUnreachable}); err != nil {
+		t.Errorf("NewClient of an unversioned API = %v", err)
 	}
 }
 
@@ -461,5 +465,88 @@ func TestIdempotentCallsSurviveADroppedKeptAliveConnection(t *testing.T) {
 				t.Errorf("call on the dropped connection = %v, want the Unreachable error", err)
 			}
 		})
+	}
+}
+
+// TestReplaceableServerOptions checks the options for a server that may be
+// replaced at its address at any moment (a VMM's zone): no api-version
+// header, a new connection per call, a redirect answered, not followed.
+func TestReplaceableServerOptions(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		conns    int
+		versions []bool // whether each request had an api-version header
+	)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		_, v := r.Header["Api-Version"]
+		versions = append(versions, v)
+		mu.Unlock()
+		if r.URL.Path == "/moved" {
+			http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	counts := func() (int, []bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		c, v := conns, versions
+		conns, versions = 0, nil
+		return c, v
+	}
+	ctx := t.Context()
+
+	for _, tt := range []struct {
+		name      string
+		cfg       dropshot.Config
+		wantConns int
+		wantVer   bool
+	}{
+		// The default, for comparison: one kept-alive connection.
+		{"default", config, 1, true},
+		{"replaceable", dropshot.Config{Name: "fake", Unversioned: true, Unreachable: errUnreachable, NoKeepAlive: true, NoRedirects: true}, 3, false},
+	} {
+		c, err := dropshot.NewClient(srv.URL, tt.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if err := c.Do(ctx, 0, http.MethodGet, "/thing", nil, nil, nil); err != nil {
+				t.Fatalf("%s: %v", tt.name, err)
+			}
+		}
+		c.CloseIdleConnections()
+		n, vers := counts()
+		if n != tt.wantConns {
+			t.Errorf("%s: 3 calls used %d connections, want %d", tt.name, n, tt.wantConns)
+		}
+		for _, v := range vers {
+			if v != tt.wantVer {
+				t.Errorf("%s: api-version header sent = %v, want %v", tt.name, v, tt.wantVer)
+			}
+		}
+	}
+
+	c, err := dropshot.NewClient(srv.URL, dropshot.Config{Name: "fake", Unversioned: true, Unreachable: errUnreachable, NoRedirects: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseIdleConnections()
+	err = c.Do(ctx, 0, http.MethodGet, "/moved", nil, nil, nil)
+	if e, ok := errors.AsType[*dropshot.APIError](err); !ok || e.StatusCode != http.StatusTemporaryRedirect {
+		t.Errorf("redirect = %v, want a 307 *APIError", err)
+	}
+	if _, vers := counts(); len(vers) != 1 {
+		t.Errorf("the redirect made %d requests, want 1: it was followed", len(vers))
 	}
 }

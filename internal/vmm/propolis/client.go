@@ -1,30 +1,18 @@
 package propolis
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/dropshot"
 )
 
 // DefaultTimeout bounds every call whose Client.Timeout is zero.
-const DefaultTimeout = 5 * time.Second
-
-const (
-	// dialTimeout is a backstop under the per-call deadline.
-	dialTimeout = 3 * time.Second
-	// maxAnswerBytes caps what is read of an answer.
-	maxAnswerBytes = 1 << 20
-	// snippetBytes is how much of an unexpected error body an APIError keeps.
-	snippetBytes = 256
-)
+const DefaultTimeout = dropshot.DefaultTimeout
 
 // ErrUnreachable is wrapped by every error where no complete HTTP answer
 // came back: connection refused or reset, a dial or read failure, and the
@@ -34,44 +22,17 @@ const (
 var ErrUnreachable = errors.New("vmm service unreachable")
 
 // APIError is a non-2xx answer from the VMM service. A 409 is a refused
-// transition: errors.Is(err, ErrInvalidTransition) holds for it.
-type APIError struct {
-	// Method and Path name the request that was refused.
-	Method, Path string
-	StatusCode   int
-	// RequestID, ErrorCode and Message come from the error body; when the
-	// body is not one, Message holds a snippet of it.
-	RequestID, ErrorCode, Message string
-}
+// transition: errors.Is(err, ErrInvalidTransition) holds for it. Its
+// fields are those of dropshot.APIError: Method and Path name the request
+// that was refused; RequestID, ErrorCode and Message come from the error
+// body, or Message holds a snippet of a body that is not one.
+type APIError dropshot.APIError
 
-func (e *APIError) Error() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "vmm service %s %s: %d %s", e.Method, e.Path, e.StatusCode, http.StatusText(e.StatusCode))
-	if e.Message != "" {
-		b.WriteString(": " + e.Message)
-	}
-	if e.RequestID != "" {
-		fmt.Fprintf(&b, " (request_id %s)", e.RequestID)
-	}
-	return b.String()
-}
+func (e *APIError) Error() string { return "vmm service " + (*dropshot.APIError)(e).Error() }
 
 // Is makes a 409 match ErrInvalidTransition.
 func (e *APIError) Is(target error) bool {
 	return target == ErrInvalidTransition && e.StatusCode == http.StatusConflict
-}
-
-// httpClient keeps no connections: a VMM's zone may vanish or be replaced
-// at the same address at any moment, and a fresh connection per call means
-// no stale one is ever reused and nothing is left behind when a VMM goes.
-// No proxy stands between the agent and its zones.
-var httpClient = &http.Client{
-	Transport: &http.Transport{
-		Proxy:             nil,
-		DisableKeepAlives: true,
-		DialContext:       (&net.Dialer{Timeout: dialTimeout}).DialContext,
-	},
-	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 }
 
 // Client talks to the VMM service of one VMM zone. It is safe for
@@ -83,13 +44,26 @@ type Client struct {
 	// call.
 	Timeout time.Duration
 
-	base string // http://host:port
+	api *dropshot.Client
+	err error // why addr makes no client; every call returns it
 }
 
 // NewClient returns a client for the VMM service at addr, host:port (an
 // IPv6 host in brackets).
+//
+// The client keeps no connections: a VMM's zone may vanish or be replaced
+// at the same address at any moment, and a fresh connection per call means
+// no stale one is ever reused and nothing is left behind when a VMM goes.
 func NewClient(addr string) *Client {
-	return &Client{Timeout: DefaultTimeout, base: "http://" + addr}
+	api, err := dropshot.NewClient("http://"+addr, dropshot.Config{
+		Name:        "vmm service",
+		Unversioned: true,
+		Unreachable: ErrUnreachable,
+		NoKeepAlive: true,
+		NoRedirects: true,
+		LongPoll:    MaxWait,
+	})
+	return &Client{Timeout: DefaultTimeout, api: api, err: err}
 }
 
 // Status returns the guest's current status.
@@ -108,6 +82,7 @@ func (c *Client) WaitChange(ctx context.Context, afterGen uint64, wait time.Dura
 		wait = DefaultWait
 	}
 	wait = min(wait, MaxWait)
+	// The query stays in the path, so that an APIError names it.
 	path := "/state?after_gen=" + strconv.FormatUint(afterGen, 10) + "&wait=" + wait.String()
 	return c.do(ctx, http.MethodGet, path, nil, wait+c.timeout())
 }
@@ -116,11 +91,7 @@ func (c *Client) WaitChange(ctx context.Context, afterGen uint64, wait time.Dura
 // request is taken (the transition completes later). A refused transition
 // is an *APIError matching ErrInvalidTransition.
 func (c *Client) Request(ctx context.Context, r Request) (Status, error) {
-	body, err := json.Marshal(putStateBody{State: r})
-	if err != nil {
-		return Status{}, fmt.Errorf("vmm service PUT /state: %w", err)
-	}
-	return c.do(ctx, http.MethodPut, "/state", body, c.timeout())
+	return c.do(ctx, http.MethodPut, "/state", putStateBody{State: r}, c.timeout())
 }
 
 func (c *Client) timeout() time.Duration {
@@ -130,74 +101,21 @@ func (c *Client) timeout() time.Duration {
 	return c.Timeout
 }
 
-// do sends one request under a deadline of timeout and decodes a 200
-// answer.
-func (c *Client) do(ctx context.Context, method, path string, body []byte, timeout time.Duration) (Status, error) {
-	callCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(callCtx, method, c.base+path, rd)
-	if err != nil {
-		return Status{}, fmt.Errorf("vmm service %s %s: %w", method, path, err)
-	}
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		return Status{}, noAnswer(ctx, err) // a *url.Error: it names the method and URL
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes))
-	if err != nil {
-		return Status{}, noAnswer(ctx, fmt.Errorf("%s %s: reading answer: %w", method, path, err))
-	}
-	if resp.StatusCode != http.StatusOK {
-		return Status{}, newAPIError(method, path, resp.StatusCode, data)
+// do sends one request under a deadline of timeout and decodes a status
+// from the answer.
+func (c *Client) do(ctx context.Context, method, path string, in any, timeout time.Duration) (Status, error) {
+	if c.err != nil {
+		return Status{}, c.err
 	}
 	var st Status
-	if err := json.Unmarshal(data, &st); err != nil {
-		return Status{}, fmt.Errorf("vmm service %s %s: decoding answer: %w", method, path, err)
+	if err := c.api.Do(ctx, timeout, method, path, nil, in, &st); err != nil {
+		if e, ok := errors.AsType[*dropshot.APIError](err); ok {
+			return Status{}, (*APIError)(e)
+		}
+		return Status{}, err
 	}
 	if st.Gen == 0 || st.State == "" {
-		return Status{}, fmt.Errorf("vmm service %s %s: answer %q is not a status", method, path, snippet(data))
+		return Status{}, fmt.Errorf("vmm service %s %s: answer is not a status: gen %d, state %q", method, path, st.Gen, st.State)
 	}
 	return st, nil
-}
-
-// noAnswer wraps a failure to get a complete answer. The caller's own
-// cancellation is reported as such, not as the service being unreachable.
-func noAnswer(ctx context.Context, err error) error {
-	if errors.Is(ctx.Err(), context.Canceled) {
-		return fmt.Errorf("vmm service: %w", err)
-	}
-	return fmt.Errorf("%w: %w", ErrUnreachable, err)
-}
-
-func newAPIError(method, path string, status int, data []byte) *APIError {
-	e := &APIError{Method: method, Path: path, StatusCode: status}
-	var b errorBody
-	if json.Unmarshal(data, &b) == nil && (b.Message != "" || b.RequestID != "") {
-		e.RequestID, e.ErrorCode, e.Message = b.RequestID, b.ErrorCode, b.Message
-		return e
-	}
-	e.Message = snippet(data)
-	return e
-}
-
-// snippet is the start of an unexpected body, on one line.
-func snippet(data []byte) string {
-	cut := len(data) > snippetBytes
-	if cut {
-		data = data[:snippetBytes]
-	}
-	s := strings.Join(strings.Fields(strings.ToValidUTF8(string(data), "")), " ")
-	if cut {
-		s += "…"
-	}
-	return s
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -551,5 +552,51 @@ func TestClientWaitBounds(t *testing.T) {
 		if q := <-queries; q != tt.want {
 			t.Errorf("WaitChange(7, %s) asked %q, want %q", tt.wait, q, tt.want)
 		}
+	}
+}
+
+// TestClientConnectionPerCall checks that a client keeps no connection
+// between calls, since a VMM's zone may be replaced at the same address,
+// and sends no api-version header, since the service has no versions.
+func TestClientConnectionPerCall(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		conns    int
+		versions int
+	)
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, ok := r.Header["Api-Version"]; ok {
+				mu.Lock()
+				versions++
+				mu.Unlock()
+			}
+			w.Write([]byte(`{"gen":1,"state":"starting","time_updated":"2000-01-01T00:00:00Z"}`))
+		}),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				mu.Lock()
+				conns++
+				mu.Unlock()
+			}
+		},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+	c := NewClient(ln.Addr().String())
+	ctx := testCtx(t)
+	for range 3 {
+		if _, err := c.Status(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != 3 || versions != 0 {
+		t.Errorf("3 calls used %d connections and sent %d api-version headers, want 3 and 0", conns, versions)
 	}
 }
