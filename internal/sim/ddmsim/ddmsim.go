@@ -21,7 +21,7 @@
 // header and are not counted by Requests:
 //
 //	PUT  /__sim/fault          {"fault": "none"|"hang"|"error"|"refuse", "refuse_for": "5s"} → 204
-//	POST /__sim/restart-empty  → 204
+//	POST /__sim/restart-empty  → 204 (as RestartEmpty)
 //	GET  /__sim/state          → 200 {"fault", "originated", "requests"}
 //
 // A "refuse" fault closes the listener, so nothing can clear it over HTTP:
@@ -35,7 +35,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -51,42 +50,38 @@ const APIVersion = "2.0.0"
 // Fault is a failure the simulator is told to show (see simhttp.Fault).
 type Fault = simhttp.Fault
 
+// The faults, as described at simhttp.Fault.
 const (
-	// FaultNone: serve normally.
-	FaultNone = simhttp.FaultNone
-	// FaultRefuse: stop listening and drop every connection, so clients get
-	// connection refused. Clearing it listens again on the same address.
+	FaultNone   = simhttp.FaultNone
 	FaultRefuse = simhttp.FaultRefuse
-	// FaultHang: requests hang until the client gives up or the fault is
-	// cleared (then they are served as usual).
-	FaultHang = simhttp.FaultHang
-	// FaultError: answer every request 500 with the upstream error body.
-	FaultError = simhttp.FaultError
+	FaultHang   = simhttp.FaultHang
+	FaultError  = simhttp.FaultError
 )
 
 // ErrClosed is returned by operations on a closed Server.
 var ErrClosed = errors.New("ddmsim: server closed")
 
+// httpServer names simhttp.Server for embedding without exporting it.
+type httpServer = simhttp.Server
+
 // Server is a simulated ddmd. It is safe for concurrent use; no lock is held
 // while a request waits.
+//
+// Its HTTP side is a simhttp.Server, whose Start, Addr, URL, Close,
+// Requests, Fault and SetFault it has. Requests are keyed "METHOD /path"
+// (e.g. "PUT /prefix").
 type Server struct {
-	log  *slog.Logger
-	http *simhttp.Server
+	*httpServer
 
-	// mu guards originated. It is never held while calling into http.
+	// mu guards originated. It is never held while calling into
+	// httpServer.
 	mu         sync.Mutex
 	originated map[netip.Prefix]struct{}
 }
 
 // New returns a simulator that is not listening yet. log may be nil.
 func New(log *slog.Logger) *Server {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	s := &Server{
-		log:        log,
-		originated: map[netip.Prefix]struct{}{},
-	}
+	s := &Server{originated: map[netip.Prefix]struct{}{}}
 	api := &simhttp.Router{}
 	api.Handle("GET /originated", s.serveOriginated)
 	api.Handle("PUT /prefix", s.servePrefix)
@@ -94,35 +89,18 @@ func New(log *slog.Logger) *Server {
 	api.Handle("GET /peers", serveEmptyMap)
 	api.Handle("GET /prefixes", serveEmptyMap)
 	control := &simhttp.Router{}
-	control.Handle("POST /__sim/restart-empty", func(rp *simhttp.Reply, r *http.Request) {
-		s.restartEmpty(simhttp.Conn(r))
-		rp.NoContent()
-	})
 	control.Handle("GET /__sim/state", s.serveState)
-	s.http = simhttp.New(simhttp.Config{
+	s.httpServer = simhttp.New(simhttp.Config{
 		Name:       "ddm",
 		APIVersion: APIVersion,
 		Log:        log,
 		ErrClosed:  ErrClosed,
 		API:        api,
 		Control:    control,
+		Forget:     s.forget,
 	})
 	return s
 }
-
-// Start listens on addr (e.g. "127.0.0.1:0" or "[::1]:8000") and serves in
-// the background until Close.
-func (s *Server) Start(addr string) error { return s.http.Start(addr) }
-
-// Addr is the address the simulator listens on, once started.
-func (s *Server) Addr() string { return s.http.Addr() }
-
-// URL is the simulator's base URL, "http://" + Addr().
-func (s *Server) URL() string { return s.http.URL() }
-
-// Close stops the simulator: it stops listening, drops every connection
-// and returns once every handler and serve loop has returned.
-func (s *Server) Close() error { return s.http.Close() }
 
 // Originated is a sorted snapshot of the originated prefixes.
 func (s *Server) Originated() []netip.Prefix {
@@ -158,31 +136,18 @@ func (s *Server) Inject(prefixes ...netip.Prefix) {
 	}
 }
 
-// Requests counts the API requests received, keyed "METHOD /path" (e.g.
-// "PUT /prefix"), whatever their outcome. Control requests are not counted.
-func (s *Server) Requests() map[string]int { return s.http.Requests() }
-
-// Fault is the fault in force.
-func (s *Server) Fault() Fault { return s.http.Fault() }
-
 // RestartEmpty simulates ddmd restarting: every originated prefix is lost
 // and every open connection is dropped, so in-flight requests fail and
 // kept-alive connections are reset. The listener stays open and the fault
 // stays in force.
-func (s *Server) RestartEmpty() { s.restartEmpty(nil) }
+func (s *Server) RestartEmpty() { s.httpServer.RestartEmpty() }
 
-func (s *Server) restartEmpty(keep net.Conn) {
+// forget drops every originated prefix.
+func (s *Server) forget() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	clear(s.originated)
-	s.mu.Unlock()
-	s.http.DropConnections(keep)
-	s.log.Info("ddm simulator restarted empty")
 }
-
-// SetFault puts f in force, replacing any other fault. Clearing FaultRefuse
-// listens again on the same address, which fails if someone else took it;
-// the fault then stays FaultRefuse.
-func (s *Server) SetFault(f Fault) error { return s.http.SetFault(f) }
 
 func (s *Server) serveOriginated(rp *simhttp.Reply, _ *http.Request) {
 	list := s.Originated()

@@ -1,29 +1,18 @@
 package ddmsim_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/ddm"
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
-)
-
-// Deadlines of the hang detectors; nothing here asserts how fast anything is.
-const (
-	waitDeadline = 20 * time.Second
-	waitInterval = 5 * time.Millisecond
+	"github.com/sled-agent/sled-agent/internal/sim/simhttp/simhttptest"
 )
 
 var prefixEq = cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })
@@ -53,75 +42,6 @@ func prefixes(ss ...string) []netip.Prefix {
 		out[i] = netip.MustParsePrefix(s)
 	}
 	return out
-}
-
-// answer is a raw HTTP answer.
-type answer struct {
-	status int
-	body   string
-}
-
-// raw sends a request the client would never send. version "" omits the
-// api-version header; contentType "" omits Content-Type.
-func raw(t *testing.T, method, url, version, contentType, body string) answer {
-	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), waitDeadline)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if version != "" {
-		req.Header.Set("api-version", version)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return answer{resp.StatusCode, string(b)}
-}
-
-// checkErrorBody checks the upstream error body shape.
-func checkErrorBody(t *testing.T, a answer) {
-	t.Helper()
-	var body map[string]any
-	if err := json.Unmarshal([]byte(a.body), &body); err != nil {
-		t.Fatalf("error body %q: %v", a.body, err)
-	}
-	id, _ := body["request_id"].(string)
-	if _, err := uuid.Parse(id); err != nil {
-		t.Errorf("error body %s: request_id is not a uuid", a.body)
-	}
-	if msg, _ := body["message"].(string); msg == "" {
-		t.Errorf("error body %s: no message", a.body)
-	}
-	for k := range body {
-		if k != "request_id" && k != "message" && k != "error_code" {
-			t.Errorf("error body %s: unexpected field %q", a.body, k)
-		}
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after waitDeadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(waitDeadline); !cond(); time.Sleep(waitInterval) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 func TestAdvertiseAndWithdrawAreIdempotent(t *testing.T) {
@@ -169,47 +89,27 @@ func TestHostBitsAreNotMasked(t *testing.T) {
 
 func TestOriginatedIsASortedArray(t *testing.T) {
 	s, _ := start(t)
-	if a := raw(t, "GET", s.URL()+"/originated", "2.0.0", "", ""); a.status != 200 || a.body != "[]" {
-		t.Errorf("empty: %d %s, want 200 []", a.status, a.body)
+	if a := simhttptest.Do(t, "GET", s.URL()+"/originated", "2.0.0", "", ""); a.Status != 200 || a.Body != "[]" {
+		t.Errorf("empty: %d %s, want 200 []", a.Status, a.Body)
 	}
 	s.Inject(prefixes("fd00:1122:3344:102::/64", "fd00::/48", "fd00:1122:3344:101::/64", "fd00::/47")...)
-	a := raw(t, "GET", s.URL()+"/originated", "2.0.0", "", "")
+	a := simhttptest.Do(t, "GET", s.URL()+"/originated", "2.0.0", "", "")
 	want := `["fd00::/47","fd00::/48","fd00:1122:3344:101::/64","fd00:1122:3344:102::/64"]`
-	if a.status != 200 || a.body != want {
-		t.Errorf("GET /originated = %d %s, want 200 %s", a.status, a.body, want)
+	if a.Status != 200 || a.Body != want {
+		t.Errorf("GET /originated = %d %s, want 200 %s", a.Status, a.Body, want)
 	}
 }
 
-func TestAPIVersionHeader(t *testing.T) {
+// The api-version check itself is tested in simhttp.
+func TestServesUpToAPIVersion(t *testing.T) {
 	s, _ := start(t)
 	for _, tt := range []struct {
 		version string
 		status  int
-	}{
-		{"", 400},
-		{"2.0.0", 200},
-		{"1.0.0", 200},
-		{"2.0.0-rc.1", 200},
-		{"2.0.0+build.5", 200},
-		{"2.0.1", 400},
-		{"2.1.0-rc1", 400},
-		{"3.0.0", 400},
-		{"banana", 400},
-		{"2.0", 400},
-		{"02.0.0", 400},
-		{"2.0.0-", 400},
-	} {
-		a := raw(t, "GET", s.URL()+"/originated", tt.version, "", "")
-		if a.status != tt.status {
-			t.Errorf("api-version %q: %d %s, want %d", tt.version, a.status, a.body, tt.status)
+	}{{ddmsim.APIVersion, 200}, {"1.0.0", 200}, {"2.0.1", 400}, {"3.0.0", 400}} {
+		if a := simhttptest.Do(t, "GET", s.URL()+"/originated", tt.version, "", ""); a.Status != tt.status {
+			t.Errorf("api-version %q: %d %s, want %d", tt.version, a.Status, a.Body, tt.status)
 		}
-		if a.status != 200 {
-			checkErrorBody(t, a)
-		}
-	}
-	// The version is checked before the path, as in dropshot.
-	if a := raw(t, "GET", s.URL()+"/nonesuch", "", "", ""); a.status != 400 {
-		t.Errorf("unknown path without version: %d, want 400", a.status)
 	}
 }
 
@@ -230,20 +130,20 @@ func TestBadBodiesChangeNothing(t *testing.T) {
 		{"wrong content type", "text/plain", `["fd00:2::/64"]`},
 	} {
 		for _, method := range []string{"PUT", "DELETE"} {
-			a := raw(t, method, s.URL()+"/prefix", "2.0.0", tt.contentType, tt.body)
-			if a.status != 400 {
-				t.Errorf("%s %s: %d %s, want 400", method, tt.name, a.status, a.body)
+			a := simhttptest.Do(t, method, s.URL()+"/prefix", "2.0.0", tt.contentType, tt.body)
+			if a.Status != 400 {
+				t.Errorf("%s %s: %d %s, want 400", method, tt.name, a.Status, a.Body)
 				continue
 			}
-			checkErrorBody(t, a)
+			simhttptest.CheckErrorBody(t, a)
 		}
 	}
 	if diff := cmp.Diff(prefixes("fd00:1::/64"), s.Originated(), prefixEq); diff != "" {
 		t.Errorf("state changed (-want +got):\n%s", diff)
 	}
 	// Without a Content-Type the body is taken as JSON, as dropshot does.
-	if a := raw(t, "PUT", s.URL()+"/prefix", "2.0.0", "", `["fd00:3::/64"]`); a.status != 204 || a.body != "" {
-		t.Errorf("PUT without Content-Type: %d %q, want 204", a.status, a.body)
+	if a := simhttptest.Do(t, "PUT", s.URL()+"/prefix", "2.0.0", "", `["fd00:3::/64"]`); a.Status != 204 || a.Body != "" {
+		t.Errorf("PUT without Content-Type: %d %q, want 204", a.Status, a.Body)
 	}
 }
 
@@ -260,178 +160,32 @@ func TestUnknownPathsAndMethods(t *testing.T) {
 		{"GET", "/prefix", 405},
 		{"DELETE", "/originated", 405},
 	} {
-		a := raw(t, tt.method, s.URL()+tt.path, "2.0.0", "", "")
-		if a.status != tt.status {
-			t.Errorf("%s %s: %d %s, want %d", tt.method, tt.path, a.status, a.body, tt.status)
+		a := simhttptest.Do(t, tt.method, s.URL()+tt.path, "2.0.0", "", "")
+		if a.Status != tt.status {
+			t.Errorf("%s %s: %d %s, want %d", tt.method, tt.path, a.Status, a.Body, tt.status)
 			continue
 		}
-		checkErrorBody(t, a)
+		simhttptest.CheckErrorBody(t, a)
 	}
 }
 
 func TestPeersAndPrefixesAreEmptyMaps(t *testing.T) {
 	s, _ := start(t)
 	for _, path := range []string{"/peers", "/prefixes"} {
-		if a := raw(t, "GET", s.URL()+path, "2.0.0", "", ""); a.status != 200 || a.body != "{}" {
-			t.Errorf("GET %s = %d %s, want 200 {}", path, a.status, a.body)
+		if a := simhttptest.Do(t, "GET", s.URL()+path, "2.0.0", "", ""); a.Status != 200 || a.Body != "{}" {
+			t.Errorf("GET %s = %d %s, want 200 {}", path, a.Status, a.Body)
 		}
 	}
 }
 
-func TestFaultError(t *testing.T) {
-	s, c := start(t)
-	if err := s.SetFault(ddmsim.FaultError); err != nil {
-		t.Fatal(err)
-	}
-	a := raw(t, "PUT", s.URL()+"/prefix", "2.0.0", "application/json", `["fd00::/64"]`)
-	if a.status != 500 {
-		t.Fatalf("under FaultError: %d %s, want 500", a.status, a.body)
-	}
-	checkErrorBody(t, a)
-	if len(s.Originated()) != 0 {
-		t.Errorf("a failed advertise changed the state: %v", s.Originated())
-	}
-	s.SetFault(ddmsim.FaultNone)
-	if err := c.Advertise(t.Context(), prefixes("fd00::/64")); err != nil {
-		t.Errorf("after clearing: %v", err)
-	}
-}
-
-func TestFaultRefuseDropsConnectionsAndClearsOnTheSameAddress(t *testing.T) {
-	s, c := start(t)
-	ctx := t.Context()
-	addr := s.Addr()
-	// A kept-alive connection must not outlive the refusal.
-	if _, err := c.Originated(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.SetFault(ddmsim.FaultRefuse); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		_, err := c.Originated(ctx)
-		if !errors.Is(err, ddm.ErrUnreachable) || !errors.Is(err, syscall.ECONNREFUSED) {
-			t.Errorf("under FaultRefuse: %v, want connection refused", err)
-		}
-	}
-	if err := s.SetFault(ddmsim.FaultNone); err != nil {
-		t.Fatal(err)
-	}
-	if s.Addr() != addr {
-		t.Errorf("address changed from %s to %s", addr, s.Addr())
-	}
-	if err := c.Advertise(ctx, prefixes("fd00::/64")); err != nil {
-		t.Errorf("after clearing: %v", err)
-	}
-	if n := s.Requests()["GET /originated"]; n != 1 {
-		t.Errorf("GET /originated served %d times, want 1 (refused ones never arrive)", n)
-	}
-}
-
-// startHangingCall starts call and waits until the simulator has the
-// request; the returned channel gets the call's result.
-func startHangingCall(t *testing.T, s *ddmsim.Server, key string, call func() error) <-chan error {
-	t.Helper()
-	before := s.Requests()[key]
-	done := make(chan error, 1)
-	go func() { done <- call() }()
-	waitFor(t, "the request to arrive", func() bool { return s.Requests()[key] > before })
-	return done
-}
-
-func result(t *testing.T, done <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(waitDeadline):
-		t.Fatal("the call did not return")
-		return nil
-	}
-}
-
-func TestFaultHangUntilClientGivesUp(t *testing.T) {
-	s, c := start(t)
-	s.SetFault(ddmsim.FaultHang)
-	c.Timeout = 50 * time.Millisecond
-	err := result(t, startHangingCall(t, s, "GET /originated", func() error {
-		_, err := c.Originated(context.Background())
-		return err
-	}))
-	if !errors.Is(err, ddm.ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("under FaultHang: %v, want ErrUnreachable wrapping DeadlineExceeded", err)
-	}
-}
-
-func TestFaultHangClearedServesTheWaitingRequest(t *testing.T) {
-	s, c := start(t)
-	s.SetFault(ddmsim.FaultHang)
-	c.Timeout = time.Hour
-	done := startHangingCall(t, s, "PUT /prefix", func() error {
-		return c.Advertise(t.Context(), prefixes("fd00::/64"))
-	})
-	if err := s.SetFault(ddmsim.FaultNone); err != nil {
-		t.Fatal(err)
-	}
-	if err := result(t, done); err != nil {
-		t.Errorf("Advertise released by clearing the fault: %v", err)
-	}
-	if diff := cmp.Diff(prefixes("fd00::/64"), s.Originated(), prefixEq); diff != "" {
-		t.Errorf("Originated (-want +got):\n%s", diff)
-	}
-}
-
-func TestCloseWhileHangingReturns(t *testing.T) {
-	s := ddmsim.New(nil)
-	if err := s.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	c, err := ddm.NewClient(s.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Timeout = time.Hour
-	s.SetFault(ddmsim.FaultHang)
-	done := startHangingCall(t, s, "GET /peers", func() error {
-		_, err := c.Peers(t.Context())
-		return err
-	})
-	closed := make(chan error, 1)
-	go func() { closed <- s.Close() }()
-	if err := result(t, closed); err != nil {
-		t.Errorf("Close: %v", err)
-	}
-	if err := result(t, done); !errors.Is(err, ddm.ErrUnreachable) {
-		t.Errorf("call cut by Close: %v, want ErrUnreachable", err)
-	}
-	if err := s.SetFault(ddmsim.FaultNone); !errors.Is(err, ddmsim.ErrClosed) {
-		t.Errorf("SetFault after Close = %v, want ErrClosed", err)
-	}
-}
-
-func TestRestartEmptyLosesStateAndDropsInFlightRequests(t *testing.T) {
+// Faults, and restarts dropping connections, are tested in simhttp.
+func TestRestartEmptyLosesState(t *testing.T) {
 	s, c := start(t)
 	ctx := t.Context()
 	if err := c.Advertise(ctx, prefixes("fd00::/64", "fd00:1::/64")); err != nil {
 		t.Fatal(err)
 	}
-	s.SetFault(ddmsim.FaultHang)
-	// A fresh client: a request on a fresh connection is not retried by
-	// the transport when that connection drops.
-	fresh, err := ddm.NewClient(s.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	fresh.Timeout = time.Hour
-	done := startHangingCall(t, s, "GET /originated", func() error {
-		_, err := fresh.Originated(ctx)
-		return err
-	})
 	s.RestartEmpty()
-	if err := result(t, done); !errors.Is(err, ddm.ErrUnreachable) {
-		t.Errorf("in-flight call across the restart: %v, want ErrUnreachable", err)
-	}
-	s.SetFault(ddmsim.FaultNone)
 	got, err := c.Originated(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -480,19 +234,9 @@ func TestConcurrentUse(t *testing.T) {
 func TestControlEndpoints(t *testing.T) {
 	s, c := start(t)
 	ctx := t.Context()
-	ctl := func(method, path, body string) answer {
+	ctl := func(method, path, body string) simhttptest.Answer {
 		t.Helper()
-		return raw(t, method, s.URL()+path, "", "application/json", body)
-	}
-	if a := ctl("PUT", "/__sim/fault", `{"fault": "error"}`); a.status != 204 {
-		t.Fatalf("set error fault: %d %s", a.status, a.body)
-	}
-	var apiErr *ddm.APIError
-	if _, err := c.Originated(ctx); !errors.As(err, &apiErr) || apiErr.StatusCode != 500 {
-		t.Errorf("under error fault: %v, want 500", err)
-	}
-	if a := ctl("PUT", "/__sim/fault", `{"fault": "none"}`); a.status != 204 {
-		t.Fatalf("clear fault: %d %s", a.status, a.body)
+		return simhttptest.Do(t, method, s.URL()+path, "", "application/json", body)
 	}
 	if err := c.Advertise(ctx, prefixes("fd00::/64")); err != nil {
 		t.Fatal(err)
@@ -504,63 +248,31 @@ func TestControlEndpoints(t *testing.T) {
 		Originated []string       `json:"originated"`
 		Requests   map[string]int `json:"requests"`
 	}
-	if err := json.Unmarshal([]byte(a.body), &st); err != nil || a.status != 200 {
-		t.Fatalf("state: %d %s: %v", a.status, a.body, err)
+	if err := json.Unmarshal([]byte(a.Body), &st); err != nil || a.Status != 200 {
+		t.Fatalf("state: %d %s: %v", a.Status, a.Body, err)
 	}
 	if st.Fault != "none" || !cmp.Equal(st.Originated, []string{"fd00::/64"}) || st.Requests["PUT /prefix"] != 1 {
 		t.Errorf("state = %+v", st)
 	}
 
-	if a := ctl("POST", "/__sim/restart-empty", ""); a.status != 204 {
-		t.Fatalf("restart-empty: %d %s", a.status, a.body)
+	if a := ctl("POST", "/__sim/restart-empty", ""); a.Status != 204 {
+		t.Fatalf("restart-empty: %d %s", a.Status, a.Body)
 	}
 	if got := s.Originated(); len(got) != 0 {
 		t.Errorf("after restart-empty: %v", got)
 	}
-	if a := ctl("GET", "/__sim/state", ""); !strings.Contains(a.body, `"originated":[]`) {
-		t.Errorf("state after restart-empty = %s, want an empty originated array", a.body)
-	}
-
-	for _, bad := range []string{`{"fault": "sulk"}`, `{}`, `{"fault": "hang", "refuse_for": "1s"}`, `{"refuse_for": "soon"}`, `{"fault": "none", "extra": 1}`} {
-		a := ctl("PUT", "/__sim/fault", bad)
-		if a.status != 400 {
-			t.Errorf("fault %s: %d, want 400", bad, a.status)
-		} else {
-			checkErrorBody(t, a)
-		}
-	}
-	if a := ctl("GET", "/__sim/nonesuch", ""); a.status != 404 {
-		t.Errorf("unknown control path: %d, want 404", a.status)
-	}
-
-	// A timed refusal answers, refuses, then listens again by itself.
-	if a := ctl("PUT", "/__sim/fault", `{"refuse_for": "50ms"}`); a.status != 204 {
-		t.Fatalf("refuse_for: %d %s", a.status, a.body)
-	}
-	waitFor(t, "the refusal to end", func() bool { return s.Fault() == ddmsim.FaultNone })
-	if err := c.Advertise(ctx, prefixes("fd00::/64")); err != nil {
-		t.Errorf("after the timed refusal: %v", err)
-	}
-	if _, ok := s.Requests()["PUT /__sim/fault"]; ok {
-		t.Error("control requests were counted")
+	if a := ctl("GET", "/__sim/state", ""); !strings.Contains(a.Body, `"originated":[]`) {
+		t.Errorf("state after restart-empty = %s, want an empty originated array", a.Body)
 	}
 }
 
-func TestStartErrors(t *testing.T) {
-	s, _ := start(t)
-	if err := s.Start("127.0.0.1:0"); err == nil {
-		t.Error("second Start succeeded")
-	}
-	if err := s.SetFault("sulk"); err == nil {
-		t.Error("SetFault of an unknown fault succeeded")
-	}
-	other := ddmsim.New(nil)
-	if err := other.Start(s.Addr()); err == nil {
-		other.Close()
-		t.Error("Start on a taken address succeeded")
-	}
-	other.Close()
-	if err := other.Start("127.0.0.1:0"); !errors.Is(err, ddmsim.ErrClosed) {
+func TestClosedServerSaysErrClosed(t *testing.T) {
+	s := ddmsim.New(nil)
+	s.Close()
+	if err := s.Start("127.0.0.1:0"); !errors.Is(err, ddmsim.ErrClosed) {
 		t.Errorf("Start after Close = %v, want ErrClosed", err)
+	}
+	if err := s.SetFault(ddmsim.FaultNone); !errors.Is(err, ddmsim.ErrClosed) {
+		t.Errorf("SetFault after Close = %v, want ErrClosed", err)
 	}
 }

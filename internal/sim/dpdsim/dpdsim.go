@@ -29,7 +29,7 @@
 // header and are not counted by Requests:
 //
 //	PUT  /__sim/fault          {"fault": "none"|"hang"|"error"|"refuse", "refuse_for": "5s"} → 204
-//	POST /__sim/restart-empty  → 204
+//	POST /__sim/restart-empty  → 204 (as RestartEmpty)
 //	POST /__sim/inject         {"external","low","high","target"} → 204 (as Inject)
 //	GET  /__sim/state          → 200 {"fault", "entries", "requests"}
 //
@@ -45,7 +45,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -68,30 +67,32 @@ const maxPageItems = 64
 // Fault is a failure the simulator is told to show (see simhttp.Fault).
 type Fault = simhttp.Fault
 
+// The faults, as described at simhttp.Fault.
 const (
-	// FaultNone: serve normally.
-	FaultNone = simhttp.FaultNone
-	// FaultRefuse: stop listening and drop every connection, so clients get
-	// connection refused. Clearing it listens again on the same address.
+	FaultNone   = simhttp.FaultNone
 	FaultRefuse = simhttp.FaultRefuse
-	// FaultHang: requests hang until the client gives up or the fault is
-	// cleared (then they are served as usual).
-	FaultHang = simhttp.FaultHang
-	// FaultError: answer every request 500 with the upstream error body.
-	FaultError = simhttp.FaultError
+	FaultHang   = simhttp.FaultHang
+	FaultError  = simhttp.FaultError
 )
 
 // ErrClosed is returned by operations on a closed Server.
 var ErrClosed = errors.New("dpdsim: server closed")
 
+// httpServer names simhttp.Server for embedding without exporting it.
+type httpServer = simhttp.Server
+
 // Server is a simulated dpd. It is safe for concurrent use; no lock is held
 // while a request waits.
+//
+// Its HTTP side is a simhttp.Server, whose Start, Addr, URL, Close,
+// Requests, Fault and SetFault it has. Requests are keyed by method and
+// route pattern (e.g. "PUT /nat/ipv4/{ip}/{low}/{high}"; the path when no
+// route matched).
 type Server struct {
-	log  *slog.Logger
-	http *simhttp.Server
-	ids  dpd.SwitchIdentifiers // fixed for the server's life
+	*httpServer
+	ids dpd.SwitchIdentifiers // fixed for the server's life
 
-	// mu guards nat. It is never held while calling into http.
+	// mu guards nat. It is never held while calling into httpServer.
 	mu sync.Mutex
 	// nat holds the entries of each external address (IPv4 and IPv6 in one
 	// map: netip.Addr tells them apart), sorted by Low, ranges disjoint.
@@ -101,12 +102,8 @@ type Server struct {
 // New returns a simulator of the dpd of the switch in slot (0 or 1) that is
 // not listening yet. log may be nil.
 func New(log *slog.Logger, slot uint16) *Server {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	id := uuid.New()
 	s := &Server{
-		log: log,
 		ids: dpd.SwitchIdentifiers{
 			SidecarID:   id.String(),
 			Slot:        slot,
@@ -130,19 +127,16 @@ func New(log *slog.Logger, slot uint16) *Server {
 		rp.JSON(http.StatusOK, s.ids)
 	})
 	control := &simhttp.Router{}
-	control.Handle("POST /__sim/restart-empty", func(rp *simhttp.Reply, r *http.Request) {
-		s.restartEmpty(simhttp.Conn(r))
-		rp.NoContent()
-	})
 	control.Handle("POST /__sim/inject", s.serveInject)
 	control.Handle("GET /__sim/state", s.serveState)
-	s.http = simhttp.New(simhttp.Config{
+	s.httpServer = simhttp.New(simhttp.Config{
 		Name:       "dpd",
 		APIVersion: APIVersion,
 		Log:        log,
 		ErrClosed:  ErrClosed,
 		API:        api,
 		Control:    control,
+		Forget:     s.forget,
 	})
 	return s
 }
@@ -153,33 +147,6 @@ func family(v6 bool) string {
 	}
 	return "ipv4"
 }
-
-// Start listens on addr (e.g. "127.0.0.1:0" or "[::1]:12224") and serves
-// in the background until Close.
-func (s *Server) Start(addr string) error { return s.http.Start(addr) }
-
-// Addr is the address the simulator listens on, once started.
-func (s *Server) Addr() string { return s.http.Addr() }
-
-// URL is the simulator's base URL, "http://" + Addr().
-func (s *Server) URL() string { return s.http.URL() }
-
-// Close stops the simulator: it stops listening, drops every connection
-// and returns once every handler and serve loop has returned.
-func (s *Server) Close() error { return s.http.Close() }
-
-// Requests counts the API requests received, keyed by method and route
-// pattern (e.g. "PUT /nat/ipv4/{ip}/{low}/{high}"; the path when no route
-// matched), whatever their outcome. Control requests are not counted.
-func (s *Server) Requests() map[string]int { return s.http.Requests() }
-
-// Fault is the fault in force.
-func (s *Server) Fault() Fault { return s.http.Fault() }
-
-// SetFault puts f in force, replacing any other fault. Clearing FaultRefuse
-// listens again on the same address, which fails if someone else took it;
-// the fault then stays FaultRefuse.
-func (s *Server) SetFault(f Fault) error { return s.http.SetFault(f) }
 
 // SwitchIdentifiers is what GET /switch/identifiers answers.
 func (s *Server) SwitchIdentifiers() dpd.SwitchIdentifiers { return s.ids }
@@ -260,14 +227,13 @@ func overlap(x dpd.NatEntry, low, high uint16) bool { return x.Low <= high && lo
 // open connection is dropped, so in-flight requests fail and kept-alive
 // connections are reset. The listener stays open, the fault stays in force
 // and the switch identifiers stay the same.
-func (s *Server) RestartEmpty() { s.restartEmpty(nil) }
+func (s *Server) RestartEmpty() { s.httpServer.RestartEmpty() }
 
-func (s *Server) restartEmpty(keep net.Conn) {
+// forget drops every NAT entry.
+func (s *Server) forget() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	clear(s.nat)
-	s.mu.Unlock()
-	s.http.DropConnections(keep)
-	s.log.Info("dpd simulator restarted empty")
 }
 
 // pathAddr parses the {ip} path parameter, which must be of the route's

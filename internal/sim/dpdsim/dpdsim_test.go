@@ -1,32 +1,22 @@
 package dpdsim_test
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/dpd"
 	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
-)
-
-// Deadlines of the hang detectors; nothing here asserts how fast anything is.
-const (
-	waitDeadline = 20 * time.Second
-	waitInterval = 5 * time.Millisecond
+	"github.com/sled-agent/sled-agent/internal/sim/simhttp/simhttptest"
 )
 
 var addrEq = cmp.Comparer(func(a, b netip.Addr) bool { return a == b })
@@ -62,82 +52,10 @@ func entry(external string, low, high uint16, t dpd.NatTarget) dpd.NatEntry {
 	return dpd.NatEntry{External: netip.MustParseAddr(external), Low: low, High: high, Target: t}
 }
 
-// answer is a raw HTTP answer.
-type answer struct {
-	status int
-	body   string
-}
-
-// raw sends a request the client would never send. version "" omits the
-// api-version header; contentType "" omits Content-Type.
-func raw(t *testing.T, method, url, version, contentType, body string) answer {
+// get is a raw GET with the right version.
+func get(t *testing.T, s *dpdsim.Server, path string) simhttptest.Answer {
 	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), waitDeadline)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if version != "" {
-		req.Header.Set("api-version", version)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return answer{resp.StatusCode, string(b)}
-}
-
-// get is raw GET with the right version.
-func get(t *testing.T, s *dpdsim.Server, path string) answer {
-	t.Helper()
-	return raw(t, "GET", s.URL()+path, "12.0.0", "", "")
-}
-
-// checkErrorBody checks the upstream error body shape and returns its
-// error_code.
-func checkErrorBody(t *testing.T, a answer) string {
-	t.Helper()
-	var body map[string]any
-	if err := json.Unmarshal([]byte(a.body), &body); err != nil {
-		t.Fatalf("error body %q: %v", a.body, err)
-	}
-	id, _ := body["request_id"].(string)
-	if _, err := uuid.Parse(id); err != nil {
-		t.Errorf("error body %s: request_id is not a uuid", a.body)
-	}
-	if msg, _ := body["message"].(string); msg == "" {
-		t.Errorf("error body %s: no message", a.body)
-	}
-	for k := range body {
-		if k != "request_id" && k != "message" && k != "error_code" {
-			t.Errorf("error body %s: unexpected field %q", a.body, k)
-		}
-	}
-	code, _ := body["error_code"].(string)
-	return code
-}
-
-// waitFor polls cond until it holds, failing the test after waitDeadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(waitDeadline); !cond(); time.Sleep(waitInterval) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	return simhttptest.Do(t, "GET", s.URL()+path, "12.0.0", "", "")
 }
 
 func TestCreateIsANoOpWhenIdenticalAndRefusesAnyOtherOverlap(t *testing.T) {
@@ -181,9 +99,9 @@ func TestCreateIsANoOpWhenIdenticalAndRefusesAnyOtherOverlap(t *testing.T) {
 	}
 	for _, e := range more {
 		if e.External.Is4In6() {
-			a := raw(t, "PUT", s.URL()+"/nat/ipv6/::ffff:192.0.2.10/1000/1999", "12.0.0", "application/json", targetJSON)
-			if a.status != 204 {
-				t.Errorf("PUT IPv4-mapped: %d %s", a.status, a.body)
+			a := simhttptest.Do(t, "PUT", s.URL()+"/nat/ipv6/::ffff:192.0.2.10/1000/1999", "12.0.0", "application/json", targetJSON)
+			if a.Status != 204 {
+				t.Errorf("PUT IPv4-mapped: %d %s", a.Status, a.Body)
 			}
 			continue
 		}
@@ -227,12 +145,12 @@ func TestBadCreatesAre400AndChangeNothing(t *testing.T) {
 		{"vni over 24 bits", "/nat/ipv4/192.0.2.2/0/9", "application/json", `{"internal_ip":"fd00::1","inner_mac":{"a":[1,2,3,4,5,6]},"vni":16777216}`},
 		{"negative vni", "/nat/ipv4/192.0.2.2/0/9", "application/json", `{"internal_ip":"fd00::1","inner_mac":{"a":[1,2,3,4,5,6]},"vni":-1}`},
 	} {
-		a := raw(t, "PUT", s.URL()+tt.path, "12.0.0", tt.contentType, tt.body)
-		if a.status != 400 {
-			t.Errorf("%s: %d %s, want 400", tt.name, a.status, a.body)
+		a := simhttptest.Do(t, "PUT", s.URL()+tt.path, "12.0.0", tt.contentType, tt.body)
+		if a.Status != 400 {
+			t.Errorf("%s: %d %s, want 400", tt.name, a.Status, a.Body)
 			continue
 		}
-		checkErrorBody(t, a)
+		simhttptest.CheckErrorBody(t, a)
 	}
 	if diff := cmp.Diff(before, s.Entries(), addrEq); diff != "" {
 		t.Errorf("state changed (-want +got):\n%s", diff)
@@ -240,8 +158,8 @@ func TestBadCreatesAre400AndChangeNothing(t *testing.T) {
 	// Without a Content-Type the body is taken as JSON, as dropshot does;
 	// unknown fields are ignored, as serde does.
 	body := strings.TrimSuffix(targetJSON, "}") + `,"extra":true}`
-	if a := raw(t, "PUT", s.URL()+"/nat/ipv4/192.0.2.2/0/9", "12.0.0", "", body); a.status != 204 || a.body != "" {
-		t.Errorf("PUT without Content-Type: %d %q, want 204", a.status, a.body)
+	if a := simhttptest.Do(t, "PUT", s.URL()+"/nat/ipv4/192.0.2.2/0/9", "12.0.0", "", body); a.Status != 204 || a.Body != "" {
+		t.Errorf("PUT without Content-Type: %d %q, want 204", a.Status, a.Body)
 	}
 }
 
@@ -270,19 +188,19 @@ func TestGetFindsTheEntryHoldingThePort(t *testing.T) {
 	}
 	for _, path := range []string{"/nat/ipv4/192.0.2.1/99", "/nat/ipv4/192.0.2.1/201", "/nat/ipv4/192.0.2.2/150"} {
 		a := get(t, s, path)
-		if a.status != 404 {
-			t.Errorf("GET %s: %d %s, want 404", path, a.status, a.body)
+		if a.Status != 404 {
+			t.Errorf("GET %s: %d %s, want 404", path, a.Status, a.Body)
 			continue
 		}
-		if code := checkErrorBody(t, a); code != "no mapping" || !strings.Contains(a.body, "no mapping") {
-			t.Errorf("GET %s: %s, want error_code and message \"no mapping\"", path, a.body)
+		if code := simhttptest.CheckErrorBody(t, a); code != "no mapping" || !strings.Contains(a.Body, "no mapping") {
+			t.Errorf("GET %s: %s, want error_code and message \"no mapping\"", path, a.Body)
 		}
 	}
-	if a := get(t, s, "/nat/ipv4/192.0.2.1/150"); a.status != 200 || a.body != targetJSON {
-		t.Errorf("GET raw = %d %s, want 200 %s", a.status, a.body, targetJSON)
+	if a := get(t, s, "/nat/ipv4/192.0.2.1/150"); a.Status != 200 || a.Body != targetJSON {
+		t.Errorf("GET raw = %d %s, want 200 %s", a.Status, a.Body, targetJSON)
 	}
-	if a := get(t, s, "/nat/ipv4/192.0.2.1/65536"); a.status != 400 {
-		t.Errorf("GET port 65536: %d, want 400", a.status)
+	if a := get(t, s, "/nat/ipv4/192.0.2.1/65536"); a.Status != 400 {
+		t.Errorf("GET port 65536: %d, want 400", a.Status)
 	}
 }
 
@@ -307,11 +225,11 @@ func TestDeleteRemovesTheEntryHoldingThePortAndIsIdempotent(t *testing.T) {
 	if diff := cmp.Diff([]dpd.NatEntry{keep}, s.Entries(), addrEq); diff != "" {
 		t.Errorf("Entries (-want +got):\n%s", diff)
 	}
-	if a := get(t, s, "/nat/ipv6"); a.body != `{"items":[],"next_page":null}` {
-		t.Errorf("IPv6 addresses after deleting the last entry: %s", a.body)
+	if a := get(t, s, "/nat/ipv6"); a.Body != `{"items":[],"next_page":null}` {
+		t.Errorf("IPv6 addresses after deleting the last entry: %s", a.Body)
 	}
-	if a := raw(t, "DELETE", s.URL()+"/nat/ipv4/192.0.2.1/x", "12.0.0", "", ""); a.status != 400 {
-		t.Errorf("DELETE bad port: %d, want 400", a.status)
+	if a := simhttptest.Do(t, "DELETE", s.URL()+"/nat/ipv4/192.0.2.1/x", "12.0.0", "", ""); a.Status != 400 {
+		t.Errorf("DELETE bad port: %d, want 400", a.Status)
 	}
 }
 
@@ -335,12 +253,12 @@ func walk[T any](t *testing.T, s *dpdsim.Server, path, limit string) (items []T,
 			u += "?" + q.Encode()
 		}
 		a := get(t, s, u)
-		if a.status != 200 {
-			t.Fatalf("GET %s: %d %s", u, a.status, a.body)
+		if a.Status != 200 {
+			t.Fatalf("GET %s: %d %s", u, a.Status, a.Body)
 		}
 		var p pageOf[T]
-		if err := json.Unmarshal([]byte(a.body), &p); err != nil || p.Items == nil {
-			t.Fatalf("GET %s: %s: %v", u, a.body, err)
+		if err := json.Unmarshal([]byte(a.Body), &p); err != nil || p.Items == nil {
+			t.Fatalf("GET %s: %s: %v", u, a.Body, err)
 		}
 		items = append(items, p.Items...)
 		sizes = append(sizes, len(p.Items))
@@ -423,8 +341,8 @@ func TestListingsArePagedAndSorted(t *testing.T) {
 	if entries, _ := walk[dpd.NatEntry](t, s, "/nat/ipv6/2001:db8::1", "3"); !cmp.Equal(want[140:], entries, addrEq) {
 		t.Errorf("IPv6 entries = %v", entries)
 	}
-	if a := get(t, s, "/nat/ipv4/192.0.2.99"); a.status != 200 || a.body != `{"items":[],"next_page":null}` {
-		t.Errorf("entries of an unused address: %d %s", a.status, a.body)
+	if a := get(t, s, "/nat/ipv4/192.0.2.99"); a.Status != 200 || a.Body != `{"items":[],"next_page":null}` {
+		t.Errorf("entries of an unused address: %d %s", a.Status, a.Body)
 	}
 	all, err := c.AllNAT(t.Context())
 	if err != nil {
@@ -442,7 +360,7 @@ func TestBadPageQueriesAre400(t *testing.T) {
 		s.Inject(entry("192.0.2.1", uint16(i), uint16(i), target))
 	}
 	var p pageOf[string]
-	json.Unmarshal([]byte(get(t, s, "/nat/ipv4?limit=1").body), &p)
+	json.Unmarshal([]byte(get(t, s, "/nat/ipv4?limit=1").Body), &p)
 	if p.NextPage == nil {
 		t.Fatal("no next page")
 	}
@@ -459,11 +377,11 @@ func TestBadPageQueriesAre400(t *testing.T) {
 		"/nat/ipv4/192.0.2.1?limit=0",
 	} {
 		a := get(t, s, path)
-		if a.status != 400 {
-			t.Errorf("GET %s: %d %s, want 400", path, a.status, a.body)
+		if a.Status != 400 {
+			t.Errorf("GET %s: %d %s, want 400", path, a.Status, a.Body)
 			continue
 		}
-		checkErrorBody(t, a)
+		simhttptest.CheckErrorBody(t, a)
 	}
 }
 
@@ -475,8 +393,8 @@ func TestSwitchIdentifiers(t *testing.T) {
 	defer s.Close()
 	a := get(t, s, "/switch/identifiers")
 	var ids map[string]any
-	if err := json.Unmarshal([]byte(a.body), &ids); err != nil || a.status != 200 {
-		t.Fatalf("GET /switch/identifiers = %d %s: %v", a.status, a.body, err)
+	if err := json.Unmarshal([]byte(a.Body), &ids); err != nil || a.Status != 200 {
+		t.Fatalf("GET /switch/identifiers = %d %s: %v", a.Status, a.Body, err)
 	}
 	id, _ := ids["sidecar_id"].(string)
 	if _, err := uuid.Parse(id); err != nil {
@@ -484,11 +402,11 @@ func TestSwitchIdentifiers(t *testing.T) {
 	}
 	serial, _ := ids["serial"].(string)
 	if ids["slot"] != 1.0 || ids["asic_backend"] != "sim" || ids["model"] != "sim" || ids["revision"] != 0.0 || !strings.HasPrefix(serial, "SIM-") {
-		t.Errorf("identifiers = %s", a.body)
+		t.Errorf("identifiers = %s", a.Body)
 	}
 	s.RestartEmpty()
-	if b := get(t, s, "/switch/identifiers"); b.body != a.body {
-		t.Errorf("identifiers changed across a restart: %s, then %s", a.body, b.body)
+	if b := get(t, s, "/switch/identifiers"); b.Body != a.Body {
+		t.Errorf("identifiers changed across a restart: %s, then %s", a.Body, b.Body)
 	}
 	if got := s.SwitchIdentifiers(); got.SidecarID != id || got.Slot != 1 {
 		t.Errorf("SwitchIdentifiers() = %+v", got)
@@ -498,36 +416,16 @@ func TestSwitchIdentifiers(t *testing.T) {
 	}
 }
 
-func TestAPIVersionHeader(t *testing.T) {
+// The api-version check itself is tested in simhttp.
+func TestServesUpToAPIVersion(t *testing.T) {
 	s, _ := start(t)
 	for _, tt := range []struct {
 		version string
 		status  int
-	}{
-		{"", 400},
-		{"12.0.0", 200},
-		{"11.0.0", 200},
-		{"1.0.0", 200},
-		{"12.0.0-rc.1", 200},
-		{"12.0.0+build.5", 200},
-		{"12.0.1", 400},
-		{"12.1.0-rc1", 400},
-		{"13.0.0", 400},
-		{"banana", 400},
-		{"12.0", 400},
-		{"012.0.0", 400},
-	} {
-		a := raw(t, "GET", s.URL()+"/nat/ipv4", tt.version, "", "")
-		if a.status != tt.status {
-			t.Errorf("api-version %q: %d %s, want %d", tt.version, a.status, a.body, tt.status)
+	}{{dpdsim.APIVersion, 200}, {"11.0.0", 200}, {"12.0.1", 400}, {"13.0.0", 400}} {
+		if a := simhttptest.Do(t, "GET", s.URL()+"/nat/ipv4", tt.version, "", ""); a.Status != tt.status {
+			t.Errorf("api-version %q: %d %s, want %d", tt.version, a.Status, a.Body, tt.status)
 		}
-		if a.status != 200 {
-			checkErrorBody(t, a)
-		}
-	}
-	// The version is checked before the path, as in dropshot.
-	if a := raw(t, "GET", s.URL()+"/nonesuch", "", "", ""); a.status != 400 {
-		t.Errorf("unknown path without version: %d, want 400", a.status)
 	}
 }
 
@@ -551,12 +449,12 @@ func TestUnknownPathsAndMethods(t *testing.T) {
 		{"PUT", "/nat/ipv6/2001:db8::1/0", 405, "PUT /nat/ipv6/{ip}/{low}"},
 		{"PUT", "/switch/identifiers", 405, "PUT /switch/identifiers"},
 	} {
-		a := raw(t, tt.method, s.URL()+tt.path, "12.0.0", "", "")
-		if a.status != tt.status {
-			t.Errorf("%s %s: %d %s, want %d", tt.method, tt.path, a.status, a.body, tt.status)
+		a := simhttptest.Do(t, tt.method, s.URL()+tt.path, "12.0.0", "", "")
+		if a.Status != tt.status {
+			t.Errorf("%s %s: %d %s, want %d", tt.method, tt.path, a.Status, a.Body, tt.status)
 			continue
 		}
-		checkErrorBody(t, a)
+		simhttptest.CheckErrorBody(t, a)
 		if n := s.Requests()[tt.key]; n != 1 {
 			t.Errorf("%s %s: counted %d times as %q, want once", tt.method, tt.path, n, tt.key)
 		}
@@ -620,127 +518,14 @@ func TestInject(t *testing.T) {
 	}
 }
 
-func TestFaultError(t *testing.T) {
-	s, c := start(t)
-	if err := s.SetFault(dpdsim.FaultError); err != nil {
-		t.Fatal(err)
-	}
-	a := raw(t, "PUT", s.URL()+"/nat/ipv4/192.0.2.1/0/65535", "12.0.0", "application/json", targetJSON)
-	if a.status != 500 {
-		t.Fatalf("under FaultError: %d %s, want 500", a.status, a.body)
-	}
-	checkErrorBody(t, a)
-	if len(s.Entries()) != 0 {
-		t.Errorf("a failed create changed the state: %v", s.Entries())
-	}
-	s.SetFault(dpdsim.FaultNone)
-	if err := c.CreateNAT(t.Context(), entry("192.0.2.1", 0, 65535, target)); err != nil {
-		t.Errorf("after clearing: %v", err)
-	}
-}
-
-func TestFaultRefuseClearsOnTheSameAddress(t *testing.T) {
-	s, c := start(t)
-	ctx := t.Context()
-	addr := s.Addr()
-	if _, err := c.SwitchIdentifiers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.SetFault(dpdsim.FaultRefuse); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		_, err := c.SwitchIdentifiers(ctx)
-		if !errors.Is(err, dpd.ErrUnreachable) || !errors.Is(err, syscall.ECONNREFUSED) {
-			t.Errorf("under FaultRefuse: %v, want connection refused", err)
-		}
-	}
-	if err := s.SetFault(dpdsim.FaultNone); err != nil {
-		t.Fatal(err)
-	}
-	if s.Addr() != addr {
-		t.Errorf("address changed from %s to %s", addr, s.Addr())
-	}
-	if err := c.CreateNAT(ctx, entry("192.0.2.1", 0, 65535, target)); err != nil {
-		t.Errorf("after clearing: %v", err)
-	}
-	if n := s.Requests()["GET /switch/identifiers"]; n != 1 {
-		t.Errorf("GET /switch/identifiers served %d times, want 1 (refused ones never arrive)", n)
-	}
-}
-
-// startHangingCall starts call and waits until the simulator has the
-// request; the returned channel gets the call's result.
-func startHangingCall(t *testing.T, s *dpdsim.Server, key string, call func() error) <-chan error {
-	t.Helper()
-	before := s.Requests()[key]
-	done := make(chan error, 1)
-	go func() { done <- call() }()
-	waitFor(t, "the request to arrive", func() bool { return s.Requests()[key] > before })
-	return done
-}
-
-func result(t *testing.T, done <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(waitDeadline):
-		t.Fatal("the call did not return")
-		return nil
-	}
-}
-
-func TestFaultHangUntilClientGivesUpOrTheFaultClears(t *testing.T) {
-	s, c := start(t)
-	s.SetFault(dpdsim.FaultHang)
-	c.Timeout = 50 * time.Millisecond
-	err := result(t, startHangingCall(t, s, "GET /nat/ipv4", func() error {
-		_, err := c.AllNAT(context.Background())
-		return err
-	}))
-	if !errors.Is(err, dpd.ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("under FaultHang: %v, want ErrUnreachable wrapping DeadlineExceeded", err)
-	}
-
-	c.Timeout = time.Hour
-	done := startHangingCall(t, s, "PUT /nat/ipv4/{ip}/{low}/{high}", func() error {
-		return c.CreateNAT(t.Context(), entry("192.0.2.1", 0, 65535, target))
-	})
-	if err := s.SetFault(dpdsim.FaultNone); err != nil {
-		t.Fatal(err)
-	}
-	if err := result(t, done); err != nil {
-		t.Errorf("CreateNAT released by clearing the fault: %v", err)
-	}
-	if n := len(s.Entries()); n != 1 {
-		t.Errorf("%d entries, want 1", n)
-	}
-}
-
-func TestRestartEmptyLosesEntriesAndDropsInFlightRequests(t *testing.T) {
+// Faults, and restarts dropping connections, are tested in simhttp.
+func TestRestartEmptyLosesEntries(t *testing.T) {
 	s, c := start(t)
 	ctx := t.Context()
 	if err := c.CreateNAT(ctx, entry("192.0.2.1", 0, 65535, target)); err != nil {
 		t.Fatal(err)
 	}
-	s.SetFault(dpdsim.FaultHang)
-	// A fresh client: a request on a fresh connection is not retried by
-	// the transport when that connection drops.
-	fresh, err := dpd.NewClient(s.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	fresh.Timeout = time.Hour
-	done := startHangingCall(t, s, "GET /nat/ipv4", func() error {
-		_, err := fresh.NATAddresses(ctx, false)
-		return err
-	})
 	s.RestartEmpty()
-	if err := result(t, done); !errors.Is(err, dpd.ErrUnreachable) {
-		t.Errorf("in-flight call across the restart: %v, want ErrUnreachable", err)
-	}
-	s.SetFault(dpdsim.FaultNone)
 	got, err := c.AllNAT(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -789,24 +574,17 @@ func TestConcurrentUse(t *testing.T) {
 func TestControlEndpoints(t *testing.T) {
 	s, c := start(t)
 	ctx := t.Context()
-	ctl := func(method, path, body string) answer {
+	ctl := func(method, path, body string) simhttptest.Answer {
 		t.Helper()
-		return raw(t, method, s.URL()+path, "", "application/json", body)
+		return simhttptest.Do(t, method, s.URL()+path, "", "application/json", body)
 	}
-	if a := ctl("PUT", "/__sim/fault", `{"fault": "error"}`); a.status != 204 {
-		t.Fatalf("set error fault: %d %s", a.status, a.body)
-	}
-	var apiErr *dpd.APIError
-	if _, err := c.AllNAT(ctx); !errors.As(err, &apiErr) || apiErr.StatusCode != 500 {
-		t.Errorf("under error fault: %v, want 500", err)
-	}
-	if a := ctl("PUT", "/__sim/fault", `{"fault": "none"}`); a.status != 204 {
-		t.Fatalf("clear fault: %d %s", a.status, a.body)
+	if _, err := c.AllNAT(ctx); err != nil {
+		t.Fatal(err)
 	}
 
 	inject := `{"external": "192.0.2.7", "low": 0, "high": 65535, "target": ` + targetJSON + `}`
-	if a := ctl("POST", "/__sim/inject", inject); a.status != 204 {
-		t.Fatalf("inject: %d %s", a.status, a.body)
+	if a := ctl("POST", "/__sim/inject", inject); a.Status != 204 {
+		t.Fatalf("inject: %d %s", a.Status, a.Body)
 	}
 	if diff := cmp.Diff([]dpd.NatEntry{entry("192.0.2.7", 0, 65535, target)}, s.Entries(), addrEq); diff != "" {
 		t.Errorf("after inject (-want +got):\n%s", diff)
@@ -819,10 +597,10 @@ func TestControlEndpoints(t *testing.T) {
 		`{"external": "192.0.2.7", "low": 0, "high": 1, "target": {"internal_ip": "fd00::1", "vni": 1}}`,
 		`{"external": "192.0.2.7", "low": 0, "high": 1, "target": ` + targetJSON + `, "extra": 1}`,
 	} {
-		if a := ctl("POST", "/__sim/inject", bad); a.status != 400 {
-			t.Errorf("inject %s: %d, want 400", bad, a.status)
+		if a := ctl("POST", "/__sim/inject", bad); a.Status != 400 {
+			t.Errorf("inject %s: %d, want 400", bad, a.Status)
 		} else {
-			checkErrorBody(t, a)
+			simhttptest.CheckErrorBody(t, a)
 		}
 	}
 
@@ -832,62 +610,31 @@ func TestControlEndpoints(t *testing.T) {
 		Entries  []dpd.NatEntry `json:"entries"`
 		Requests map[string]int `json:"requests"`
 	}
-	if err := json.Unmarshal([]byte(a.body), &st); err != nil || a.status != 200 {
-		t.Fatalf("state: %d %s: %v", a.status, a.body, err)
+	if err := json.Unmarshal([]byte(a.Body), &st); err != nil || a.Status != 200 {
+		t.Fatalf("state: %d %s: %v", a.Status, a.Body, err)
 	}
 	if st.Fault != "none" || len(st.Entries) != 1 || st.Requests["GET /nat/ipv4"] != 1 {
 		t.Errorf("state = %+v", st)
 	}
 
-	if a := ctl("POST", "/__sim/restart-empty", ""); a.status != 204 {
-		t.Fatalf("restart-empty: %d %s", a.status, a.body)
+	if a := ctl("POST", "/__sim/restart-empty", ""); a.Status != 204 {
+		t.Fatalf("restart-empty: %d %s", a.Status, a.Body)
 	}
 	if got := s.Entries(); len(got) != 0 {
 		t.Errorf("after restart-empty: %v", got)
 	}
-	if a := ctl("GET", "/__sim/state", ""); !strings.Contains(a.body, `"entries":[]`) {
-		t.Errorf("state after restart-empty = %s, want an empty entries array", a.body)
-	}
-	if a := ctl("PUT", "/__sim/fault", `{"fault": "sulk"}`); a.status != 400 {
-		t.Errorf("bad fault: %d, want 400", a.status)
-	}
-	if a := ctl("GET", "/__sim/nonesuch", ""); a.status != 404 {
-		t.Errorf("unknown control path: %d, want 404", a.status)
-	}
-
-	// A timed refusal answers, refuses, then listens again by itself.
-	if a := ctl("PUT", "/__sim/fault", `{"refuse_for": "50ms"}`); a.status != 204 {
-		t.Fatalf("refuse_for: %d %s", a.status, a.body)
-	}
-	waitFor(t, "the refusal to end", func() bool { return s.Fault() == dpdsim.FaultNone })
-	if err := c.CreateNAT(ctx, entry("192.0.2.1", 0, 65535, target)); err != nil {
-		t.Errorf("after the timed refusal: %v", err)
-	}
-	for k := range s.Requests() {
-		if strings.Contains(k, "__sim") {
-			t.Errorf("control request counted: %q", k)
-		}
+	if a := ctl("GET", "/__sim/state", ""); !strings.Contains(a.Body, `"entries":[]`) {
+		t.Errorf("state after restart-empty = %s, want an empty entries array", a.Body)
 	}
 }
 
-func TestStartErrors(t *testing.T) {
-	s, _ := start(t)
-	if err := s.Start("127.0.0.1:0"); err == nil {
-		t.Error("second Start succeeded")
-	}
-	if err := s.SetFault("sulk"); err == nil {
-		t.Error("SetFault of an unknown fault succeeded")
-	}
-	other := dpdsim.New(nil, 0)
-	if err := other.Start(s.Addr()); err == nil {
-		other.Close()
-		t.Error("Start on a taken address succeeded")
-	}
-	other.Close()
-	if err := other.Start("127.0.0.1:0"); !errors.Is(err, dpdsim.ErrClosed) {
+func TestClosedServerSaysErrClosed(t *testing.T) {
+	s := dpdsim.New(nil, 0)
+	s.Close()
+	if err := s.Start("127.0.0.1:0"); !errors.Is(err, dpdsim.ErrClosed) {
 		t.Errorf("Start after Close = %v, want ErrClosed", err)
 	}
-	if err := other.SetFault(dpdsim.FaultNone); !errors.Is(err, dpdsim.ErrClosed) {
+	if err := s.SetFault(dpdsim.FaultNone); !errors.Is(err, dpdsim.ErrClosed) {
 		t.Errorf("SetFault after Close = %v, want ErrClosed", err)
 	}
 }

@@ -2,10 +2,11 @@
 // dropshot servers do (api-version check, upstream error body, 404/405),
 // with faults tests can inject: refuse, hang, error, and dropped connections.
 //
-// A simulator supplies its routes and its own /__sim/ control endpoints;
-// simhttp serves PUT /__sim/fault itself:
+// A simulator supplies its routes, its own /__sim/ control endpoints and
+// how to forget its state; simhttp serves these two itself:
 //
-//	PUT /__sim/fault  {"fault": "none"|"hang"|"error"|"refuse", "refuse_for": "5s"} → 204
+//	PUT  /__sim/fault          {"fault": "none"|"hang"|"error"|"refuse", "refuse_for": "5s"} → 204
+//	POST /__sim/restart-empty  → 204 (as Server.RestartEmpty)
 //
 // A "refuse" fault closes the listener, so nothing can clear it over HTTP:
 // "refuse_for" (a Go duration; it implies "refuse") has it clear itself.
@@ -65,8 +66,11 @@ type Config struct {
 	// subject to the fault in force, and need an api-version header.
 	API *Router
 	// Control serves the simulator's /__sim/ endpoints besides
-	// PUT /__sim/fault; nil serves only that one.
+	// PUT /__sim/fault and POST /__sim/restart-empty; nil serves only those.
 	Control *Router
+	// Forget drops the daemon's state when it restarts empty; nil for a
+	// daemon without state. It is called with no lock of the Server held.
+	Forget func()
 }
 
 // Server is the HTTP side of a simulator. It is safe for concurrent use; no
@@ -120,6 +124,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Control == nil {
 		cfg.Control = &Router{}
+	}
+	if cfg.Forget == nil {
+		cfg.Forget = func() {}
 	}
 	s := &Server{
 		cfg:      cfg,
@@ -230,13 +237,20 @@ func (s *Server) Fault() Fault {
 	return s.fault
 }
 
-// DropConnections closes every open connection but keep (which may be
-// nil), so in-flight requests fail and kept-alive connections are reset.
-// The listener stays open.
-func (s *Server) DropConnections(keep net.Conn) {
+// RestartEmpty simulates the daemon restarting: Config.Forget drops its
+// state and every open connection is dropped, so in-flight requests fail
+// and kept-alive connections are reset. The listener stays open and the
+// fault stays in force.
+func (s *Server) RestartEmpty() { s.restartEmpty(nil) }
+
+// restartEmpty is RestartEmpty, keeping the connection keep (which may be
+// nil) open.
+func (s *Server) restartEmpty(keep net.Conn) {
+	s.cfg.Forget()
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.dropConnsLocked(keep)
+	s.mu.Unlock()
+	s.log.Info(s.cfg.Name + " simulator restarted empty")
 }
 
 // SetFault puts f in force, replacing any other fault. Clearing FaultRefuse
@@ -410,8 +424,13 @@ func (s *Server) waitOutFault(ctx context.Context, rp *Reply) faultOutcome {
 // serveControl serves the simulator-only /__sim/ endpoints.
 func (s *Server) serveControl(w http.ResponseWriter, r *http.Request) {
 	rp := newReply(w)
-	if r.Method == http.MethodPut && r.URL.Path == "/__sim/fault" {
+	switch {
+	case r.Method == http.MethodPut && r.URL.Path == "/__sim/fault":
 		s.serveFault(rp, r)
+		return
+	case r.Method == http.MethodPost && r.URL.Path == "/__sim/restart-empty":
+		s.restartEmpty(Conn(r))
+		rp.NoContent()
 		return
 	}
 	if _, h, _ := s.cfg.Control.match(r); h != nil {

@@ -2,18 +2,49 @@ package simhttp_test
 
 import (
 	"errors"
-	"io"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sled-agent/sled-agent/internal/sim/simhttp"
+	"github.com/sled-agent/sled-agent/internal/sim/simhttp/simhttptest"
 )
 
-func start(t *testing.T) *simhttp.Server {
-	t.Helper()
+var errClosed = errors.New("closed")
+
+// store is the test daemon's state: the keys PUT /store/{k} added.
+type store struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (st *store) add(k string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.keys = append(st.keys, k)
+}
+
+func (st *store) list() []string {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return slices.Clone(st.keys)
+}
+
+func (st *store) forget() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.keys = nil
+}
+
+// config is the test daemon: newest api-version 1.2.3, GET and DELETE
+// /things/{ip}, GET /things/{ip}/static and PUT /store/{k}, and no control
+// endpoints of its own.
+func config() (simhttp.Config, *store) {
+	st := &store{}
 	api := &simhttp.Router{}
 	echo := func(rp *simhttp.Reply, r *http.Request) {
 		rp.JSON(http.StatusOK, map[string]string{"ip": r.PathValue("ip")})
@@ -27,62 +58,64 @@ func start(t *testing.T) *simhttp.Server {
 		rp.NoContent()
 	})
 	api.Handle("GET /things/{ip}/static", echo)
-	s := simhttp.New(simhttp.Config{Name: "test", APIVersion: "1.2.3", ErrClosed: errors.New("closed"), API: api})
+	api.Handle("PUT /store/{k}", func(rp *simhttp.Reply, r *http.Request) {
+		st.add(r.PathValue("k"))
+		rp.NoContent()
+	})
+	return simhttp.Config{Name: "test", APIVersion: "1.2.3", ErrClosed: errClosed, API: api, Forget: st.forget}, st
+}
+
+func start(t *testing.T) (*simhttp.Server, *store) {
+	t.Helper()
+	cfg, st := config()
+	s := simhttp.New(cfg)
 	if err := s.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
-	return s
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s, st
 }
 
-type answer struct {
-	status int
-	allow  string
-	body   string
-}
-
-func do(t *testing.T, method, url string) answer {
+// do sends an API request with the right version.
+func do(t *testing.T, method, url string) simhttptest.Answer {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("api-version", "1.2.3")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, resp.Header.Get("Allow"), string(b)}
+	return simhttptest.Do(t, method, url, "1.2.3", "", "")
 }
 
 func TestRouter(t *testing.T) {
-	s := start(t)
-	if a := do(t, "GET", s.URL()+"/things/a%2Fb"); a.status != 200 || !strings.Contains(a.body, `"ip":"a/b"`) {
-		t.Errorf("escaped slash: %d %s, want one segment a/b", a.status, a.body)
+	s, _ := start(t)
+	if a := do(t, "GET", s.URL()+"/things/a%2Fb"); a.Status != 200 || !strings.Contains(a.Body, `"ip":"a/b"`) {
+		t.Errorf("escaped slash: %d %s, want one segment a/b", a.Status, a.Body)
 	}
-	if a := do(t, "GET", s.URL()+"/things/x/static"); a.status != 200 || !strings.Contains(a.body, `"ip":"x"`) {
-		t.Errorf("longer route: %d %s", a.status, a.body)
+	if a := do(t, "GET", s.URL()+"/things/x/static"); a.Status != 200 || !strings.Contains(a.Body, `"ip":"x"`) {
+		t.Errorf("longer route: %d %s", a.Status, a.Body)
 	}
-	if a := do(t, "DELETE", s.URL()+"/things/x"); a.status != 204 {
-		t.Errorf("DELETE: %d %s (Conn must be set)", a.status, a.body)
+	if a := do(t, "DELETE", s.URL()+"/things/x"); a.Status != 204 {
+		t.Errorf("DELETE: %d %s (Conn must be set)", a.Status, a.Body)
 	}
 	for _, tt := range []struct {
 		method, path string
-		want         answer
+		status       int
+		allow        string
 	}{
-		{"PUT", "/things/x", answer{status: 405, allow: "GET, DELETE"}},
-		{"HEAD", "/things/x", answer{status: 405, allow: "GET, DELETE"}},
-		{"DELETE", "/things/x/static", answer{status: 405, allow: "GET"}},
-		{"GET", "/things/", answer{status: 404}},
-		{"GET", "/things", answer{status: 404}},
-		{"GET", "/things/x/other", answer{status: 404}},
+		{"PUT", "/things/x", 405, "GET, DELETE"},
+		{"HEAD", "/things/x", 405, "GET, DELETE"},
+		{"DELETE", "/things/x/static", 405, "GET"},
+		{"GET", "/things/", 404, ""},
+		{"GET", "/things", 404, ""},
+		{"GET", "/things/x/other", 404, ""},
 	} {
 		a := do(t, tt.method, s.URL()+tt.path)
-		a.body = ""
-		if a != tt.want {
-			t.Errorf("%s %s = %+v, want %+v", tt.method, tt.path, a, tt.want)
+		if a.Status != tt.status || a.Header.Get("Allow") != tt.allow {
+			t.Errorf("%s %s = %d, Allow %q; want %d, Allow %q", tt.method, tt.path, a.Status, a.Header.Get("Allow"), tt.status, tt.allow)
+			continue
+		}
+		if tt.method != "HEAD" { // a HEAD answer has no body
+			simhttptest.CheckErrorBody(t, a)
 		}
 	}
 	want := map[string]int{
@@ -101,19 +134,20 @@ func TestRouter(t *testing.T) {
 	}
 }
 
-func TestNoControlRouterServesOnlyTheFault(t *testing.T) {
-	s := start(t)
-	if a := do(t, "GET", s.URL()+"/__sim/state"); a.status != 404 {
-		t.Errorf("GET /__sim/state: %d, want 404", a.status)
-	}
-	req, _ := http.NewRequestWithContext(t.Context(), "PUT", s.URL()+"/__sim/fault", strings.NewReader(`{"fault":"error"}`))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
+func TestWithoutControlRouterOrForgetFaultAndRestartAreServed(t *testing.T) {
+	s := simhttp.New(simhttp.Config{Name: "bare", APIVersion: "1.0.0", ErrClosed: errClosed})
+	if err := s.Start("127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != 204 || s.Fault() != simhttp.FaultError {
-		t.Errorf("PUT /__sim/fault: %d, fault %q", resp.StatusCode, s.Fault())
+	defer s.Close()
+	if a := simhttptest.Do(t, "GET", s.URL()+"/__sim/state", "", "", ""); a.Status != 404 {
+		t.Errorf("GET /__sim/state: %d, want 404", a.Status)
+	}
+	if a := simhttptest.Do(t, "PUT", s.URL()+"/__sim/fault", "", "", `{"fault":"error"}`); a.Status != 204 || s.Fault() != simhttp.FaultError {
+		t.Errorf("PUT /__sim/fault: %d, fault %q", a.Status, s.Fault())
+	}
+	if a := simhttptest.Do(t, "POST", s.URL()+"/__sim/restart-empty", "", "", ""); a.Status != 204 {
+		t.Errorf("POST /__sim/restart-empty: %d %s", a.Status, a.Body)
 	}
 }
 

@@ -1,0 +1,84 @@
+// Package simhttptest sends the raw requests, and checks the error bodies,
+// that tests of simhttp servers need.
+package simhttptest
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Deadline bounds every request Do sends; nothing asserts how fast
+// anything is.
+const Deadline = 20 * time.Second
+
+// Answer is a raw HTTP answer.
+type Answer struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+// Do sends a request a client would never send, with http.DefaultClient.
+// version "" omits the api-version header, contentType "" omits
+// Content-Type and body "" sends no body.
+func Do(t testing.TB, method, url, version, contentType, body string) Answer {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if version != "" {
+		req.Header.Set("api-version", version)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Answer{resp.StatusCode, resp.Header, string(b)}
+}
+
+// CheckErrorBody checks that a carries the upstream error body
+// {"request_id": <uuid>, "error_code"?, "message": <non-empty>} and
+// nothing else, and returns its error_code.
+func CheckErrorBody(t testing.TB, a Answer) string {
+	t.Helper()
+	var body map[string]any
+	if err := json.Unmarshal([]byte(a.Body), &body); err != nil {
+		t.Fatalf("error body %q: %v", a.Body, err)
+	}
+	id, _ := body["request_id"].(string)
+	if _, err := uuid.Parse(id); err != nil {
+		t.Errorf("error body %s: request_id is not a uuid", a.Body)
+	}
+	if msg, _ := body["message"].(string); msg == "" {
+		t.Errorf("error body %s: no message", a.Body)
+	}
+	for k := range body {
+		if k != "request_id" && k != "message" && k != "error_code" {
+			t.Errorf("error body %s: unexpected field %q", a.Body, k)
+		}
+	}
+	code, _ := body["error_code"].(string)
+	return code
+}
