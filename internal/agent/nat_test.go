@@ -55,15 +55,11 @@ func (s *switches) add(slot uint16) *dpdsim.Server {
 // publish makes DNS name exactly these switch daemons.
 func (s *switches) publish(ds ...*dpdsim.Server) {
 	s.t.Helper()
-	r := dns.Records{SRV: map[string][]dns.SRV{}, AAAA: map[string][]netip.Addr{}}
-	name := "_dendrite._tcp." + dns.Zone
-	for i, d := range ds {
-		ap := netip.MustParseAddrPort(d.Addr())
-		host := fmt.Sprintf("dendrite-%d.host.%s", i, dns.Zone)
-		r.SRV[name] = append(r.SRV[name], dns.SRV{Target: host, Port: ap.Port()})
-		r.AAAA[host] = []netip.Addr{ap.Addr()}
+	var addrs []netip.AddrPort
+	for _, d := range ds {
+		addrs = append(addrs, netip.MustParseAddrPort(d.Addr()))
 	}
-	if err := s.dns.SetRecords(r); err != nil {
+	if err := s.dns.SetRecords(dns.SwitchRecords(addrs...)); err != nil {
 		s.t.Fatal(err)
 	}
 }

@@ -5,8 +5,8 @@ package bench
 // appearing in DNS to this sled's entries being on it?
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -39,7 +39,7 @@ type NATResult struct {
 
 // NAT runs the NAT benchmark.
 func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
-	opts.Appearances = cmpOr(opts.Appearances, 10)
+	opts.Appearances = cmp.Or(opts.Appearances, 10)
 	if opts.Period <= 0 {
 		opts.Period = 10 * time.Second
 	}
@@ -59,15 +59,11 @@ func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
 	}
 	defer first.Close()
 	publish := func(ds ...*dpdsim.Server) error {
-		r := dns.Records{SRV: map[string][]dns.SRV{}, AAAA: map[string][]netip.Addr{}}
-		name := "_dendrite._tcp." + dns.Zone
-		for i, d := range ds {
-			ap := netip.MustParseAddrPort(d.Addr())
-			host := fmt.Sprintf("dendrite-%d.host.%s", i, dns.Zone)
-			r.SRV[name] = append(r.SRV[name], dns.SRV{Target: host, Port: ap.Port()})
-			r.AAAA[host] = []netip.Addr{ap.Addr()}
+		var addrs []netip.AddrPort
+		for _, d := range ds {
+			addrs = append(addrs, netip.MustParseAddrPort(d.Addr()))
 		}
-		return server.SetRecords(r)
+		return server.SetRecords(dns.SwitchRecords(addrs...))
 	}
 	if err := publish(first); err != nil {
 		return nil, err
@@ -81,10 +77,6 @@ func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
 	// The real example config: a nexus and an external DNS zone, two entries.
 	doc := sledconfig.Example()
 	if err := c.PutConfig(ctx, doc); err != nil {
-		return nil, err
-	}
-	var parsed sledconfig.Config
-	if err := json.Unmarshal(doc, &parsed); err != nil {
 		return nil, err
 	}
 	underlay := netip.MustParseAddr(agent.DefaultUnderlayIP)

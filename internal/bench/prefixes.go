@@ -6,6 +6,7 @@ package bench
 // after an outage, to every prefix being there again?
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -47,8 +48,8 @@ type PrefixResult struct {
 
 // Prefixes runs the prefix benchmark.
 func Prefixes(ctx context.Context, opts PrefixOptions) (*PrefixResult, error) {
-	opts.Withdrawals = cmpOr(opts.Withdrawals, 50)
-	opts.Recoveries = cmpOr(opts.Recoveries, 10)
+	opts.Withdrawals = cmp.Or(opts.Withdrawals, 50)
+	opts.Recoveries = cmp.Or(opts.Recoveries, 10)
 	if opts.Period <= 0 {
 		opts.Period = 30 * time.Second
 	}

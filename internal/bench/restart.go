@@ -5,6 +5,7 @@ package bench
 // zone ok, and how many zones were restarted on the way (must be 0)?
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -67,8 +68,8 @@ type RestartRound struct {
 
 // Restart runs the restart benchmark.
 func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err error) {
-	opts.Count = cmpOr(opts.Count, 200)
-	opts.Rounds = cmpOr(opts.Rounds, 3)
+	opts.Count = cmp.Or(opts.Count, 200)
+	opts.Rounds = cmp.Or(opts.Rounds, 3)
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Minute
 	}
@@ -306,11 +307,4 @@ func incarnations(cfg agent.Config, zones []sledconfig.Zone) (map[string]uint64,
 		out[name] = uint64(st.PID)
 	}
 	return out, nil
-}
-
-func cmpOr(v, d int) int {
-	if v == 0 {
-		return d
-	}
-	return v
 }

@@ -5,6 +5,7 @@ package bench
 // VMM's service is up, while its guest starts, runs, and stops.
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -49,7 +50,7 @@ var vmmPhases = []string{"before its service is up", "starting", "running", "sto
 
 // VMM runs the VMM benchmark.
 func VMM(ctx context.Context, opts VMMOptions) (res *VMMResult, err error) {
-	opts.Rounds = cmpOr(opts.Rounds, 20)
+	opts.Rounds = cmp.Or(opts.Rounds, 20)
 	if opts.Runtime == "" {
 		opts.Runtime = "sim"
 	}

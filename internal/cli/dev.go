@@ -129,20 +129,16 @@ func devSwitches(cfg *agent.Config, log *slog.Logger) (stop func(), err error) {
 		return nil, fmt.Errorf("starting the DNS server: %w", err)
 	}
 	stops = append(stops, func() { server.Close() })
-	records := dns.Records{SRV: map[string][]dns.SRV{}, AAAA: map[string][]netip.Addr{}}
-	srv := "_dendrite._tcp." + dns.Zone
+	var daemons []netip.AddrPort
 	for slot := range uint16(2) {
 		d := dpdsim.New(log.With("component", "dpd-sim", "slot", slot), slot)
 		if err := d.Start("[::1]:0"); err != nil {
 			return nil, fmt.Errorf("starting a dpd simulator: %w", err)
 		}
 		stops = append(stops, func() { d.Close() })
-		ap := netip.MustParseAddrPort(d.Addr())
-		host := fmt.Sprintf("dendrite-%d.host.%s", slot, dns.Zone)
-		records.SRV[srv] = append(records.SRV[srv], dns.SRV{Target: host, Port: ap.Port()})
-		records.AAAA[host] = []netip.Addr{ap.Addr()}
+		daemons = append(daemons, netip.MustParseAddrPort(d.Addr()))
 	}
-	if err := server.SetRecords(records); err != nil {
+	if err := server.SetRecords(dns.SwitchRecords(daemons...)); err != nil {
 		return nil, err
 	}
 	cfg.DNSServers = []string{server.Addr().String()}

@@ -42,6 +42,21 @@ type SRV struct {
 	Weight   uint16 `json:"weight"`
 }
 
+// SwitchRecords are the records that name the given switch daemons (dpd),
+// as the rack's internal DNS does: SRV _dendrite._tcp with one target per
+// daemon (its port), and the AAAA of each target. Development and tests
+// serve them.
+func SwitchRecords(daemons ...netip.AddrPort) Records {
+	r := Records{SRV: map[string][]SRV{}, AAAA: map[string][]netip.Addr{}}
+	name := "_dendrite._tcp." + Zone
+	for i, d := range daemons {
+		host := fmt.Sprintf("dendrite-%d.host.%s", i, Zone)
+		r.SRV[name] = append(r.SRV[name], SRV{Target: host, Port: d.Port()})
+		r.AAAA[host] = []netip.Addr{d.Addr()}
+	}
+	return r
+}
+
 // Validate checks every name, target, port and address. The error names
 // every bad entry.
 func (r Records) Validate() error {

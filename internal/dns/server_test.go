@@ -452,3 +452,21 @@ func TestWatchFile(t *testing.T) {
 		t.Errorf("after the file was removed: %v", got)
 	}
 }
+
+func TestSwitchRecordsNameEachDaemon(t *testing.T) {
+	a := netip.MustParseAddrPort("[fd00:1122:3344:101::2]:12224")
+	b := netip.MustParseAddrPort("[fd00:1122:3344:102::2]:12225")
+	r := SwitchRecords(a, b)
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	srv := r.SRV["_dendrite._tcp."+Zone]
+	if len(srv) != 2 || srv[0].Port != 12224 || srv[1].Port != 12225 {
+		t.Fatalf("SRV %+v", srv)
+	}
+	for i, want := range []netip.Addr{a.Addr(), b.Addr()} {
+		if got := r.AAAA[srv[i].Target]; len(got) != 1 || got[0] != want {
+			t.Errorf("AAAA of %s = %v, want %v", srv[i].Target, got, want)
+		}
+	}
+}
