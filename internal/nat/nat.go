@@ -234,14 +234,15 @@ func (r *Reconciler) discover(ctx context.Context, wg *sync.WaitGroup) {
 	for _, a := range found {
 		want[a.String()] = a
 	}
+	var gone, added []string
+	var failed []error
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.discovery = d
 	for addr, w := range r.workers {
 		if _, ok := want[addr]; !ok {
-			r.opts.Log.Info("switch no longer found; no longer checked", "switch", addr)
 			w.stop()
 			delete(r.workers, addr)
+			gone = append(gone, addr)
 		}
 	}
 	for addr, a := range want {
@@ -251,14 +252,25 @@ func (r *Reconciler) discover(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		sw, err := r.opts.NewSwitch(a)
 		if err != nil {
-			r.opts.Log.Error("making a client for a switch", "switch", addr, "err", err)
+			failed = append(failed, fmt.Errorf("switch %s: %w", addr, err))
 			continue
 		}
 		wctx, cancel := context.WithCancel(ctx)
 		w := newWorker(r, addr, d.Source, sw, cancel)
 		r.workers[addr] = w
-		r.opts.Log.Info("switch found", "switch", addr, "by", d.Source)
+		added = append(added, addr)
 		wg.Go(func() { w.run(wctx) })
+	}
+	r.mu.Unlock()
+	// Logged with no lock held.
+	for _, addr := range gone {
+		r.opts.Log.Info("switch no longer found; no longer checked", "switch", addr)
+	}
+	for _, addr := range added {
+		r.opts.Log.Info("switch found", "switch", addr, "by", d.Source)
+	}
+	for _, err := range failed {
+		r.opts.Log.Error("making a client for a switch", "err", err)
 	}
 }
 

@@ -151,14 +151,16 @@ func (w *worker) call(ctx context.Context, f func(context.Context) error) error 
 func (w *worker) finish(err error) {
 	now := time.Now()
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.st.Passes++
 	if err != nil {
 		w.st.Failures++
 		w.st.LastError, w.st.LastErrorAt = err.Error(), &now
-		w.r.opts.Log.Warn("NAT reconciliation of a switch failed", "switch", w.addr, "err", err)
-		return
+	} else {
+		w.st.LastError = ""
+		w.st.LastSuccess = &now
 	}
-	w.st.LastError = ""
-	w.st.LastSuccess = &now
+	w.mu.Unlock()
+	if err != nil {
+		w.r.opts.Log.Warn("NAT reconciliation of a switch failed", "switch", w.addr, "err", err)
+	}
 }

@@ -306,14 +306,18 @@ func (r *Reconciler) observed(have []netip.Prefix) {
 // withdrawal: a prefix going away is what operators look for.
 func (r *Reconciler) changed(action string, ps []netip.Prefix, why func(netip.Prefix) string) {
 	now := time.Now()
+	var done []Change
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for _, p := range ps {
 		c := Change{At: now, Action: action, Prefix: p.String(), Why: why(p)}
 		if len(r.status.History) >= r.opts.HistoryLen {
 			r.status.History = slices.Delete(r.status.History, 0, len(r.status.History)-r.opts.HistoryLen+1)
 		}
 		r.status.History = append(r.status.History, c)
+		done = append(done, c)
+	}
+	r.mu.Unlock()
+	for _, c := range done { // logged with no lock held
 		if action == "withdrew" {
 			r.opts.Log.Warn("withdrew a prefix from DDM", "prefix", c.Prefix, "why", c.Why)
 		} else {
