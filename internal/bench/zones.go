@@ -5,14 +5,15 @@ package bench
 // for each zone, only what a zone must have: a named network namespace, a
 // veth pair with its addresses and routes (netlink calls, no checks of what
 // exists), and one service process started by nsenter with no supervisor,
-// polled with the runtime's health check and schedule. The runtime does the
-// same through Ensure and Destroy. Both run N zones at once, as the
-// reconciler does, alternately over a few rounds.
+// polled with the runtime's health check on its schedule
+// (zoneservice.Poller). The runtime does the same through Ensure and
+// Destroy. Both run N zones at once, as the reconciler does, alternately
+// over a few rounds.
 //
-// The floor also waits, while its service starts, for the kernel to finish
-// the network (waitNetLive): without that, a health check sent too early is
-// dropped and costs a 1 s retransmission, and the floor would measure the
-// kernel's timing luck rather than its cost.
+// The floor also waits, as the runtime does, for the kernel to finish the
+// network (zonenet.WaitLive, one request per check): without that, a health
+// check sent too early is dropped and costs a 1 s retransmission, and the
+// floor would measure the kernel's timing luck rather than its cost.
 
 import (
 	"bytes"
@@ -40,6 +41,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
@@ -118,11 +120,8 @@ const (
 	servicePort = 32345
 	// zoneIfName is the zone end of a floor zone's veth pair.
 	zoneIfName = "underlay0"
-	// healthTimeout, firstPoll and maxPoll are the runtime's health-check
-	// timeout and polling schedule (linux.Runtime.waitReady).
+	// healthTimeout is the runtime's longest health check.
 	healthTimeout = time.Second
-	firstPoll     = 10 * time.Millisecond
-	maxPoll       = 250 * time.Millisecond
 	// netlinkTimeout bounds every netlink reply.
 	netlinkTimeout = 10 * time.Second
 	// settle is the pause between phases, so that the kernel's deferred
@@ -423,7 +422,7 @@ func (b *zonesBench) floorUp(ctx context.Context, i int) error {
 		z.cmd.Wait()
 		close(z.exited)
 	}()
-	if err := waitNetLive(ctx, hh, zh, veth.Index, zl.Attrs().Index, z.addr); err != nil {
+	if err := zonenet.WaitLive(ctx, hh, zh, veth, zl, z.addr); err != nil {
 		return fmt.Errorf("zone %s: %w", z.netns, err)
 	}
 	if err := waitServing(ctx, listen, z.exited); err != nil {
@@ -437,84 +436,21 @@ func (b *zonesBench) floorUp(ctx context.Context, i int) error {
 	return nil
 }
 
-// waitNetLive waits until the kernel has finished what it does after the
-// netlink calls return, without which the first packets to the zone are
-// dropped and a connection attempt costs a 1 s retransmission (of the SYN, or
-// of the neighbour solicitation it waits on):
-//
-//   - an address, even a NODAD one, is added in two steps; the second
-//     (joining its solicited-node group, inserting its local route) runs
-//     later from a work queue that needs the RTNL lock. Done when the local
-//     route is there.
-//   - a link that comes up drops what it sends until the kernel's linkwatch
-//     work activates its queueing discipline, which it does as it sets the
-//     operational state up.
-func waitNetLive(ctx context.Context, hh, zh *netlink.Handle, hostIndex, zoneIndex int, addr netip.Addr) error {
-	checks := []struct {
-		what string
-		live func() (bool, error)
-	}{
-		{"zone address", func() (bool, error) { return hasLocalRoute(zh, zoneIndex, addr) }},
-		{"host address", func() (bool, error) { return hasLocalRoute(hh, hostIndex, hostLinkLocal.Addr()) }},
-		{"host end", func() (bool, error) { return operUp(hh, hostIndex) }},
-		{"zone end", func() (bool, error) { return operUp(zh, zoneIndex) }},
-	}
-	for delay := time.Millisecond; ; delay = min(2*delay, 16*time.Millisecond) {
-		for len(checks) > 0 {
-			ok, err := checks[0].live()
-			if err != nil {
-				return fmt.Errorf("%s: %w", checks[0].what, err)
-			}
-			if !ok {
-				break
-			}
-			checks = checks[1:]
-		}
-		if len(checks) == 0 {
-			return nil
-		}
-		if err := sleepCtx(ctx, delay); err != nil {
-			return fmt.Errorf("%s not live: %w", checks[0].what, err)
-		}
-	}
-}
-
-// hasLocalRoute reports whether the local route of addr on link index is in
-// place in the namespace h works in.
-func hasLocalRoute(h *netlink.Handle, index int, addr netip.Addr) (bool, error) {
-	filter := &netlink.Route{Table: unix.RT_TABLE_LOCAL, LinkIndex: index, Dst: ipNet(netip.PrefixFrom(addr, 128))}
-	rs, err := h.RouteListFiltered(netlink.FAMILY_V6, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF|netlink.RT_FILTER_DST)
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return false, fmt.Errorf("listing local routes: %w", err)
-	}
-	return len(rs) > 0, nil
-}
-
-func operUp(h *netlink.Handle, index int) (bool, error) {
-	l, err := h.LinkByIndex(index)
-	if err != nil {
-		return false, fmt.Errorf("looking up link %d: %w", index, err)
-	}
-	return l.Attrs().OperState == netlink.OperUp, nil
-}
-
-// waitServing polls the service at addr as the runtime does, until it
+// waitServing polls the service at addr on the runtime's schedule, until it
 // answers, it exits, or ctx ends.
 func waitServing(ctx context.Context, addr string, exited <-chan struct{}) error {
-	delay := firstPoll
+	poll := zoneservice.NewPoller(healthTimeout)
 	for {
 		select {
 		case <-exited:
 			return errors.New("its service exited while starting")
 		default:
 		}
-		hctx, cancel := context.WithTimeout(ctx, healthTimeout)
-		err := zoneservice.Check(hctx, addr)
-		cancel()
+		err := poll.Check(ctx, addr)
 		if err == nil {
 			return nil
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(poll.Pause())
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -523,7 +459,6 @@ func waitServing(ctx context.Context, addr string, exited <-chan struct{}) error
 			t.Stop()
 		case <-t.C:
 		}
-		delay = min(2*delay, maxPoll)
 	}
 }
 

@@ -233,12 +233,7 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	exited := proc.Watch(wctx)
-	delay := 10 * time.Millisecond
-	// Health checks start impatient: a connection attempt made while the
-	// zone's new links are still settling can lose its first SYN, and
-	// waiting out TCP's one-second retransmission is slower than trying
-	// again.
-	checkTimeout := 50 * time.Millisecond
+	poll := zoneservice.NewPoller(r.opts.HealthTimeout)
 	var lastErr error // set by every poll before it waits
 	for {
 		if !zonenet.NetnsExists(netns) {
@@ -252,10 +247,7 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 		// The health check comes first: until the service listens it is
 		// refused at once, and it is what the wait is for. The
 		// supervisor's word is read once the service answers.
-		hctx, hcancel := context.WithTimeout(ctx, checkTimeout)
-		err := zoneservice.Check(hctx, addr)
-		hcancel()
-		if err == nil {
+		if err := poll.Check(ctx, addr); err == nil {
 			st, err := supervise.Status(svc)
 			switch {
 			case err != nil:
@@ -267,11 +259,8 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 			}
 		} else {
 			lastErr = fmt.Errorf("health check: %w", err)
-			if errors.Is(err, context.DeadlineExceeded) {
-				checkTimeout = min(2*checkTimeout, r.opts.HealthTimeout)
-			}
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(poll.Pause())
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -280,7 +269,6 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 			t.Stop()
 		case <-t.C:
 		}
-		delay = min(delay*2, 100*time.Millisecond)
 	}
 }
 

@@ -10,15 +10,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// waitLive waits until the underlay pair carries traffic: both ends
-// operationally up, and the zone's address and the host end's fe80::1 each
-// with their local route. The kernel finishes some of this in background
-// work after the netlink calls that asked for it have returned; a service
-// started, or a connection attempted, before then can lose its first
-// packets and wait out a one-second retransmission.
 func (s *session) waitLive(ctx context.Context, hl, zl netlink.Link, underlay netip.Addr) error {
+	return WaitLive(ctx, s.host, s.zone, hl, zl, underlay)
+}
+
+// WaitLive waits until an underlay pair carries traffic: both ends, hl on
+// host and zl on zone, operationally up, and the zone's address underlay
+// and the host end's fe80::1 each with their local route. The kernel
+// finishes some of this in background work after the netlink calls that
+// asked for it have returned; a service started, or a connection attempted,
+// before then can lose its first packets and wait out a one-second
+// retransmission. Each check is one request, not a dump.
+func WaitLive(ctx context.Context, host, zone *netlink.Handle, hl, zl netlink.Link, underlay netip.Addr) error {
 	for delay := time.Millisecond; ; delay = min(2*delay, 16*time.Millisecond) {
-		what, err := s.notLive(hl, zl, underlay)
+		what, err := notLive(host, zone, hl, zl, underlay)
 		if err != nil {
 			return err
 		}
@@ -37,11 +42,11 @@ func (s *session) waitLive(ctx context.Context, hl, zl netlink.Link, underlay ne
 
 // notLive names the first part of the pair that does not carry traffic yet,
 // or returns "".
-func (s *session) notLive(hl, zl netlink.Link, underlay netip.Addr) (string, error) {
+func notLive(host, zone *netlink.Handle, hl, zl netlink.Link, underlay netip.Addr) (string, error) {
 	for _, c := range []struct {
 		h *netlink.Handle
 		l netlink.Link
-	}{{s.host, hl}, {s.zone, zl}} {
+	}{{host, hl}, {zone, zl}} {
 		l, err := c.h.LinkByIndex(c.l.Attrs().Index)
 		if err != nil {
 			return "", fmt.Errorf("looking up %s: %w", c.l.Attrs().Name, err)
@@ -54,7 +59,7 @@ func (s *session) notLive(hl, zl netlink.Link, underlay netip.Addr) (string, err
 		h    *netlink.Handle
 		l    netlink.Link
 		addr netip.Addr
-	}{{s.zone, zl, underlay}, {s.host, hl, hostLinkLocal.Addr()}} {
+	}{{zone, zl, underlay}, {host, hl, hostLinkLocal.Addr()}} {
 		local, err := isLocal(c.h, c.l, c.addr)
 		if err != nil {
 			return "", err
