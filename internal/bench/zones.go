@@ -4,11 +4,11 @@ package bench
 // adds to the cost of the bare primitives a zone is made of. The floor does,
 // for each zone, only what a zone must have: a named network namespace, a
 // veth pair with its addresses and routes (netlink calls, no checks of what
-// exists), and one service process started by nsenter with no supervisor,
-// polled with the runtime's health check on its schedule
-// (zoneservice.Poller). The runtime does the same through Ensure and
-// Destroy. Both run N zones at once, as the reconciler does, alternately
-// over a few rounds.
+// exists), and one service process with no supervisor, born in the
+// namespace as the runtime's supervisor is (zonenet.StartIn), polled with
+// the runtime's health check on its schedule (zoneservice.Poller). The
+// runtime does the same through Ensure and Destroy. Both run N zones at
+// once, as the reconciler does, alternately over a few rounds.
 //
 // The floor also waits, as the runtime does, for the kernel to finish the
 // network (zonenet.WaitLive, one request per check): without that, a health
@@ -150,7 +150,7 @@ type zonesBench struct {
 	floor []*floorZone // guarded by mu: the floor zones of the current round
 }
 
-// Zones runs the zone benchmark. It needs root, nsenter and runsv.
+// Zones runs the zone benchmark. It needs root and runsv.
 func Zones(ctx context.Context, opts ZonesOptions) (res *ZonesResult, err error) {
 	if opts.Count < 1 || opts.Count > 10000 {
 		return nil, fmt.Errorf("zone count %d: want 1–10000", opts.Count)
@@ -164,10 +164,8 @@ func Zones(ctx context.Context, opts ZonesOptions) (res *ZonesResult, err error)
 	if os.Geteuid() != 0 {
 		return nil, errors.New("bench zones needs root: it creates network namespaces, links and supervised processes")
 	}
-	for _, tool := range []string{"nsenter", "runsv"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("bench zones needs %s: %w", tool, err)
-		}
+	if _, err := exec.LookPath("runsv"); err != nil {
+		return nil, fmt.Errorf("bench zones needs runsv: %w", err)
 	}
 	agent, err := os.Executable()
 	if err != nil {
@@ -409,12 +407,12 @@ func (b *zonesBench) floorUp(ctx context.Context, i int) error {
 	}
 
 	listen := netip.AddrPortFrom(z.addr, servicePort).String()
-	z.cmd = exec.Command("nsenter", "--net="+path, "--", b.agent, "zone-service",
+	z.cmd = exec.Command(b.agent, "zone-service",
 		"--listen", listen, "--zone", z.netns, "--id", z.id, "--kind", "crucible")
 	z.cmd.Env = []string{servicePath}
 	z.cmd.Stderr = &z.stderr
 	z.exited = make(chan struct{})
-	if err := z.cmd.Start(); err != nil {
+	if err := zonenet.StartIn(z.netns, z.cmd); err != nil {
 		z.cmd = nil
 		return fmt.Errorf("zone %s: starting its service: %w", z.netns, err)
 	}

@@ -20,7 +20,7 @@ func newBenchZonesCmd() *cobra.Command {
 		Short: "Compare the Linux runtime's zone start and teardown with the bare primitives; needs root; prints JSON",
 		Long: `Create and destroy --count zones at once, alternately as the "floor" (a
 network namespace, a veth pair, addresses and routes through netlink, and the
-zone service started directly by nsenter) and through the Linux runtime's
+zone service started in the namespace, unsupervised) and through the Linux runtime's
 Ensure and Destroy, --rounds times each. Prints the median wall-clock time of
 each phase, the runtime/floor ratio and per-zone latencies as JSON.
 

@@ -129,7 +129,7 @@ type run struct {
 	nextIdx int               // next crucible index to add
 }
 
-// Run runs a crash test. It needs root, runsv and nsenter; everything it
+// Run runs a crash test. It needs root and runsv; everything it
 // creates carries a unique tag and is removed at the end.
 func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	opts.Iterations = cmp.Or(opts.Iterations, 20)
@@ -146,10 +146,8 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("the crash test needs root: it runs the agent with the linux runtime")
 	}
-	for _, tool := range []string{"runsv", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("the crash test needs %s: %w", tool, err)
-		}
+	if _, err := exec.LookPath("runsv"); err != nil {
+		return nil, fmt.Errorf("the crash test needs runsv: %w", err)
 	}
 	if opts.Agent == "" {
 		if opts.Agent, err = os.Executable(); err != nil {

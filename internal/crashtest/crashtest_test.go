@@ -28,10 +28,8 @@ func TestKilledAgentRecovers(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: runs the agent with the linux runtime")
 	}
-	for _, tool := range []string{"runsv", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (scripts/setup installs it)", tool)
-		}
+	if _, err := exec.LookPath("runsv"); err != nil {
+		t.Skip("needs runit's runsv (scripts/setup installs it)")
 	}
 	res, err := crashtest.Run(t.Context(), crashtest.Options{
 		Iterations:      6,

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -199,22 +200,13 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	if err != nil {
 		return err
 	}
-	// nsenter starts the service inside the zone's namespace; runsv keeps
-	// it there.
-	argv = append([]string{"nsenter", "--net=" + zonenet.NetnsPath(netCfg.Netns), "--"}, argv...)
 	svc := r.serviceDir(spec.Name)
 	if err := supervise.Prepare(svc, argv, nil); err != nil {
 		return fmt.Errorf("zone %s: service: %w", spec.Name, err)
 	}
-	var start supervise.StartOptions
-	if r.cg.available() {
-		if start.Cgroup, err = r.cg.ensure(spec.Name); err != nil {
-			return fmt.Errorf("zone %s: %w", spec.Name, err)
-		}
-	}
-	proc, err := supervise.StartWith(ctx, svc, start)
+	proc, err := r.startSupervisor(ctx, spec.Name, netCfg.Netns, svc)
 	if err != nil {
-		return fmt.Errorf("zone %s: starting its supervisor: %w", spec.Name, err)
+		return err
 	}
 	tSup := time.Now()
 	if err := r.waitReady(ctx, spec.Name, netCfg.Netns, svc, proc, addr.String()); err != nil {
@@ -223,6 +215,45 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	r.opts.Log.Debug("zone ready", "zone", spec.Name, "network", tNet.Sub(t0), "supervisor", tSup.Sub(tNet), "service", time.Since(tSup))
 	r.watchSupervisor(spec.Name, proc)
 	return nil
+}
+
+// startSupervisor starts the zone's runsv inside the zone's namespace, so
+// that the service it runs, and every restart of it, is born there. A runsv
+// found running outside the namespace (one an older agent started, when the
+// run script entered the namespace itself) is replaced: the script no longer
+// does, and its next restart of the service would land in the host's.
+func (r *Runtime) startSupervisor(ctx context.Context, name, netns, svc string) (*supervise.Proc, error) {
+	start := supervise.StartOptions{Start: func(cmd *exec.Cmd) error { return zonenet.StartIn(netns, cmd) }}
+	if r.cg.available() {
+		var err error
+		if start.Cgroup, err = r.cg.ensure(name); err != nil {
+			return nil, fmt.Errorf("zone %s: %w", name, err)
+		}
+	}
+	for attempt := 0; ; attempt++ {
+		proc, err := supervise.StartWith(ctx, svc, start)
+		if errors.Is(err, zonenet.ErrNoNetns) {
+			return nil, &zone.GoneError{Name: name, Reason: "its network namespace was deleted before its supervisor started"}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("zone %s: starting its supervisor: %w", name, err)
+		}
+		in, err := zonenet.ProcessIn(proc.PID, netns)
+		if err == nil && in {
+			return proc, nil
+		}
+		proc.Close()
+		if err == nil {
+			err = fmt.Errorf("its supervisor (runsv %d) runs outside the zone's namespace", proc.PID)
+		}
+		if attempt > 0 {
+			return nil, fmt.Errorf("zone %s: %w", name, err)
+		}
+		r.opts.Log.Info("replacing the zone's supervisor", "zone", name, "reason", err)
+		if err := supervise.StopSupervisor(ctx, svc); err != nil {
+			return nil, fmt.Errorf("zone %s: stopping its supervisor: %w", name, err)
+		}
+	}
 }
 
 // waitReady waits, until ctx ends, for the zone's service to be up and

@@ -62,9 +62,6 @@ func newEnv(t *testing.T, images map[string]linux.Image) *env {
 	if _, err := exec.LookPath("runsv"); err != nil {
 		t.Skip("needs runit's runsv (scripts/setup installs it)")
 	}
-	if _, err := exec.LookPath("nsenter"); err != nil {
-		t.Skip("needs nsenter (util-linux)")
-	}
 	b := make([]byte, 3)
 	rand.Read(b)
 	// The directories first: cleanups run last-registered first, and ours
@@ -205,6 +202,62 @@ func TestZoneComesUpAndAnswersFromTheHost(t *testing.T) {
 			t.Errorf("marked process %+v", p)
 		}
 	}
+	// The supervisor and the service were born in the zone's namespace.
+	for _, s := range []zone.Spec{plain, nexus} {
+		e.inZone(s)
+	}
+}
+
+// inZone fails the test unless the zone's runsv and its service run in the
+// zone's namespace.
+func (e *env) inZone(s zone.Spec) {
+	e.t.Helper()
+	svc := serviceDir(e.t, e, s)
+	st, err := supervise.Status(svc)
+	if err != nil || st.PID == 0 {
+		e.t.Fatalf("%s: status %+v, %v", s.Name, st, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	sv, err := supervise.StartContext(ctx, svc) // finds the running one
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer sv.Close()
+	for what, pid := range map[string]int{"runsv": sv.PID, "service": st.PID} {
+		if in, err := zonenet.ProcessIn(pid, e.prefix+s.Name); err != nil || !in {
+			e.t.Errorf("%s: %s %d in the zone's namespace: %v, %v", s.Name, what, pid, in, err)
+		}
+	}
+}
+
+// A runsv that runs outside the zone's namespace (as an older agent, whose
+// run script entered the namespace itself, left it) is replaced by one
+// inside, so that no restart of the service lands in the host's namespace.
+func TestSupervisorOutsideTheNamespaceIsReplaced(t *testing.T) {
+	e := newEnv(t, nil)
+	s := spec(4)
+	e.ensure(s)
+	svc := serviceDir(t, e, s)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := supervise.StopSupervisor(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	outside, err := supervise.StartContext(ctx, svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outside.Close()
+	if in, err := zonenet.ProcessIn(outside.PID, e.prefix+s.Name); err != nil || in {
+		t.Fatalf("setup: runsv %d in the zone: %v, %v", outside.PID, in, err)
+	}
+	e.ensure(s)
+	if !outside.Exited() {
+		t.Errorf("runsv %d outside the namespace still runs", outside.PID)
+	}
+	e.inZone(s)
+	healthy(t, s)
 }
 
 func TestSupervisorRestartsAKilledService(t *testing.T) {
@@ -231,6 +284,7 @@ func TestSupervisorRestartsAKilledService(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	waitHealthy(t, s)
+	e.inZone(s)
 }
 
 func waitHealthy(t *testing.T, s zone.Spec) {

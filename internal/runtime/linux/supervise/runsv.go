@@ -60,6 +60,11 @@ type StartOptions struct {
 	// so that it, the service and everything they start can be found and
 	// killed together. A runsv already running is left where it is.
 	Cgroup string
+	// Start, if set, starts runsv's command in place of cmd.Start: to
+	// start it somewhere else, in a network namespace say, where the
+	// service it runs is born too. A runsv already running is left where
+	// it is.
+	Start func(cmd *exec.Cmd) error
 }
 
 // StartWith is StartContext with options.
@@ -125,7 +130,7 @@ func startOnce(ctx context.Context, abs string, opts StartOptions) (*Proc, error
 		if err := killOrphans(ctx, abs); err != nil {
 			return nil, err
 		}
-		if p, err = spawn(abs, opts.Cgroup); err != nil {
+		if p, err = spawn(abs, opts); err != nil {
 			return nil, err
 		}
 		recordSpawned(abs, p)
@@ -141,8 +146,9 @@ func startOnce(ctx context.Context, abs string, opts StartOptions) (*Proc, error
 	return p, nil
 }
 
-// spawn starts `runsv abs` detached from the agent, in cgroup if set.
-func spawn(abs, cgroup string) (*Proc, error) {
+// spawn starts `runsv abs` detached from the agent, in opts.Cgroup if set,
+// with opts.Start if set.
+func spawn(abs string, opts StartOptions) (*Proc, error) {
 	bin, err := exec.LookPath("runsv")
 	if err != nil {
 		return nil, err
@@ -164,8 +170,8 @@ func spawn(abs, cgroup string) (*Proc, error) {
 	// Its own session: no signal for the agent's process group or terminal
 	// reaches it. No Pdeathsig: it is meant to outlive the agent.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if cgroup != "" {
-		cg, err := os.Open(cgroup)
+	if opts.Cgroup != "" {
+		cg, err := os.Open(opts.Cgroup)
 		if err != nil {
 			return nil, fmt.Errorf("open cgroup: %w", err)
 		}
@@ -174,7 +180,11 @@ func spawn(abs, cgroup string) (*Proc, error) {
 		cmd.SysProcAttr.UseCgroupFD = true
 		cmd.SysProcAttr.CgroupFD = int(cg.Fd())
 	}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if opts.Start != nil {
+		start = func() error { return opts.Start(cmd) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("run runsv: %w", err)
 	}
 	// The child cannot be reaped, nor its PID reused, before Wait: pin it

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"runtime"
 	"strconv"
 	"strings"
@@ -199,4 +200,50 @@ func listNetns(prefix string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// StartIn starts cmd with its process inside the namespace called name. The
+// process is forked from a thread moved into the namespace for the purpose,
+// so it is born there, as are its children, and no nsenter has to run
+// first.
+func StartIn(name string, cmd *exec.Cmd) error {
+	if err := validNetns(name); err != nil {
+		return err
+	}
+	ns, err := openNetns(name)
+	if err != nil {
+		return err
+	}
+	if !ns.IsOpen() {
+		return fmt.Errorf("zonenet: starting %s in namespace %s: %w", cmd.Path, name, ErrNoNetns)
+	}
+	defer ns.Close()
+	errc := make(chan error, 1)
+	go inNamespace(func() error {
+		if err := netns.Set(ns); err != nil {
+			return fmt.Errorf("setns: %w", err)
+		}
+		// The fork happens on this goroutine's thread, which is locked and
+		// in the namespace.
+		return cmd.Start()
+	}, errc)
+	if err := <-errc; err != nil {
+		return fmt.Errorf("zonenet: starting %s in namespace %s: %w", cmd.Path, name, err)
+	}
+	return nil
+}
+
+// ProcessIn reports whether process pid lives in the namespace called name.
+func ProcessIn(pid int, name string) (bool, error) {
+	if err := validNetns(name); err != nil {
+		return false, err
+	}
+	var want, got unix.Stat_t
+	if err := unix.Stat(NetnsPath(name), &want); err != nil {
+		return false, fmt.Errorf("zonenet: namespace %s: %w", name, err)
+	}
+	if err := unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/net", &got); err != nil {
+		return false, fmt.Errorf("zonenet: namespace of process %d: %w", pid, err)
+	}
+	return got.Dev == want.Dev && got.Ino == want.Ino, nil
 }

@@ -52,6 +52,8 @@ var (
 	// ErrNotOwned is wrapped when a link has one of this zone's names but not
 	// its ownership mark: it is left alone, and Ensure cannot proceed.
 	ErrNotOwned = errors.New("link has the zone's name but not its ownership mark")
+	// ErrNoNetns is wrapped when a namespace that must exist does not.
+	ErrNoNetns = errors.New("namespace does not exist")
 )
 
 // Config is what Ensure builds for one zone.
