@@ -78,6 +78,12 @@ func (c cgroups) exists(zone string) bool {
 // it to be empty, and removes it. A missing cgroup is not an error.
 func (c cgroups) kill(ctx context.Context, zone string) error {
 	d := c.dir(zone)
+	// Most often the service and runsv have exited already: an empty
+	// cgroup is simply removed (the kernel refuses, EBUSY, while it holds
+	// a process).
+	if err := os.Remove(d); err == nil || errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	if err := os.WriteFile(filepath.Join(d, "cgroup.kill"), []byte("1"), 0); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil

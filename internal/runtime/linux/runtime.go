@@ -377,9 +377,11 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	}
 	var errs []error
 	zoneID := ""
+	var ours []string // the roots that carry our mark
 	for _, root := range roots {
 		if o, err := readOwner(root); err == nil && o.Tag == r.opts.Tag {
 			zoneID = o.ID
+			ours = append(ours, root)
 		}
 	}
 	// The service directory is under our run dir, which holds only ours.
@@ -426,11 +428,9 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 		if err := os.RemoveAll(svc); err != nil {
 			errs = append(errs, fmt.Errorf("service directory: %w", err))
 		}
-		for _, root := range roots {
-			if o, err := readOwner(root); err == nil && o.Tag == r.opts.Tag {
-				if err := os.RemoveAll(root); err != nil {
-					errs = append(errs, fmt.Errorf("zone root: %w", err))
-				}
+		for _, root := range ours {
+			if err := os.RemoveAll(root); err != nil {
+				errs = append(errs, fmt.Errorf("zone root: %w", err))
 			}
 		}
 		if len(errs) == 0 {

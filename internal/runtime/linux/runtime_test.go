@@ -444,3 +444,47 @@ func running(pid int) bool {
 	i := strings.LastIndexByte(string(b), ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
+
+// A service that leaves behind a child deaf to SIGTERM still leaves nothing
+// after Destroy: the child is killed with the zone.
+func TestDestroyKillsWhatTheServiceLeft(t *testing.T) {
+	// sh makes its background child ignore SIGTERM, then becomes the
+	// zone service.
+	script := `trap '' TERM; sleep 600 & exec "$0" zone-service --listen "$1" --zone "$2" --id "$3" --kind "$4"`
+	e := newEnv(t, map[string]linux.Image{"crucible": {"/bin/sh", "-c", script, "{agent}", "{listen}", "{name}", "{id}", "{kind}"}})
+	s := spec(7)
+	e.ensure(s)
+	runsv, found, err := supervise.Find(serviceDir(t, e, s))
+	if err != nil || !found {
+		t.Fatalf("runsv not found: %v", err)
+	}
+	var pids []int
+	if cg := cgroupOf(t, runsv.PID); cg != "" {
+		b, err := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(f)
+			pids = append(pids, pid)
+		}
+		if len(pids) != 3 {
+			t.Fatalf("the zone's cgroup holds %v, want runsv, the service and its child", pids)
+		}
+	} else {
+		t.Log("no cgroup v2 file system: the child is found by its namespace")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := e.rt.Destroy(ctx, s.Name); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range pids {
+		if running(pid) {
+			t.Errorf("process %d still runs", pid)
+		}
+	}
+	if nss, links, err := zonenet.List(e.prefix, e.tag); err != nil || len(nss) != 0 || len(links) != 0 {
+		t.Errorf("left: namespaces %v, links %v (%v)", nss, links, err)
+	}
+}

@@ -212,13 +212,13 @@ func removeMarked(ctx context.Context, ps []pair) (left []pair, err error) {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
 	for _, p := range ps {
-		hl, err := linkByName(h, p.host)
+		index, alias, err := hostLinkMark(h, p.host)
 		switch {
 		case err != nil:
 			return nil, err
-		case hl == nil:
-		case hl.Attrs().Alias == p.alias:
-			if err := delLink(h, hl); err != nil {
+		case index == 0:
+		case alias == p.alias:
+			if err := delLink(h, &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: index, Name: p.host}}); err != nil {
 				return nil, err
 			}
 		default:

@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+
+	"github.com/vishvananda/netlink"
 	"testing"
 )
 
@@ -54,5 +56,33 @@ func TestStartInMissingNamespace(t *testing.T) {
 	}
 	if err := StartIn("../escape", exec.Command("/bin/true")); !errors.Is(err, ErrInvalid) {
 		t.Errorf("StartIn with a bad name = %v, want ErrInvalid", err)
+	}
+}
+
+// The test machine's sysfs shows its own namespace; and what hostLinkMark
+// reads there is what netlink says.
+func TestHostLinkMark(t *testing.T) {
+	e := newEnv(t)
+	c := e.config(false)
+	mustEnsure(t, c)
+	h, err := netlink.NewHandle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if !sysfsShowsUs(h) {
+		t.Fatal("sysfs does not show the test's own namespace")
+	}
+	up, np := pairs(c.Tag, c.ZoneID)
+	l := hostLink(t, up.host)
+	index, alias, err := hostLinkMark(h, up.host)
+	if err != nil || index != l.Attrs().Index || alias != up.alias {
+		t.Errorf("hostLinkMark(%s) = %d, %q, %v; want %d, %q", up.host, index, alias, err, l.Attrs().Index, up.alias)
+	}
+	if index, _, err := hostLinkMark(h, np.host); err != nil || index != 0 {
+		t.Errorf("hostLinkMark of a missing link = %d, %v", index, err)
+	}
+	if _, _, err := hostLinkMark(h, "../lo"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("hostLinkMark of a path = %v, want ErrInvalid", err)
 	}
 }
