@@ -4,11 +4,25 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/sled-agent/sled-agent/internal/cli"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 )
 
 func main() {
-	os.Exit(cli.Main(os.Args[1:]))
+	args := os.Args[1:]
+	// Started by runsv as a zone's service: the arguments are in the
+	// service directory (supervise.PrepareDirect).
+	argv, ok, err := supervise.RunArgs()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sled-agent: %v\n", err)
+		os.Exit(2)
+	}
+	if ok {
+		supervise.SetTitle(argv) // best effort: only what ps shows
+		args = argv[1:]
+	}
+	os.Exit(cli.Main(args))
 }

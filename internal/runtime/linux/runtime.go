@@ -201,7 +201,13 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		return err
 	}
 	svc := r.serviceDir(spec.Name)
-	if err := supervise.Prepare(svc, argv, nil); err != nil {
+	prepare := supervise.Prepare
+	if argv[0] == r.agent {
+		// The agent's own services need no run script (see
+		// cmd/sled-agent).
+		prepare = supervise.PrepareDirect
+	}
+	if err := prepare(svc, argv, nil); err != nil {
 		return fmt.Errorf("zone %s: service: %w", spec.Name, err)
 	}
 	proc, err := r.startSupervisor(ctx, spec.Name, netCfg.Netns, svc)

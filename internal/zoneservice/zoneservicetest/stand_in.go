@@ -10,14 +10,29 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 )
 
 // ServeIfAsked is for a test's TestMain: when the binary was started as the
 // default image starts the agent binary, `<binary> zone-service --listen A
 // --zone N --id I --kind K [--start-delay D]`, it serves like `sled-agent zone-service` until
-// SIGTERM or SIGINT and exits; otherwise it returns at once.
+// SIGTERM or SIGINT and exits; otherwise it returns at once. A binary that
+// runsv started as ./run gets its arguments as the agent does
+// (supervise.RunArgs): ServeIfAsked puts them in os.Args first, for
+// whatever else TestMain looks for.
 func ServeIfAsked() {
+	argv, ok, err := supervise.RunArgs()
+	if err != nil {
+		// Never go on to run the tests: runsv would start them again and
+		// again, each making more zones.
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if ok {
+		supervise.SetTitle(argv)
+		os.Args = argv
+	}
 	a := os.Args
 	if len(a) != 10 && len(a) != 12 || a[1] != "zone-service" || a[2] != "--listen" || a[4] != "--zone" || a[6] != "--id" || a[8] != "--kind" {
 		return

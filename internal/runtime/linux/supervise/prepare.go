@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/sled-agent/sled-agent/internal/atomicfile"
@@ -59,6 +58,16 @@ func Prepare(dir string, argv []string, env []string) error {
 	if err != nil {
 		return fmt.Errorf("supervise: prepare %s: %w", abs, err)
 	}
+	// A directory PrepareDirect wrote before: its run is a link to the
+	// program, and runsv would start with the program's environment.
+	if err := os.Remove(filepath.Join(abs, argsFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("supervise: prepare %s: %w", abs, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(abs, runFile)); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+		if err := os.Remove(filepath.Join(abs, runFile)); err != nil {
+			return fmt.Errorf("supervise: prepare %s: %w", abs, err)
+		}
+	}
 	if err := writeIfChanged(filepath.Join(abs, runFile), run, 0o755); err != nil {
 		return fmt.Errorf("supervise: prepare %s: %w", abs, err)
 	}
@@ -89,7 +98,7 @@ func runScript(abs string, argv, env []string) ([]byte, error) {
 			return nil, fmt.Errorf("environment entry %s is reserved", MarkerEnv)
 		}
 	}
-	if !slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, "PATH=") }) {
+	if !hasPath(env) {
 		env = append([]string{defaultPath}, env...)
 	}
 	// runsv runs the script with only PATH in its environment (see

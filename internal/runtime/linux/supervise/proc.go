@@ -289,10 +289,19 @@ func marked(pid int, abs string) bool {
 	want := []byte(MarkerEnv + "=" + abs)
 	for e := range bytes.SplitSeq(b, []byte{0}) {
 		if bytes.Equal(e, want) {
-			return true
+			return !isRunsv(pid)
 		}
 	}
 	return false
+}
+
+// isRunsv reports whether pid is a runsv (or a child it has forked and not
+// yet turned into the service). A runsv of a service prepared with
+// PrepareDirect carries the service's mark, which it hands down; it is found
+// by its working directory and lock (find), not by the mark.
+func isRunsv(pid int) bool {
+	comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	return err == nil && string(bytes.TrimSpace(comm)) == "runsv"
 }
 
 // findMarked returns the live processes that carry the ownership mark of the
@@ -342,8 +351,8 @@ type MarkedProcess struct {
 
 // ListMarked returns every live process whose ownership mark names a service
 // directory under root: services and whatever they started, including those
-// whose supervisor or zone is gone. runsv itself carries no mark (Find finds
-// it).
+// whose supervisor or zone is gone. runsv is not one of them, mark or not
+// (Find finds it).
 func ListMarked(root string) ([]MarkedProcess, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
@@ -367,7 +376,9 @@ func ListMarked(root string) ([]MarkedProcess, error) {
 		for e := range bytes.SplitSeq(b, []byte{0}) {
 			if bytes.HasPrefix(e, prefix) {
 				comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
-				out = append(out, MarkedProcess{PID: pid, Dir: string(e[len(MarkerEnv)+1:]), Comm: string(bytes.TrimSpace(comm))})
+				if c := string(bytes.TrimSpace(comm)); c != "runsv" {
+					out = append(out, MarkedProcess{PID: pid, Dir: string(e[len(MarkerEnv)+1:]), Comm: c})
+				}
 				break
 			}
 		}

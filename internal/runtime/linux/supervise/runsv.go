@@ -117,6 +117,16 @@ func startOnce(ctx context.Context, abs string, opts StartOptions) (*Proc, error
 	if err != nil {
 		return nil, err
 	}
+	if ok && !envCurrent(p.PID, abs) {
+		// It would start the service with an environment the directory
+		// no longer asks for: replace it.
+		err := terminate(ctx, abs, p)
+		p.Close()
+		if err != nil {
+			return nil, fmt.Errorf("replacing runsv %d, whose environment is stale: %w", p.PID, err)
+		}
+		ok = false
+	}
 	if !ok {
 		held, err := lockHeld(abs)
 		if err != nil {
@@ -163,9 +173,13 @@ func spawn(abs string, opts StartOptions) (*Proc, error) {
 		return nil, err
 	}
 	defer log.Close()
+	env, err := runsvEnv(abs)
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(bin, abs)
 	cmd.Dir = "/"
-	cmd.Env = []string{defaultPath} // the run script sets the service's own
+	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, log, log
 	// Its own session: no signal for the agent's process group or terminal
 	// reaches it. No Pdeathsig: it is meant to outlive the agent.
