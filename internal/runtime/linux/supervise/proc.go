@@ -38,17 +38,33 @@ type Proc struct {
 // newProc pins the process pid: it opens a pidfd and checks that the PID
 // still names the process it named before. errGone when it has exited.
 func newProc(pid int) (*Proc, error) {
-	st, err := readStat(pid)
-	if err != nil {
-		return nil, err
+	p, _, err := newProcStat(pid)
+	return p, err
+}
+
+// newProcStat is newProc returning the process's stat too. The stat is read
+// after the pidfd is opened and before the pidfd shows the process still
+// alive, so both are of the same process, with one read of the stat. A
+// process that has exited (a zombie too) is errGone.
+func newProcStat(pid int) (*Proc, procStat, error) {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if errors.Is(err, unix.ESRCH) {
+		return nil, procStat{}, fmt.Errorf("pid %d: %w", pid, errGone)
 	}
-	fd, err := openPidfd(pid, st.start)
 	if err != nil {
-		return nil, err
+		return nil, procStat{}, fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	st, err := readStat(pid)
+	if err == nil && pidfdReadable(fd) {
+		err = fmt.Errorf("pid %d: %w", pid, errGone)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, procStat{}, err
 	}
 	p := &Proc{PID: pid, start: st.start, fd: fd}
 	p.cleanup = runtime.AddCleanup(p, func(fd int) { unix.Close(fd) }, fd)
-	return p, nil
+	return p, st, nil
 }
 
 // openPidfd opens a non-blocking pidfd for pid and checks that pid still
@@ -112,6 +128,17 @@ func (p *Proc) Exited() bool {
 
 // signal sends sig to the process; a process that has exited is not an error.
 func (p *Proc) signal(sig unix.Signal) error {
+	p.mu.Lock()
+	if p.fd >= 0 {
+		// pidfd_send_signal does not block: the lock guards only the fd.
+		err := unix.PidfdSendSignal(p.fd, sig, nil, 0)
+		p.mu.Unlock()
+		if err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("signal %d: %w", p.PID, err)
+		}
+		return nil
+	}
+	p.mu.Unlock()
 	fd, err := p.pidfd()
 	if errors.Is(err, errGone) {
 		return nil

@@ -306,12 +306,12 @@ func findRecorded(abs string) (*Proc, bool) {
 	if _, err := fmt.Sscanf(string(b), "%d %d", &pid, &start); err != nil {
 		return nil, false
 	}
-	st, err := readStat(pid)
-	if err != nil || st.comm != "runsv" || st.start != start || st.state == 'Z' {
+	p, st, err := newProcStat(pid)
+	if err != nil {
 		return nil, false
 	}
-	p, err := newProc(pid)
-	if err != nil {
+	if st.comm != "runsv" || st.start != start {
+		p.Close()
 		return nil, false
 	}
 	return p, true
@@ -561,9 +561,9 @@ func terminate(ctx context.Context, abs string, r *Proc) error {
 	procs := []*Proc{r}
 	st, err := Status(abs)
 	if err == nil && st.PID > 0 {
-		if p, err := newProc(st.PID); err == nil {
+		if p, ps, err := newProcStat(st.PID); err == nil {
 			defer p.Close()
-			if ps, err := readStat(p.PID); err == nil && ps.ppid == r.PID {
+			if ps.ppid == r.PID {
 				procs = append(procs, p)
 			}
 		}
