@@ -37,12 +37,11 @@ func ensure(ctx context.Context, c Config) error {
 	if s.zone == nil {
 		return fmt.Errorf("namespace %s vanished while being set up", c.Netns)
 	}
-	lo, err := s.zone.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("looking up lo: %w", err)
-	}
-	if err := setUp(s.zone, lo); err != nil {
-		return err
+	// Every namespace's loopback has index 1 (the kernel's
+	// LOOPBACK_IFINDEX): set it up without looking it up. Setting up a link
+	// that is up already changes nothing.
+	if err := s.zone.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: loopbackIndex, Name: "lo"}}); err != nil {
+		return fmt.Errorf("setting lo up: %w", err)
 	}
 
 	up, np := pairs(c.Tag, c.ZoneID)
@@ -90,6 +89,11 @@ func ensure(ctx context.Context, c Config) error {
 		return err
 	}
 	if c.NIC == nil {
+		// A NIC pair is there only if its host end is (a veth's ends go
+		// together): look for that without the RTNL lock first.
+		if index, _, err := hostLinkMark(s.host, np.host); err != nil || index == 0 {
+			return err
+		}
 		return s.removePair(np)
 	}
 	if hl, zl, _, err = s.ensurePair(np, c.NIC.MAC); err != nil {

@@ -80,14 +80,18 @@ func createNetns(name string) error {
 	if err := prepareNetnsDir(); err != nil {
 		return err
 	}
-	if err := removeNetns(name); err != nil {
-		return err
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EEXIST) {
+		// A leftover: clear it, and try once more.
+		if err := removeNetns(name); err != nil {
+			return err
+		}
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0)
 	}
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0)
 	if err != nil {
 		return fmt.Errorf("creating namespace file: %w", err)
 	}
-	f.Close()
+	unix.Close(fd)
 
 	errc := make(chan error, 1)
 	go inNamespace(func() error {

@@ -43,6 +43,9 @@ const (
 	RoleNIC      = "nic"
 )
 
+// loopbackIndex is the index of every network namespace's loopback.
+const loopbackIndex = 1
+
 // hostLinkLocal is the host end's address and the zone's default gateway.
 var hostLinkLocal = netip.MustParsePrefix("fe80::1/64")
 
