@@ -49,8 +49,8 @@ func (r *Runtime) Watch(ctx context.Context) error {
 func (r *Runtime) stopAllWatching() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for name, cancel := range r.watchers {
-		cancel()
+	for name, w := range r.watchers {
+		w.cancel()
 		delete(r.watchers, name)
 	}
 }

@@ -70,8 +70,8 @@ type Runtime struct {
 	cg cgroups
 
 	mu       sync.Mutex
-	watchers map[string]context.CancelFunc // guarded by mu; supervisor watchers by zone name
-	roots    map[string]string             // guarded by mu; zone roots seen by Ensure and List, by zone name
+	watchers map[string]watcher // guarded by mu; supervisor watchers by zone name
+	roots    map[string]string  // guarded by mu; zone roots seen by Ensure and List, by zone name
 }
 
 // New prepares the runtime: it checks the tools it needs and keeps a copy
@@ -89,7 +89,7 @@ func New(opts Options) (*Runtime, error) {
 	if opts.DataDir == "" {
 		return nil, errors.New("the linux runtime needs a data dir")
 	}
-	r := &Runtime{opts: opts, watchers: map[string]context.CancelFunc{}, roots: map[string]string{}, cg: newCgroups(opts.Tag)}
+	r := &Runtime{opts: opts, watchers: map[string]watcher{}, roots: map[string]string{}, cg: newCgroups(opts.Tag)}
 	if !r.cg.available() {
 		opts.Log.Warn("no cgroup v2 file system: zone processes will be found by walking /proc")
 	}
@@ -339,14 +339,21 @@ func supervisorSays(svc string) string {
 	}
 }
 
+// watcher watches a zone's supervisor, which Destroy then stops without
+// looking for it.
+type watcher struct {
+	cancel context.CancelFunc
+	proc   *supervise.Proc
+}
+
 // watchSupervisor notifies when the zone's supervisor exits.
 func (r *Runtime) watchSupervisor(name string, proc *supervise.Proc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.mu.Lock()
 	if old, ok := r.watchers[name]; ok {
-		old()
+		old.cancel()
 	}
-	r.watchers[name] = cancel
+	r.watchers[name] = watcher{cancel: cancel, proc: proc}
 	r.mu.Unlock()
 	exited := proc.Watch(ctx)
 	go func() {
@@ -359,13 +366,18 @@ func (r *Runtime) watchSupervisor(name string, proc *supervise.Proc) {
 	}()
 }
 
-func (r *Runtime) stopWatching(name string) {
+// stopWatching stops watching the zone's supervisor and returns it, or nil
+// if it was not watched.
+func (r *Runtime) stopWatching(name string) *supervise.Proc {
 	r.mu.Lock()
-	if cancel, ok := r.watchers[name]; ok {
-		cancel()
-		delete(r.watchers, name)
-	}
+	w, ok := r.watchers[name]
+	delete(r.watchers, name)
 	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	w.cancel()
+	return w.proc
 }
 
 // Destroy removes every part of the named zone: its service and supervisor,
@@ -375,7 +387,7 @@ func (r *Runtime) stopWatching(name string) {
 func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	t0 := time.Now()
 	defer func() { r.opts.Log.Debug("zone destroyed", "zone", name, "took", time.Since(t0)) }()
-	r.stopWatching(name)
+	sup := r.stopWatching(name) // nil for a zone this runtime did not start
 	netns := r.netnsName(name)
 	roots, err := r.rootsOf(name)
 	if err != nil {
@@ -397,7 +409,7 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 		// Everything the zone ran is in its cgroup: stop the service
 		// gracefully if the zone is alive, then kill what is left.
 		if zonenet.NetnsExists(netns) {
-			if err := supervise.StopSupervisor(ctx, svc); err != nil {
+			if err := supervise.StopRunsv(ctx, svc, sup); err != nil {
 				errs = append(errs, fmt.Errorf("stopping its service: %w", err))
 			}
 		}
@@ -407,7 +419,7 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	case zonenet.NetnsExists(netns):
 		// Whatever the service left behind is in the namespace, and
 		// killed with it below.
-		if err := supervise.StopSupervisor(ctx, svc); err != nil {
+		if err := supervise.StopRunsv(ctx, svc, sup); err != nil {
 			errs = append(errs, fmt.Errorf("stopping its service: %w", err))
 		}
 		if err := killNamespaceProcs(ctx, zonenet.NetnsPath(netns)); err != nil {

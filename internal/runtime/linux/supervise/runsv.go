@@ -407,17 +407,12 @@ func Status(dir string) (State, error) {
 		return State{}, fmt.Errorf("supervise: status %s: %w", dir, err)
 	}
 	s := State{Phase: "down", Supervised: supervised(abs), LastExit: lastExit(abs)}
-	b, err := os.ReadFile(filepath.Join(abs, "supervise", "status"))
+	b, err := readStatus(abs)
 	if errors.Is(err, fs.ErrNotExist) {
 		return s, nil
 	}
 	if err != nil {
 		return State{}, fmt.Errorf("supervise: status %s: %w", abs, err)
-	}
-	// runit's 20-byte status: TAI64N label of the last change (12 bytes), the
-	// pid (4 bytes, little-endian), paused, want ('u'/'d'), got TERM, state.
-	if len(b) < 20 {
-		return State{}, fmt.Errorf("supervise: status %s: supervise/status has %d bytes, want 20", abs, len(b))
 	}
 	if sec := binary.BigEndian.Uint64(b[0:8]); sec > taiOffset {
 		s.Since = time.Unix(int64(sec-taiOffset), int64(binary.BigEndian.Uint32(b[8:12])))
@@ -441,6 +436,30 @@ func Status(dir string) (State, error) {
 		s.PID = pid
 	}
 	return s, nil
+}
+
+// readStatus reads runit's 20-byte status: TAI64N label of the last change
+// (12 bytes), the pid (4 bytes, little-endian), paused, want ('u'/'d'), got
+// TERM, state.
+func readStatus(abs string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(abs, "supervise", "status"))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) < 20 {
+		return nil, fmt.Errorf("supervise/status has %d bytes, want 20", len(b))
+	}
+	return b, nil
+}
+
+// runningPID is the pid of the service that runsv reports running, or 0: the
+// part of Status that stopping needs.
+func runningPID(abs string) int {
+	b, err := readStatus(abs)
+	if err != nil || b[19] != 1 {
+		return 0
+	}
+	return int(binary.LittleEndian.Uint32(b[12:16]))
 }
 
 // taiOffset turns a TAI64 label into Unix seconds: 2^62 plus the 10 seconds
@@ -498,6 +517,25 @@ func Stop(ctx context.Context, dir string) error { return stopDir(ctx, dir, true
 // does not run.
 func StopSupervisor(ctx context.Context, dir string) error { return stopDir(ctx, dir, false) }
 
+// StopRunsv is StopSupervisor for the runsv p that StartWith returned, with
+// no search for it. A nil p, or one that has exited, is StopSupervisor.
+func StopRunsv(ctx context.Context, dir string, p *Proc) error {
+	if p == nil || p.Exited() {
+		return StopSupervisor(ctx, dir)
+	}
+	abs, err := canonical(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return StopSupervisor(ctx, dir)
+	}
+	if err == nil {
+		err = terminate(ctx, abs, p)
+	}
+	if err != nil {
+		return fmt.Errorf("supervise: stop %s: %w", dir, err)
+	}
+	return nil
+}
+
 func stopDir(ctx context.Context, dir string, thorough bool) error {
 	abs, err := canonical(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -554,17 +592,19 @@ func stopWith(ctx context.Context, abs string, thorough bool) error {
 
 // terminate is StopSupervisor's way when runsv runs: it SIGKILLs runsv, so
 // that it restarts nothing and runs no finish script, and sends the service
-// SIGTERM and SIGCONT, as runsv would, then waits for both to exit. Doing
-// runsv's part here saves a round of runsv's bookkeeping per zone, which is
-// a tenth of a zone's teardown.
+// SIGTERM (and SIGCONT, if it is stopped), as runsv would, then waits for
+// both to exit. Doing runsv's part here saves a round of runsv's
+// bookkeeping per zone, which is a tenth of a zone's teardown.
 func terminate(ctx context.Context, abs string, r *Proc) error {
 	procs := []*Proc{r}
-	st, err := Status(abs)
-	if err == nil && st.PID > 0 {
-		if p, ps, err := newProcStat(st.PID); err == nil {
+	stopped := false // the service is stopped (SIGSTOP): it needs SIGCONT to see SIGTERM
+	if pid := runningPID(abs); pid > 0 {
+		// The service is runsv's child: a pid that is not is stale.
+		if p, ps, err := newProcStat(pid); err == nil {
 			defer p.Close()
 			if ps.ppid == r.PID {
 				procs = append(procs, p)
+				stopped = ps.state == 'T' || ps.state == 't'
 			}
 		}
 	}
@@ -573,7 +613,9 @@ func terminate(ctx context.Context, abs string, r *Proc) error {
 	}
 	for _, p := range procs[1:] {
 		p.signal(unix.SIGTERM)
-		p.signal(unix.SIGCONT)
+		if stopped {
+			p.signal(unix.SIGCONT)
+		}
 	}
 	if waitExited(ctx, procs) != nil {
 		return killAll(procs, abs)

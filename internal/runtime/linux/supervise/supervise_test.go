@@ -611,3 +611,35 @@ func TestStopSupervisor(t *testing.T) {
 		t.Errorf("second StopSupervisor: %v", err)
 	}
 }
+
+// StopRunsv stops the runsv it is given, and a stopped service is woken so
+// that it sees its SIGTERM, as runsv would.
+func TestStopRunsvStoppedService(t *testing.T) {
+	t.Parallel()
+	termFile := filepath.Join(t.TempDir(), "term")
+	s := newService(t, []string{helperTermFile + "=" + termFile})
+	p := start(t, s.dir)
+	pid := s.waitUp(t, 0)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the service to be stopped", func() (bool, string) {
+		st := mustStat(t, pid)
+		return st.state == 'T', string(st.state)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := StopRunsv(ctx, s.dir, p); err != nil {
+		t.Fatal(err)
+	}
+	if running(p.PID) || running(pid) {
+		t.Errorf("after StopRunsv: runsv running %v, service running %v", running(p.PID), running(pid))
+	}
+	if b, err := os.ReadFile(termFile); string(b) != "TERM" {
+		t.Errorf("the stopped service did not end by SIGTERM: %q, %v", b, err)
+	}
+	// A runsv that has exited is looked for as StopSupervisor does.
+	if err := StopRunsv(ctx, s.dir, p); err != nil {
+		t.Errorf("second StopRunsv: %v", err)
+	}
+}
