@@ -85,9 +85,11 @@ type Comparison struct {
 	FloorS   float64 `json:"floor_s"`
 	RuntimeS float64 `json:"runtime_s"`
 	Ratio    float64 `json:"ratio"`
-	// FloorCPUS and RuntimeCPUS are the machine's busy CPU time during
-	// the phase (all processes, kernel included, from /proc/stat): on a
-	// machine with few cores, the wall-clock ratio follows this one.
+	// FloorCPUS and RuntimeCPUS are the machine's busy CPU time (all
+	// processes, kernel included, from /proc/stat) from the phase's start
+	// until the machine is idle again, so that what the kernel does
+	// after the calls return counts too. On a machine with few cores, the
+	// wall-clock ratio follows this one.
 	FloorCPUS        float64 `json:"floor_cpu_s"`
 	RuntimeCPUS      float64 `json:"runtime_cpu_s"`
 	CPURatio         float64 `json:"cpu_ratio"`
@@ -281,12 +283,37 @@ func (b *zonesBench) phase(ctx context.Context, f func(context.Context, int) err
 	}
 	wg.Wait()
 	wall := time.Since(t0)
-	cpu := busyCPU() - cpu0
+	cpu := untilQuiet(ctx) - cpu0
 	if err := firstErrors(errs, 3); err != nil {
 		return phaseTimes{}, err
 	}
 	return phaseTimes{wall: wall, cpu: cpu, zones: took}, nil
 }
+
+// untilQuiet waits until the machine is idle again after a phase (at most
+// one CPU tick busy in quietStep; quietMax at most) and returns the busy CPU
+// time then. Work the kernel defers, destroying namespaces above all, so
+// counts for the phase that caused it, not for whichever ran long enough to
+// absorb it.
+func untilQuiet(ctx context.Context) time.Duration {
+	last := busyCPU()
+	for deadline := time.Now().Add(quietMax); time.Now().Before(deadline); {
+		if sleepCtx(ctx, quietStep) != nil {
+			break
+		}
+		now := busyCPU()
+		if now-last <= time.Second/clockTicks {
+			return now
+		}
+		last = now
+	}
+	return busyCPU()
+}
+
+const (
+	quietStep = 200 * time.Millisecond
+	quietMax  = 10 * time.Second
+)
 
 // firstErrors joins up to max of errs, saying how many there were.
 func firstErrors(errs []error, max int) error {
