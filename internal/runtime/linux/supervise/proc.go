@@ -35,8 +35,8 @@ type Proc struct {
 	cleanup runtime.Cleanup
 }
 
-// newProc pins the process pid: it opens a pidfd and checks that the PID
-// still names the process it named before. errGone when it has exited.
+// newProc pins the process pid: it opens a pidfd on it and reads its start
+// time, which with the PID names it. errGone when it has exited.
 func newProc(pid int) (*Proc, error) {
 	p, _, err := newProcStat(pid)
 	return p, err
