@@ -480,6 +480,13 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 		r.noteRoot(o.Name, root)
 		owners = append(owners, o)
 	}
+	// The host's side of every zone, in one look; without it (the look
+	// failed), each zone is inspected on its own.
+	in, err := zonenet.NewInspector()
+	if err != nil {
+		r.opts.Log.Warn("inspecting zones one by one", "reason", err)
+		in = nil
+	}
 	// Inspecting a zone is a few netlink round trips, mostly waiting:
 	// several at once.
 	out := make([]zone.Observed, len(owners))
@@ -493,7 +500,7 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 		wg.Go(func() {
 			defer func() { <-sem }()
 			obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
-			obs.Running, obs.Detail = r.inspect(o)
+			obs.Running, obs.Detail = r.inspect(o, in)
 			out[i] = obs
 		})
 	}
@@ -542,21 +549,26 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (zone.Observed, bool
 			continue
 		}
 		obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}
-		obs.Running, obs.Detail = r.inspect(o)
+		obs.Running, obs.Detail = r.inspect(o, nil)
 		return obs, true, nil
 	}
 	return zone.Observed{}, false, nil
 }
 
 // inspect says whether a zone is whole and its service up, and if not, why.
-func (r *Runtime) inspect(o owner) (bool, string) {
+// in, if not nil, has looked at the host's side of every zone.
+func (r *Runtime) inspect(o owner, in *zonenet.Inspector) (bool, string) {
 	if !zonenet.NetnsExists(o.Netns) {
 		return false, "network namespace missing"
 	}
 	var z sledconfig.Zone
 	if err := json.Unmarshal(o.Config, &z); err == nil {
 		if nc, err := r.netConfig(zone.Spec{Name: o.Name, ID: o.ID, Config: z}); err == nil {
-			parts, err := zonenet.Inspect(nc)
+			inspect := zonenet.Inspect
+			if in != nil {
+				inspect = in.Inspect
+			}
+			parts, err := inspect(nc)
 			if err != nil {
 				return false, "inspecting network: " + err.Error()
 			}

@@ -49,20 +49,22 @@ func Inspect(c Config) (Parts, error) {
 	if err := c.validate(); err != nil {
 		return Parts{}, err
 	}
-	p, err := inspect(c)
+	p, err := inspect(c, nil)
 	if err != nil {
 		return Parts{}, fmt.Errorf("zonenet: inspecting %s: %w", c.Netns, err)
 	}
 	return p, nil
 }
 
-func inspect(c Config) (Parts, error) {
+// inspect is Inspect, with the host's side from view if it is not nil.
+func inspect(c Config, view *hostView) (Parts, error) {
 	var p Parts
 	s, err := openSession(context.Background(), c.Netns)
 	if err != nil {
 		return p, err
 	}
 	defer s.close()
+	s.view = view
 	p.Netns = s.zone != nil
 	if s.zone != nil {
 		lo, err := linkByName(s.zone, "lo")
@@ -90,13 +92,13 @@ func (s *session) inspectUnderlay(c Config, p *Parts) error {
 	if err != nil {
 		return err
 	}
-	_, hlocal, err := addrs(s.host, hl)
+	_, hlocal, err := s.hostAddrs(hl)
 	if err != nil {
 		return err
 	}
 	p.UnderlayAddr = sameSet(zg, []netip.Prefix{underlayPrefix(c.Underlay)}) &&
 		slices.Contains(hlocal, hostLinkLocal)
-	hr, err := routes(s.host, hl)
+	hr, err := s.hostRoutes(hl)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ type session struct {
 	host *netlink.Handle
 	zone *netlink.Handle // nil if the namespace does not exist
 	ns   netns.NsHandle  // the zone's namespace, or netns.None()
+	view *hostView       // if set, the host's links, addresses and routes as seen earlier
 }
 
 func openSession(ctx context.Context, netnsName string) (*session, error) {
@@ -84,7 +85,9 @@ func pairs(tag, zoneID string) (underlay, nic pair) {
 
 // look returns the host end and zone end of p; either is nil if absent.
 func (s *session) look(p pair) (hl, zl netlink.Link, err error) {
-	if hl, err = linkByName(s.host, p.host); err != nil {
+	if s.view != nil {
+		hl = s.view.links[p.host]
+	} else if hl, err = linkByName(s.host, p.host); err != nil {
 		return nil, nil, err
 	}
 	if s.zone != nil {
@@ -232,6 +235,12 @@ func addrs(h *netlink.Handle, l netlink.Link) (global, local []netip.Prefix, err
 	if err != nil {
 		return nil, nil, fmt.Errorf("listing addresses of %s: %w", l.Attrs().Name, err)
 	}
+	global, local = splitAddrs(list)
+	return global, local, nil
+}
+
+// splitAddrs sorts addresses into global and link-local (or narrower) ones.
+func splitAddrs(list []netlink.Addr) (global, local []netip.Prefix) {
 	for _, a := range list {
 		p := toPrefix(a.IPNet)
 		if a.Scope == unix.RT_SCOPE_UNIVERSE {
@@ -240,7 +249,25 @@ func addrs(h *netlink.Handle, l netlink.Link) (global, local []netip.Prefix, err
 			local = append(local, p)
 		}
 	}
+	return global, local
+}
+
+// hostAddrs is addrs of a host link, from the view if the session has one.
+func (s *session) hostAddrs(l netlink.Link) (global, local []netip.Prefix, err error) {
+	if s.view == nil {
+		return addrs(s.host, l)
+	}
+	global, local = splitAddrs(s.view.addrs[l.Attrs().Index])
 	return global, local, nil
+}
+
+// hostRoutes is routes of a host link, from the view if the session has
+// one.
+func (s *session) hostRoutes(l netlink.Link) ([]netlink.Route, error) {
+	if s.view == nil {
+		return routes(s.host, l)
+	}
+	return s.view.routes[l.Attrs().Index], nil
 }
 
 func toPrefix(n *net.IPNet) netip.Prefix {
