@@ -200,15 +200,18 @@ func TestForeignPrefixIsWithdrawnAndReported(t *testing.T) {
 	foreign := netip.MustParsePrefix("fd00:dead:beef::/64")
 	d.Inject(foreign)
 	waitOriginated(t, d, testBootstrap, testUnderlay)
-	inv, err := c.Inventory(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, ch := range inv.DDM.History {
-		found = found || ch.Prefix == foreign.String() && ch.Action == "withdrew" && ch.Why == "not this sled's"
-	}
-	if !found {
-		t.Fatalf("the foreign prefix's withdrawal is not reported: %+v", inv.DDM.History)
-	}
+	// The report follows the withdrawal, by as little as the reconciler
+	// takes to note it.
+	waitFor(t, "the foreign prefix's withdrawal reported", func() (bool, string) {
+		inv, err := c.Inventory(t.Context())
+		if err != nil || inv.DDM == nil {
+			return false, fmt.Sprint(err)
+		}
+		for _, ch := range inv.DDM.History {
+			if ch.Prefix == foreign.String() && ch.Action == "withdrew" && ch.Why == "not this sled's" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%+v", inv.DDM.History)
+	})
 }
