@@ -76,6 +76,12 @@ func ensure(ctx context.Context, c Config) error {
 		},
 		hostRoute,
 		zoneRoute,
+		// Each end knows the other's MAC for good: nothing between the
+		// host and its zones waits on neighbour discovery, and no
+		// neighbour entry of a zone is ever collected (the host's table
+		// holds one per zone, and collects above 512 by default).
+		func() error { return setNeigh(s.host, hl, c.Underlay, zl.Attrs().HardwareAddr) },
+		func() error { return setNeigh(s.zone, zl, hostLinkLocal.Addr(), hl.Attrs().HardwareAddr) },
 	} {
 		if err := step(); err != nil {
 			return err

@@ -18,12 +18,13 @@ type Parts struct {
 	UnderlayLink bool // both underlay ends exist, paired, marked, up
 	UnderlayAddr bool // underlay0 holds exactly <Underlay>/128; the host end fe80::1/64
 	Route        bool // host route <Underlay>/128 and the zone's default via fe80::1
+	Neighbours   bool // permanent neighbour entries: <Underlay> on the host end, fe80::1 on underlay0
 	NICLink      bool // both NIC ends exist, paired, marked, up, MAC right; or, with no NIC, no NIC link
 	NICAddrs     bool // opte0 holds exactly the NIC's addresses (true with no NIC)
 }
 
 // Complete reports whether every part is right.
-func (p Parts) Complete() bool { return p == Parts{true, true, true, true, true, true, true} }
+func (p Parts) Complete() bool { return p == Parts{true, true, true, true, true, true, true, true} }
 
 // String names the parts that are missing or wrong.
 func (p Parts) String() string {
@@ -35,7 +36,7 @@ func (p Parts) String() string {
 		ok   bool
 		name string
 	}{{p.Netns, "netns"}, {p.Loopback, "loopback"}, {p.UnderlayLink, "underlay link"}, {p.UnderlayAddr, "underlay address"},
-		{p.Route, "routes"}, {p.NICLink, "NIC link"}, {p.NICAddrs, "NIC addresses"}} {
+		{p.Route, "routes"}, {p.Neighbours, "neighbour entries"}, {p.NICLink, "NIC link"}, {p.NICAddrs, "NIC addresses"}} {
 		if !f.ok {
 			bad = append(bad, f.name)
 		}
@@ -107,6 +108,15 @@ func (s *session) inspectUnderlay(c Config, p *Parts) error {
 		return err
 	}
 	p.Route = hasRoute(hr, hostRouteTo(hl, c.Underlay)) && hasRoute(zr, defaultRoute(zl))
+	hn, err := s.hostNeighbours(hl)
+	if err != nil {
+		return err
+	}
+	zn, err := neighbours(s.zone, zl)
+	if err != nil {
+		return err
+	}
+	p.Neighbours = hasNeigh(hn, c.Underlay, zl.Attrs().HardwareAddr) && hasNeigh(zn, hostLinkLocal.Addr(), hl.Attrs().HardwareAddr)
 	return nil
 }
 

@@ -329,6 +329,43 @@ func routes(h *netlink.Handle, l netlink.Link) ([]netlink.Route, error) {
 	return rs, nil
 }
 
+// setNeigh makes ip's neighbour entry on l permanent, with MAC mac.
+func setNeigh(h *netlink.Handle, l netlink.Link, ip netip.Addr, mac net.HardwareAddr) error {
+	n := &netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V6, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
+	if err := h.NeighSet(n); err != nil {
+		return fmt.Errorf("setting the neighbour entry of %s on %s: %w", ip, l.Attrs().Name, err)
+	}
+	return nil
+}
+
+// neighbours lists the IPv6 neighbour entries on l.
+func neighbours(h *netlink.Handle, l netlink.Link) ([]netlink.Neigh, error) {
+	ns, err := dump(func() ([]netlink.Neigh, error) { return h.NeighList(l.Attrs().Index, netlink.FAMILY_V6) })
+	if err != nil {
+		return nil, fmt.Errorf("listing neighbours on %s: %w", l.Attrs().Name, err)
+	}
+	return ns, nil
+}
+
+// hostNeighbours is neighbours of a host link, from the view if the session
+// has one.
+func (s *session) hostNeighbours(l netlink.Link) ([]netlink.Neigh, error) {
+	if s.view == nil {
+		return neighbours(s.host, l)
+	}
+	return s.view.neighs[l.Attrs().Index], nil
+}
+
+// hasNeigh reports whether ns holds a permanent entry for ip with MAC mac.
+func hasNeigh(ns []netlink.Neigh, ip netip.Addr, mac net.HardwareAddr) bool {
+	for _, n := range ns {
+		if a, ok := netip.AddrFromSlice(n.IP); ok && a.Unmap() == ip && n.State&netlink.NUD_PERMANENT != 0 && n.HardwareAddr.String() == mac.String() {
+			return true
+		}
+	}
+	return false
+}
+
 // hostRoute is the route to the zone's underlay address through the host end.
 func hostRouteTo(hl netlink.Link, underlay netip.Addr) *netlink.Route {
 	return &netlink.Route{LinkIndex: hl.Attrs().Index, Dst: &net.IPNet{IP: underlay.AsSlice(), Mask: net.CIDRMask(128, 128)}}

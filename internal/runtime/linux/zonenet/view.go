@@ -8,8 +8,8 @@ import (
 )
 
 // Inspector inspects many zones at once, as a listing of every zone does.
-// Looking at one zone's host side asks the kernel for the host's addresses
-// and routes, and the kernel answers with all of them: every zone adds to
+// Looking at one zone's host side asks the kernel for the host's addresses,
+// routes and neighbours, and the kernel answers with all of them: every zone adds to
 // each answer, so inspecting N zones one by one grows as N². An Inspector
 // takes the host's links, addresses and routes once, and checks each zone's
 // host side against that. A zone that looks incomplete is looked at again
@@ -19,12 +19,13 @@ type Inspector struct {
 	view hostView
 }
 
-// hostView is the host's links, and their addresses and IPv6 routes, at one
-// moment.
+// hostView is the host's links, and their addresses, IPv6 routes and IPv6
+// neighbours, at one moment.
 type hostView struct {
 	links  map[string]netlink.Link
 	addrs  map[int][]netlink.Addr
 	routes map[int][]netlink.Route
+	neighs map[int][]netlink.Neigh
 }
 
 // NewInspector takes its look at the host.
@@ -37,7 +38,7 @@ func NewInspector() (*Inspector, error) {
 	if err := h.SetSocketTimeout(maxCallTime); err != nil {
 		return nil, fmt.Errorf("zonenet: netlink: %w", err)
 	}
-	v := hostView{links: map[string]netlink.Link{}, addrs: map[int][]netlink.Addr{}, routes: map[int][]netlink.Route{}}
+	v := hostView{links: map[string]netlink.Link{}, addrs: map[int][]netlink.Addr{}, routes: map[int][]netlink.Route{}, neighs: map[int][]netlink.Neigh{}}
 	links, err := dump(h.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("zonenet: listing links: %w", err)
@@ -58,6 +59,13 @@ func NewInspector() (*Inspector, error) {
 	}
 	for _, r := range routes {
 		v.routes[r.LinkIndex] = append(v.routes[r.LinkIndex], r)
+	}
+	neighs, err := dump(func() ([]netlink.Neigh, error) { return h.NeighList(0, netlink.FAMILY_V6) })
+	if err != nil {
+		return nil, fmt.Errorf("zonenet: listing neighbours: %w", err)
+	}
+	for _, n := range neighs {
+		v.neighs[n.LinkIndex] = append(v.neighs[n.LinkIndex], n)
 	}
 	return &Inspector{view: v}, nil
 }

@@ -409,6 +409,27 @@ func TestEnsureCompletesPartialState(t *testing.T) {
 				t.Fatal("Inspect calls an unmarked link right")
 			}
 		}},
+		{"neighbour entries removed", func(t *testing.T, c Config) {
+			mustEnsure(t, c)
+			un, _ := LinkNames(c.Tag, c.ZoneID)
+			hl := hostLink(t, un)
+			if err := netlink.NeighDel(&netlink.Neigh{LinkIndex: hl.Attrs().Index, Family: netlink.FAMILY_V6, IP: c.Underlay.AsSlice()}); err != nil {
+				t.Fatal(err)
+			}
+			if p, _ := Inspect(c); p.Neighbours {
+				t.Fatal("Inspect misses the host's lost neighbour entry")
+			}
+			_, err := inNetns(c.Netns, func() (struct{}, error) {
+				u, err := netlink.LinkByName(UnderlayIfName)
+				if err != nil {
+					return struct{}{}, err
+				}
+				return struct{}{}, netlink.NeighDel(&netlink.Neigh{LinkIndex: u.Attrs().Index, Family: netlink.FAMILY_V6, IP: hostLinkLocal.Addr().AsSlice()})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"address, route and NIC removed inside the zone", func(t *testing.T, c Config) {
 			mustEnsure(t, c)
 			_, nn := LinkNames(c.Tag, c.ZoneID)
