@@ -9,10 +9,10 @@ import (
 
 // Inspector inspects many zones at once, as a listing of every zone does.
 // Looking at one zone's host side asks the kernel for the host's addresses,
-// routes and neighbours, and the kernel answers with all of them: every zone adds to
-// each answer, so inspecting N zones one by one grows as N². An Inspector
-// takes the host's links, addresses and routes once, and checks each zone's
-// host side against that. A zone that looks incomplete is looked at again
+// routes and neighbours, and the kernel answers with all of them: every zone
+// adds to each answer, so inspecting N zones one by one grows as N². An
+// Inspector takes the host's links, addresses, routes and neighbours once,
+// and checks each zone's host side against that. A zone that looks incomplete is looked at again
 // on its own, so what was made after the Inspector's look is never reported
 // missing.
 type Inspector struct {
