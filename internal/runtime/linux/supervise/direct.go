@@ -48,8 +48,7 @@ func PrepareDirect(dir string, argv, env []string) error {
 }
 
 func prepareDirect(abs string, argv, env []string) error {
-	// The same checks as a run script's.
-	if _, err := runScript(abs, argv, env); err != nil {
+	if err := checkCommand(argv, env); err != nil {
 		return err
 	}
 	if !filepath.IsAbs(argv[0]) {

@@ -79,34 +79,15 @@ func Prepare(dir string, argv []string, env []string) error {
 
 // runScript returns the run script for the service in directory abs.
 func runScript(abs string, argv, env []string) ([]byte, error) {
-	if len(argv) == 0 || argv[0] == "" {
-		return nil, errors.New("empty argv")
-	}
-	for i, a := range argv {
-		if strings.IndexByte(a, 0) >= 0 {
-			return nil, fmt.Errorf("argv[%d] contains a NUL byte", i)
-		}
-	}
-	for _, e := range env {
-		k, _, ok := strings.Cut(e, "=")
-		switch {
-		case strings.IndexByte(e, 0) >= 0:
-			return nil, fmt.Errorf("environment entry %q contains a NUL byte", k)
-		case !ok || !validEnvName(k):
-			return nil, fmt.Errorf("environment entry %q is not NAME=value", e)
-		case k == MarkerEnv:
-			return nil, fmt.Errorf("environment entry %s is reserved", MarkerEnv)
-		}
-	}
-	if !hasPath(env) {
-		env = append([]string{defaultPath}, env...)
+	if err := checkCommand(argv, env); err != nil {
+		return nil, err
 	}
 	// runsv runs the script with only PATH in its environment (see
 	// spawn); the script sets exactly the service's and execs it, with no
 	// program in between.
 	var b bytes.Buffer
 	b.WriteString("#!/bin/sh\n# Written by sled-agent (package supervise); rewritten by every Prepare.\n")
-	for _, w := range append([]string{MarkerEnv + "=" + abs}, env...) {
+	for _, w := range serviceEnv(abs, env) {
 		k, v, _ := strings.Cut(w, "=")
 		b.WriteString(k + "=" + shellQuote(v) + "; export " + k + "\n")
 	}
@@ -116,6 +97,31 @@ func runScript(abs string, argv, env []string) ([]byte, error) {
 	}
 	b.WriteString("\n")
 	return b.Bytes(), nil
+}
+
+// checkCommand accepts a service's argv and environment: a program, no NUL
+// bytes, NAME=value entries, and not the mark, which is the package's own.
+func checkCommand(argv, env []string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return errors.New("empty argv")
+	}
+	for i, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return fmt.Errorf("argv[%d] contains a NUL byte", i)
+		}
+	}
+	for _, e := range env {
+		k, _, ok := strings.Cut(e, "=")
+		switch {
+		case strings.IndexByte(e, 0) >= 0:
+			return fmt.Errorf("environment entry %q contains a NUL byte", k)
+		case !ok || !validEnvName(k):
+			return fmt.Errorf("environment entry %q is not NAME=value", e)
+		case k == MarkerEnv:
+			return fmt.Errorf("environment entry %s is reserved", MarkerEnv)
+		}
+	}
+	return nil
 }
 
 // shellQuote quotes s for sh: inside single quotes nothing is special but the
