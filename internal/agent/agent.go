@@ -79,6 +79,11 @@ type Config struct {
 	Images map[string][]string `json:"images"`
 	// RelistPeriod is how often zones are listed to catch deaths (0: default).
 	RelistPeriod time.Duration `json:"-"`
+	// HealthPeriod is how often every running zone is health-checked, and
+	// HealthFailures how many checks in a row must fail before it is taken
+	// as unhealthy and restarted (0: 5s and 3).
+	HealthPeriod   time.Duration `json:"-"`
+	HealthFailures int           `json:"-"`
 	// SimStartDelay, if set, is how long each sim zone takes to start (dev).
 	SimStartDelay func(zone.Spec) time.Duration `json:"-"`
 	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
@@ -165,6 +170,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 			return nil, fmt.Errorf("bootstrap-prefix %q: must be an IPv6 /64 with the host bits zero, like fdb0:a840:2504:101::/64", cfg.BootstrapPrefix)
 		}
 	}
+	if cfg.HealthPeriod < 0 || cfg.HealthFailures < 0 {
+		return nil, fmt.Errorf("health-period %s and health-failures %d: must not be negative", cfg.HealthPeriod, cfg.HealthFailures)
+	}
 	natOpts, err := natOptions(cfg, underlay)
 	if err != nil {
 		return nil, err
@@ -217,8 +225,10 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	var onRunningChange []func() // set below, before anything runs
 	a.rec = reconciler.New(rt, a.log.With("component", "reconciler"), reconciler.Options{
-		RelistPeriod: cfg.RelistPeriod,
-		Metrics:      reconciler.NewMetrics(reg),
+		RelistPeriod:   cfg.RelistPeriod,
+		HealthPeriod:   cfg.HealthPeriod,
+		HealthFailures: cfg.HealthFailures,
+		Metrics:        reconciler.NewMetrics(reg),
 		OnRunningChange: func() {
 			for _, f := range onRunningChange {
 				f()

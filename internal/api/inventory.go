@@ -103,17 +103,19 @@ type DDMStatus struct {
 
 // ZoneSummary is one zone's state, without its history.
 type ZoneSummary struct {
-	Name       string     `json:"name"`
-	ID         string     `json:"id"`
-	Kind       string     `json:"kind"`
-	Wanted     bool       `json:"wanted"`
-	State      string     `json:"state" enum:"pending,starting,running,stopping,failed,unmanaged"`
-	Since      time.Time  `json:"since"`
-	ConfigHash string     `json:"config_hash,omitempty"`
-	Attempts   int        `json:"attempts"`
-	LastError  string     `json:"last_error,omitempty"`
-	NextRetry  *time.Time `json:"next_retry,omitempty"`
-	Incidents  int        `json:"incidents"`
+	Name       string            `json:"name"`
+	ID         string            `json:"id"`
+	Kind       string            `json:"kind"`
+	Wanted     bool              `json:"wanted"`
+	State      string            `json:"state" enum:"pending,starting,running,stopping,failed,unmanaged"`
+	Since      time.Time         `json:"since"`
+	ConfigHash string            `json:"config_hash,omitempty"`
+	Attempts   int               `json:"attempts"`
+	LastError  string            `json:"last_error,omitempty"`
+	NextRetry  *time.Time        `json:"next_retry,omitempty"`
+	Incidents  int               `json:"incidents"`
+	Activity   string            `json:"activity,omitempty" doc:"The runtime call in flight: what, for how long, its deadline, what it waits for."`
+	Health     reconciler.Health `json:"health" doc:"What the periodic health checks of the running zone found."`
 }
 
 // ZoneDetail is one zone's state and history.
@@ -126,7 +128,7 @@ func summary(zs reconciler.ZoneStatus) ZoneSummary {
 	return ZoneSummary{
 		Name: zs.Name, ID: zs.ID, Kind: zs.Kind, Wanted: zs.Wanted, State: string(zs.State),
 		Since: zs.Since, ConfigHash: zs.ConfigHash, Attempts: zs.Attempts, LastError: zs.LastError,
-		NextRetry: zs.NextRetry, Incidents: zs.Incidents,
+		NextRetry: zs.NextRetry, Incidents: zs.Incidents, Activity: zs.Activity, Health: zs.Health,
 	}
 }
 

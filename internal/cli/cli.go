@@ -102,6 +102,8 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringArrayVar(&c.DNSServers, "dns-server", nil, "internal DNS server that names the switch daemons, [addr]:port (repeatable)")
 	f.StringArrayVar(&c.Switches, "switch", nil, "switch daemon (dpd) address, [addr]:port, used when DNS is unreachable or names none (repeatable)")
 	f.DurationVar(&c.NATPeriod, "nat-period", 10*time.Second, "how often switches are found and their NAT entries checked")
+	f.DurationVar(&c.HealthPeriod, "health-period", 5*time.Second, "how often every running zone is health-checked")
+	f.IntVar(&c.HealthFailures, "health-failures", 3, "health checks in a row a running zone must fail to be reported unhealthy and restarted")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -137,6 +139,8 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	set("bootstrap-prefix", &c.BootstrapPrefix, flags.BootstrapPrefix)
 	c.PrefixPeriod = flags.PrefixPeriod
 	c.NATPeriod = flags.NATPeriod
+	c.HealthPeriod = flags.HealthPeriod
+	c.HealthFailures = flags.HealthFailures
 	if cmd.Flags().Changed("dns-server") || len(c.DNSServers) == 0 {
 		c.DNSServers = flags.DNSServers
 	}

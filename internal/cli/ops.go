@@ -14,6 +14,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/reconciler"
 )
 
 func printJSON(w io.Writer, v any) error {
@@ -187,19 +188,31 @@ func seconds(d *api.Duration) string {
 
 func printZoneTable(w io.Writer, zones []api.ZoneSummary) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ZONE\tSTATE\tFOR\tATTEMPTS\tINCIDENTS\tLAST ERROR")
+	fmt.Fprintln(tw, "ZONE\tSTATE\tFOR\tHEALTH\tATTEMPTS\tINCIDENTS\tLAST ERROR")
 	for _, z := range zones {
 		state := z.State
 		if !z.Wanted {
 			state += " (removing)"
 		}
 		lastErr := z.LastError
+		if z.Activity != "" {
+			lastErr = z.Activity
+		}
 		if z.NextRetry != nil {
 			lastErr += fmt.Sprintf(" [retry in %s]", time.Until(*z.NextRetry).Round(time.Second))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", z.Name, state, time.Since(z.Since).Round(time.Second), z.Attempts, z.Incidents, truncate(lastErr, 100))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", z.Name, state, time.Since(z.Since).Round(time.Second), health(z.Health), z.Attempts, z.Incidents, truncate(lastErr, 100))
 	}
 	return tw.Flush()
+}
+
+// health says what a zone's health checks found, briefly.
+func health(h reconciler.Health) string {
+	s := string(h.State)
+	if h.Failures > 0 {
+		s += fmt.Sprintf(" (%d failed)", h.Failures)
+	}
+	return s
 }
 
 // truncate shortens s to at most n runes.
@@ -290,6 +303,13 @@ func printZone(w io.Writer, z *api.ZoneDetail) error {
 	fmt.Fprintf(tw, "config hash\t%s\n", z.ConfigHash)
 	fmt.Fprintf(tw, "attempts\t%d\n", z.Attempts)
 	fmt.Fprintf(tw, "incidents\t%d\n", z.Incidents)
+	if z.Activity != "" {
+		fmt.Fprintf(tw, "doing\t%s\n", z.Activity)
+	}
+	fmt.Fprintf(tw, "health\t%s\n", health(z.Health))
+	if z.Health.LastError != "" {
+		fmt.Fprintf(tw, "last health error\t%s\n", z.Health.LastError)
+	}
 	if z.LastError != "" {
 		fmt.Fprintf(tw, "last error\t%s\n", z.LastError)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -45,6 +46,11 @@ type loopState struct {
 	last       *Reconciliation
 	lastRanFor time.Duration
 	lastDone   time.Time
+	// lastStale: a zone changed since last was built, at lastBuilt.
+	lastStale bool
+	lastBuilt time.Time
+	// healthRound: a round of health checks is in flight.
+	healthRound bool
 }
 
 func (l *loopState) init() {
@@ -74,17 +80,24 @@ type entry struct {
 	cleanup bool
 	changed uint64 // loopState.seq at the last change of the fields above
 
-	state        State
-	since        time.Time
-	busy         bool
-	op           opKind
-	opHash       string // config hash a start in flight is starting
+	state     State
+	since     time.Time
+	busy      bool
+	op        opKind
+	opHash    string // config hash a start in flight is starting
+	opCleanup bool   // the start in flight first cleans up what is left
+	opStart   time.Time
+	opTimeout time.Duration
+	// progress is what the runtime last said the call in flight waits for;
+	// the call's goroutine writes it, the loop reads it.
+	progress     *atomic.Pointer[string]
 	cancel       context.CancelFunc
 	attempts     int
 	lastErr      string
 	nextTry      time.Time
 	runningSince time.Time
 	incidents    int
+	health       Health
 	history      []Event
 }
 
@@ -211,9 +224,17 @@ func (r *Reconciler) step(ctx context.Context) {
 			r.evaluate(ctx, e, now)
 		}
 	}
-	if l.passActive && l.inflight == 0 {
-		r.finishPass(now)
+	r.settle(now)
+}
+
+// nextWakeIn returns how long until the loop must step on its own: the
+// earliest retry, or a rebuild of the last reconciliation.
+func (l *loopState) nextWakeIn(now time.Time) (time.Duration, bool) {
+	d, ok := l.nextRetryIn(now)
+	if s, sok := l.nextSettleIn(now); sok && (!ok || s < d) {
+		d, ok = s, true
 	}
+	return d, ok
 }
 
 // nextRetryIn returns how long until the earliest retry.
@@ -329,12 +350,14 @@ func (r *Reconciler) dispatch(ctx context.Context, e *entry, kind opKind, why st
 		spec = *e.want
 		e.opHash = spec.Hash
 	}
-	opCtx, cancel := context.WithTimeout(ctx, timeout)
+	cleanup := e.cleanup && kind == opStart
+	progress := new(atomic.Pointer[string])
+	opCtx, cancel := context.WithTimeout(zone.WithProgress(ctx, func(s string) { progress.Store(&s) }), timeout)
 	e.busy, e.op, e.cancel = true, kind, cancel
+	e.opCleanup, e.opStart, e.opTimeout, e.progress = cleanup, time.Now(), timeout, progress
 	l.inflight++
 	r.setState(e, state, "")
 	r.record(e, kind.String(), why)
-	cleanup := e.cleanup && kind == opStart
 	name := e.name
 	r.ops.Add(1)
 	go func() {
@@ -370,7 +393,7 @@ func (r *Reconciler) handleResult(res opResult) {
 	l.inflight--
 	l.seq++
 	e := l.zones[res.name]
-	e.busy, e.cancel = false, nil
+	e.busy, e.cancel, e.progress = false, nil, nil
 	e.changed = l.seq
 	defer r.touch(e)
 	now := time.Now()
@@ -388,6 +411,7 @@ func (r *Reconciler) handleResult(res opResult) {
 		e.addrs = res.spec.Config.UnderlayAddrs()
 		e.lastErr, e.nextTry = "", time.Time{}
 		e.runningSince = now
+		e.health = Health{}
 		r.setState(e, StateRunning, "")
 		r.record(e, "running", "started in "+res.elapsed.Round(time.Millisecond).String())
 		r.log.Debug("zone running", "zone", e.name, "took", res.elapsed)
@@ -406,6 +430,7 @@ func (r *Reconciler) handleResult(res opResult) {
 		e.exists, e.running, e.cleanup = false, false, false
 		e.runHash, e.addrs = "", nil
 		e.lastErr, e.nextTry, e.attempts = "", time.Time{}, 0
+		e.health = Health{}
 		r.record(e, "stopped", "in "+res.elapsed.Round(time.Millisecond).String())
 		// Zones waiting for this one may go now.
 		for name := range l.pending {
@@ -570,8 +595,11 @@ func (r *Reconciler) adoptNew(o *zone.Observed) {
 	r.touch(e)
 }
 
-// incident records a running zone that died or vanished.
+// incident records a running zone that died, vanished or turned unhealthy.
+// It begins a pass: there is a zone to repair, and the last reconciliation
+// must say so from now on, even while the zone waits out its backoff.
 func (r *Reconciler) incident(e *entry, now time.Time, what, detail string) {
+	r.beginPass()
 	e.incidents++
 	r.opts.Metrics.incidents.Inc()
 	// A zone that ran stably starts again at once; one that keeps dying backs off.

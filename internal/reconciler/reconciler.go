@@ -50,6 +50,15 @@ type Options struct {
 	// StablePeriod is how long a zone must run before its failure count is
 	// forgotten (default 1m).
 	StablePeriod time.Duration
+	// HealthPeriod is how often every running zone is health-checked, when
+	// the runtime is a HealthChecker (default 5s; negative: never).
+	HealthPeriod time.Duration
+	// HealthTimeout bounds one health check (default 5s).
+	HealthTimeout time.Duration
+	// HealthFailures is how many checks in a row must fail before a running
+	// zone is taken as unhealthy and repaired: stopped and started again,
+	// on the normal backoff (default 3).
+	HealthFailures int
 	// HistoryLen is how many events each zone's history keeps (default 32).
 	HistoryLen int
 	// Metrics receives the reconciler's metrics; nil records nothing.
@@ -68,6 +77,9 @@ func (o *Options) setDefaults() {
 	o.Backoff.Initial = cmp.Or(o.Backoff.Initial, time.Second)
 	o.Backoff.Max = cmp.Or(o.Backoff.Max, time.Minute)
 	o.StablePeriod = cmp.Or(o.StablePeriod, time.Minute)
+	o.HealthPeriod = cmp.Or(o.HealthPeriod, 5*time.Second)
+	o.HealthTimeout = cmp.Or(o.HealthTimeout, 5*time.Second)
+	o.HealthFailures = max(cmp.Or(o.HealthFailures, 3), 1)
 	o.HistoryLen = cmp.Or(o.HistoryLen, 32)
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
@@ -90,6 +102,7 @@ type Reconciler struct {
 	// results and listed carry finished runtime calls back to the loop.
 	results chan opResult
 	listed  chan listResult
+	health  chan healthResult
 	// done is closed when Run returns, so late op goroutines never block.
 	done chan struct{}
 	// restored is closed when the restore protocol is done (restore.go).
@@ -116,6 +129,7 @@ func New(rt Runtime, log *slog.Logger, opts Options) *Reconciler {
 		poke:     make(chan struct{}, 1),
 		results:  make(chan opResult),
 		listed:   make(chan listResult),
+		health:   make(chan healthResult),
 		done:     make(chan struct{}),
 		restored: make(chan struct{}),
 	}
@@ -163,6 +177,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
+	var healthTick <-chan time.Time
+	if _, ok := r.rt.(HealthChecker); ok && r.opts.HealthPeriod > 0 {
+		t := time.NewTicker(r.opts.HealthPeriod)
+		defer t.Stop()
+		healthTick = t.C
+	}
 
 	// Learn what exists before acting on anything.
 	if err := r.restore(ctx); err != nil {
@@ -170,7 +190,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	}
 	for {
 		r.step(ctx)
-		if d, ok := r.loop.nextRetryIn(time.Now()); ok {
+		if d, ok := r.loop.nextWakeIn(time.Now()); ok {
 			retry.Reset(d)
 		}
 		select {
@@ -187,6 +207,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			r.startList(ctx)
 		case <-r.poke:
 			r.startList(ctx)
+		case <-healthTick:
+			r.startHealthRound(ctx)
+		case hr := <-r.health:
+			r.handleHealth(hr)
 		case <-retry.C:
 		}
 	}

@@ -39,12 +39,13 @@ type recorder struct {
 
 func (c *recorder) Healthy(ctx context.Context, s zone.Spec) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.calls = append(c.calls, timedCall{time.Now(), "health", s.Name})
 	if c.unhealthy[s.Name] {
+		c.mu.Unlock()
 		return errors.New("connection refused")
 	}
-	return nil
+	c.mu.Unlock()
+	return c.Runtime.Healthy(ctx, s)
 }
 
 type timedCall struct {

@@ -55,9 +55,39 @@ type ZoneStatus struct {
 	Attempts  int        `json:"attempts"`
 	LastError string     `json:"last_error,omitempty"`
 	NextRetry *time.Time `json:"next_retry,omitempty"`
-	// Incidents counts how often the zone died or vanished while running.
-	Incidents int     `json:"incidents"`
-	History   []Event `json:"history"`
+	// Incidents counts how often the zone died, vanished or turned unhealthy
+	// while running.
+	Incidents int `json:"incidents"`
+	// Activity describes the runtime call in flight, if any: what, for how
+	// long, its deadline, and what the runtime last said it waits for.
+	Activity string `json:"activity,omitempty"`
+	// Progress is what the runtime last said the call in flight waits for.
+	Progress string `json:"progress,omitempty"`
+	// Health is what the periodic health checks of the running zone found.
+	Health  Health  `json:"health"`
+	History []Event `json:"history"`
+}
+
+// HealthState is the outcome of a running zone's health checks.
+type HealthState string
+
+const (
+	// HealthUnknown: not checked since the zone last started running.
+	HealthUnknown HealthState = "unknown"
+	// HealthOK: the last check passed.
+	HealthOK HealthState = "ok"
+	// HealthFailing: the last check failed; Failures say how many in a row.
+	HealthFailing HealthState = "failing"
+)
+
+// Health is what the periodic health checks of a running zone found.
+type Health struct {
+	State HealthState `json:"state"`
+	// Failures counts consecutive failed checks; the zone is repaired when
+	// it reaches Options.HealthFailures.
+	Failures  int        `json:"consecutive_failures"`
+	LastCheck *time.Time `json:"last_check,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
 }
 
 // Phase is the reconciler's overall state, as upstream reports it.

@@ -16,11 +16,15 @@ import (
 //
 //	{"zones": {"<zone uuid>": {"start": "hang" | "fail" | "<Go duration>",
 //	                           "stop": "hang" | "fail" | "<Go duration>",
-//	                           "vanish_after": "<Go duration>"}}}
+//	                           "vanish_after": "<Go duration>",
+//	                           "health": "fail" | "hang"}}}
 //
 // "hang" blocks until the call's context ends; "fail" fails every time; a
 // duration delays and then succeeds; vanish_after makes a running zone
-// disappear that long after it started. Zones not in the map behave normally.
+// disappear that long after it started; health makes a running zone's health
+// checks fail at once ("fail") or not answer until their deadline ("hang"),
+// as a service that is alive but stopped or deadlocked would. Zones not in the
+// map behave normally.
 type Faults struct {
 	Zones map[string]ZoneFaults `json:"zones"`
 }
@@ -30,6 +34,7 @@ type ZoneFaults struct {
 	Start       string `json:"start,omitempty"`
 	Stop        string `json:"stop,omitempty"`
 	VanishAfter string `json:"vanish_after,omitempty"`
+	Health      string `json:"health,omitempty"`
 }
 
 // behavior is one parsed "hang" | "fail" | duration.
@@ -41,6 +46,7 @@ type behavior struct {
 type zoneFaults struct {
 	start, stop behavior
 	vanishAfter time.Duration
+	health      behavior
 }
 
 // ParseFaults decodes and checks a fault map. Errors name the zone and field.
@@ -89,6 +95,13 @@ func (f Faults) compile() (map[string]zoneFaults, error) {
 		}
 		if c.stop, err = parseBehavior(zf.Stop); err != nil {
 			errs = append(errs, fmt.Errorf("zones[%q].stop: %w", id, err))
+		}
+		switch zf.Health {
+		case "":
+		case "fail", "hang":
+			c.health, _ = parseBehavior(zf.Health)
+		default:
+			errs = append(errs, fmt.Errorf("zones[%q].health: %q is not \"fail\" or \"hang\"", id, zf.Health))
 		}
 		if zf.VanishAfter != "" {
 			d, err := time.ParseDuration(zf.VanishAfter)

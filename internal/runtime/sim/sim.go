@@ -311,3 +311,28 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 	}
 	return out, nil
 }
+
+// Healthy reports whether the zone's simulated service answers: it does when
+// the zone exists and runs, unless a health fault says otherwise.
+func (r *Runtime) Healthy(ctx context.Context, spec zone.Spec) error {
+	r.mu.Lock()
+	z := r.zones[spec.Name]
+	f := r.faults[spec.ID].health
+	r.mu.Unlock()
+	switch {
+	case z == nil:
+		return &zone.GoneError{Name: spec.Name, Reason: "it does not exist"}
+	case !z.running:
+		return fmt.Errorf("zone %s: service not up", spec.Name)
+	case f.fail:
+		return fmt.Errorf("zone %s: health check: %w", spec.Name, ErrInjected)
+	case f.hang:
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("zone %s: health check did not answer: %w", spec.Name, ctx.Err())
+		case <-z.gone:
+			return &zone.GoneError{Name: spec.Name, Reason: "deleted during its health check"}
+		}
+	}
+	return nil
+}
