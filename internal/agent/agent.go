@@ -44,6 +44,10 @@ const LedgerFile = "omicron-sled-config.json"
 // SimStateFile, in the data dir, holds the sim runtime's simulated OS.
 const SimStateFile = "sim-state.json"
 
+// PrefixStateFile, in the data dir, holds the routing prefixes this agent
+// advertised.
+const PrefixStateFile = "prefixes.json"
+
 // Config is how the agent is set up. The JSON keys are the flag names.
 type Config struct {
 	Listen  string `json:"listen"`
@@ -223,7 +227,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.SimFaults != "" && a.sim == nil {
 		return nil, fmt.Errorf("sim-faults is only for the sim runtime, not %q", cfg.Runtime)
 	}
-	var onRunningChange []func() // set below, before anything runs
+	var onRunningChange, onPresentChange []func() // set below, before anything runs
 	a.rec = reconciler.New(rt, a.log.With("component", "reconciler"), reconciler.Options{
 		RelistPeriod:   cfg.RelistPeriod,
 		HealthPeriod:   cfg.HealthPeriod,
@@ -234,15 +238,21 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 				f()
 			}
 		},
+		OnPresentChange: func() {
+			for _, f := range onPresentChange {
+				f()
+			}
+		},
 	})
 	if ddmClient != nil {
 		a.prefixes = prefix.New(ddmClient, a.rec, prefix.Options{
 			Bootstrap: bootstrap,
 			Underlay:  underlay,
 			Period:    cfg.PrefixPeriod,
+			StateFile: filepath.Join(cfg.DataDir, PrefixStateFile),
 			Log:       a.log.With("component", "prefixes"),
 		})
-		onRunningChange = append(onRunningChange, a.prefixes.Poke)
+		onPresentChange = append(onPresentChange, a.prefixes.Poke)
 	}
 	if natOpts != nil {
 		natOpts.Log = a.log.With("component", "nat")

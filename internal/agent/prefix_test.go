@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -150,6 +151,55 @@ func TestRestartKeepsTheLiveDNSPrefix(t *testing.T) {
 	})
 	if n := d.Requests()["DELETE /prefix"]; n != before {
 		t.Fatalf("the restarted agent withdrew something (%d withdrawals); originated %v", n-before, originated(d))
+	}
+	waitOriginated(t, d, testBootstrap, testUnderlay, dnsPrefix)
+}
+
+// A restarted agent keeps the prefix of a DNS zone it finds existing but
+// not answering: the zone is waited for, not running, and its prefix must
+// stay in DDM the whole time (it was withdrawn until the service answered).
+func TestRestartKeepsThePrefixOfADNSZoneSlowToAnswer(t *testing.T) {
+	d := startDDM(t)
+	dir := t.TempDir()
+	dns := sledconfigtest.InternalDNS(0)
+	first := newAgent(t, withDDM(dir, d, time.Hour))
+	stop := run(t, first)
+	putZones(t, newClient(t, first), 1, dns)
+	waitOriginated(t, d, testBootstrap, testUnderlay, dnsPrefix)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	faults := filepath.Join(t.TempDir(), "faults.json")
+	if err := os.WriteFile(faults, []byte(`{"zones":{"`+dns.ID+`":{"health":"fail"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := d.Requests()["DELETE /prefix"]
+	cfg := withDDM(dir, d, time.Hour)
+	cfg.SimFaults = faults
+	second := newAgent(t, cfg)
+	run(t, second)
+	c := newClient(t, second)
+	waitFor(t, "the restarted agent's first prefix pass, with the DNS zone not answering", func() (bool, string) {
+		inv, err := c.Inventory(t.Context())
+		if err != nil || inv.DDM == nil {
+			return false, fmt.Sprint(err)
+		}
+		return inv.DDM.Passes > 0, fmt.Sprintf("%+v", inv.DDM)
+	})
+	time.Sleep(500 * time.Millisecond) // passes that the zone's changes bring
+	if z, err := c.Zone(t.Context(), dns.ID); err != nil || z.State == "running" {
+		t.Fatalf("DNS zone %+v, %v: want it waited for, not running", z, err)
+	}
+	if n := d.Requests()["DELETE /prefix"]; n != before {
+		t.Fatalf("the restarted agent withdrew a prefix while the DNS zone was slow to answer; originated %v", originated(d))
+	}
+	// It answers again: running, and the prefix never moved.
+	if err := c.SetSimFaults(t.Context(), []byte(`{"zones":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitStates(t, c, map[string]string{dns.Name(): "running"})
+	if n := d.Requests()["DELETE /prefix"]; n != before {
+		t.Fatalf("withdrawals after the DNS zone answered: %d", n-before)
 	}
 	waitOriginated(t, d, testBootstrap, testUnderlay, dnsPrefix)
 }

@@ -4,9 +4,15 @@
 // reconciles it like the zones: desired (the sled's bootstrap and underlay
 // /64s, and the /64 of the gz_address of every running internal DNS zone)
 // against actual (DDM's GET /originated), diffed and applied, advertising
-// before withdrawing, on every change of the running zones and every period.
+// before withdrawing, on every change of the zones and every period. An
+// internal DNS zone's prefix is wanted while the zone is present: from its
+// adoption or the start of its creation until it is torn down or removed
+// from the config, so that a zone still coming up after an agent restart
+// keeps it.
 // A prefix nobody wants, including one this agent never advertised, is
-// withdrawn and reported. The upstream agent advertised an internal DNS
+// withdrawn and reported; what this agent advertised is remembered in a
+// state file, so that after a restart its own prefixes are still known as
+// its own. The upstream agent advertised an internal DNS
 // zone's prefix at zone start and never withdrew it; here a removed zone's
 // prefix goes with the zone, and after a crash with the next pass.
 package prefix
@@ -14,13 +20,18 @@ package prefix
 import (
 	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/atomicfile"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -34,8 +45,10 @@ type DDM interface {
 
 // Zones is what the reconciler needs of the zone reconciler.
 type Zones interface {
-	// RunningSpecs are the zones running now.
-	RunningSpecs() []zone.Spec
+	// PresentSpecs are the zones present now: from the start of their
+	// creation or their adoption until they are torn down or no longer
+	// wanted (reconciler.PresentSpecs).
+	PresentSpecs() []zone.Spec
 	// Restored is closed once the zones found at start-up are adopted: the
 	// first pass waits for it, so it never withdraws the prefix of a live
 	// zone the agent has not yet seen.
@@ -61,7 +74,10 @@ type Options struct {
 	CallTimeout time.Duration
 	// HistoryLen is how many changes Status keeps (32).
 	HistoryLen int
-	Log        *slog.Logger
+	// StateFile, if set, keeps the prefixes this agent advertised and has
+	// not yet withdrawn, so that the next agent knows them as its own.
+	StateFile string
+	Log       *slog.Logger
 }
 
 // Status is what the reconciler reports.
@@ -105,7 +121,10 @@ type Reconciler struct {
 
 	mu     sync.Mutex
 	status Status                // guarded by mu
-	ours   map[netip.Prefix]bool // guarded by mu; everything this agent ever advertised or wanted
+	ours   map[netip.Prefix]bool // guarded by mu; what this agent wants or advertised and has not withdrawn
+	// saved is the set last written to the state file; only the Run
+	// goroutine touches it.
+	saved []netip.Prefix
 }
 
 // New returns a reconciler; Run runs it.
@@ -118,7 +137,63 @@ func New(ddm DDM, zones Zones, opts Options) *Reconciler {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Reconciler{ddm: ddm, zones: zones, opts: opts, poke: make(chan struct{}, 1), ours: map[netip.Prefix]bool{}}
+	r := &Reconciler{ddm: ddm, zones: zones, opts: opts, poke: make(chan struct{}, 1), ours: map[netip.Prefix]bool{}}
+	r.loadOurs()
+	return r
+}
+
+// ownState is the state file: what this agent advertised.
+type ownState struct {
+	Advertised []netip.Prefix `json:"advertised"`
+}
+
+// loadOurs reads the prefixes an earlier agent advertised. A missing file
+// is a first start; an unreadable one is logged, and the prefixes in it are
+// then taken for somebody else's, as before there was a file.
+func (r *Reconciler) loadOurs() {
+	if r.opts.StateFile == "" {
+		return
+	}
+	data, err := os.ReadFile(r.opts.StateFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	var st ownState
+	if err == nil {
+		err = json.Unmarshal(data, &st)
+	}
+	if err != nil {
+		r.opts.Log.Error("reading the prefixes this agent advertised", "file", r.opts.StateFile, "err", err)
+		return
+	}
+	for _, p := range st.Advertised {
+		r.ours[p.Masked()] = true
+	}
+	r.saved = sortedPrefixes(r.ours)
+}
+
+// saveOurs writes the set of our prefixes when it changed. It is called
+// from the Run goroutine, with no lock held; a failure is logged and the
+// write tried again at the next pass.
+func (r *Reconciler) saveOurs() {
+	if r.opts.StateFile == "" {
+		return
+	}
+	r.mu.Lock()
+	ours := sortedPrefixes(r.ours)
+	r.mu.Unlock()
+	if slices.Equal(ours, r.saved) {
+		return
+	}
+	data, err := json.Marshal(ownState{Advertised: ours})
+	if err == nil {
+		err = atomicfile.WriteFile(r.opts.StateFile, data, atomicfile.Options{})
+	}
+	if err != nil {
+		r.opts.Log.Error("recording the prefixes this agent advertised", "file", r.opts.StateFile, "err", err)
+		return
+	}
+	r.saved = ours
 }
 
 // Poke asks for a pass as soon as possible. It never blocks; pokes during a
@@ -150,7 +225,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
-	r.setDesired(Desired(r.opts.Bootstrap, r.opts.Underlay, r.zones.RunningSpecs()))
+	r.setDesired(Desired(r.opts.Bootstrap, r.opts.Underlay, r.zones.PresentSpecs()))
 	t := time.NewTimer(0)
 	defer t.Stop()
 	<-t.C
@@ -190,8 +265,8 @@ func (r *Reconciler) retryDelay(fails int) time.Duration {
 
 // Desired returns the prefixes a sled should originate: its bootstrap /64,
 // the /64 of its underlay address, and the /64 of the gz_address of every
-// running internal DNS zone; normalised (host bits zero) and sorted.
-func Desired(bootstrap netip.Prefix, underlay netip.Addr, running []zone.Spec) []netip.Prefix {
+// present internal DNS zone; normalised (host bits zero) and sorted.
+func Desired(bootstrap netip.Prefix, underlay netip.Addr, present []zone.Spec) []netip.Prefix {
 	set := map[netip.Prefix]bool{}
 	if bootstrap.IsValid() {
 		set[bootstrap.Masked()] = true
@@ -199,7 +274,7 @@ func Desired(bootstrap netip.Prefix, underlay netip.Addr, running []zone.Spec) [
 	if underlay.IsValid() {
 		set[netip.PrefixFrom(underlay, 64).Masked()] = true
 	}
-	for _, s := range running {
+	for _, s := range present {
 		if s.Config.ZoneType.Type != "internal_dns" {
 			continue
 		}
@@ -226,9 +301,13 @@ func sortedPrefixes(set map[netip.Prefix]bool) []netip.Prefix {
 
 // pass makes DDM originate exactly the desired set.
 func (r *Reconciler) pass(ctx context.Context) (err error) {
-	defer func() { r.finish(err) }()
-	want := Desired(r.opts.Bootstrap, r.opts.Underlay, r.zones.RunningSpecs())
+	defer func() {
+		r.saveOurs() // what was withdrawn is ours no more
+		r.finish(err)
+	}()
+	want := Desired(r.opts.Bootstrap, r.opts.Underlay, r.zones.PresentSpecs())
 	r.setDesired(want)
+	r.saveOurs() // before advertising: a crash never leaves ours unrecorded
 	have, err := r.call(ctx, func(ctx context.Context) ([]netip.Prefix, error) { return r.ddm.Originated(ctx) })
 	if err != nil {
 		return fmt.Errorf("asking DDM what it originates: %w", err)
@@ -266,6 +345,7 @@ func (r *Reconciler) pass(ctx context.Context) (err error) {
 		}
 		r.changed("withdrew", del, func(p netip.Prefix) string {
 			if r.ours[p] {
+				delete(r.ours, p) // withdrawn: ours no more
 				return "no longer wanted"
 			}
 			return "not this sled's"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -111,7 +112,7 @@ type fakeZones struct {
 	restored chan struct{}
 }
 
-func (z *fakeZones) RunningSpecs() []zone.Spec {
+func (z *fakeZones) PresentSpecs() []zone.Spec {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	return slices.Clone(z.running)
@@ -281,6 +282,47 @@ func TestEmptiedDDMIsFilledAgainWithinAPeriod(t *testing.T) {
 		synctest.Wait()
 		if got := d.originated(); len(got) != 3 {
 			t.Fatalf("originated after DDM lost everything and a period passed: %v", got)
+		}
+	})
+}
+
+// What this agent advertised is still its own after a restart: a prefix
+// the last agent advertised and nobody wants now is withdrawn as "no longer
+// wanted", not reported as somebody else's.
+func TestOwnPrefixesAreKnownAfterARestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		state := filepath.Join(t.TempDir(), "prefixes.json")
+		d := newFakeDDM()
+		z := &fakeZones{restored: make(chan struct{})}
+		z.set(dnsZone(0))
+		close(z.restored)
+		ctx, cancel := context.WithCancel(context.Background())
+		first := prefix.New(d, z, prefix.Options{Underlay: netip.MustParseAddr("fd00:1122:3344:101::1"), Period: time.Hour, StateFile: state})
+		done := make(chan struct{})
+		go func() { first.Run(ctx); close(done) }()
+		synctest.Wait()
+		cancel()
+		<-done
+		if got := d.originated(); !slices.Contains(got, "fd00:1122:3344:1::/64") {
+			t.Fatalf("originated %v", got)
+		}
+
+		// The next agent: the DNS zone is gone from the config.
+		z.set()
+		r := start(t, d, z, prefix.Options{Period: time.Hour, StateFile: state})
+		synctest.Wait()
+		st := r.Status()
+		i := slices.IndexFunc(st.History, func(c prefix.Change) bool { return c.Prefix == "fd00:1122:3344:1::/64" })
+		if i < 0 || st.History[i].Action != "withdrew" || st.History[i].Why != "no longer wanted" {
+			t.Fatalf("history %+v: want the old DNS prefix withdrawn as no longer wanted", st.History)
+		}
+		// Withdrawn, it is ours no more: if it comes back, it is somebody else's.
+		d.change("inject", []netip.Prefix{netip.MustParsePrefix("fd00:1122:3344:1::/64")}, true)
+		r.Poke()
+		synctest.Wait()
+		st = r.Status()
+		if last := st.History[len(st.History)-1]; last.Prefix != "fd00:1122:3344:1::/64" || last.Why != "not this sled's" {
+			t.Fatalf("history %+v", st.History)
 		}
 	})
 }

@@ -358,6 +358,7 @@ func (r *Reconciler) dispatch(ctx context.Context, e *entry, kind opKind, why st
 	l.inflight++
 	r.setState(e, state, "")
 	r.record(e, kind.String(), why)
+	r.syncPresent(e)
 	name := e.name
 	r.ops.Add(1)
 	go func() {
@@ -462,6 +463,7 @@ func (r *Reconciler) fail(e *entry, now time.Time, err error, what string) {
 func (r *Reconciler) forget(e *entry) {
 	l := &r.loop
 	r.setState(e, "", "")
+	r.syncPresent(e)
 	delete(l.zones, e.name)
 	delete(l.waiting, e.name)
 	delete(l.pending, e.name)
@@ -479,6 +481,32 @@ func (r *Reconciler) touch(e *entry) {
 		l.leaving[e.name] = e
 	} else {
 		delete(l.leaving, e.name)
+	}
+	r.syncPresent(e)
+}
+
+// syncPresent keeps the published present specs (PresentSpecs) up to date
+// for e: a wanted zone is present from the moment its start is dispatched or
+// it is found (adopted, waited for, half-made) until it is torn down or no
+// longer wanted.
+func (r *Reconciler) syncPresent(e *entry) {
+	var want *zone.Spec
+	if e.want != nil && e.state != "" && (e.exists || e.busy && e.op == opStart) {
+		want = e.want
+	}
+	r.store.mu.Lock()
+	cur, ok := r.store.present[e.name]
+	changed := cur != want && (want != nil || ok)
+	if changed {
+		if want == nil {
+			delete(r.store.present, e.name)
+		} else {
+			r.store.present[e.name] = want
+		}
+	}
+	r.store.mu.Unlock()
+	if changed && r.opts.OnPresentChange != nil {
+		r.opts.OnPresentChange()
 	}
 }
 

@@ -146,6 +146,9 @@ func (e *entry) activity(now time.Time) string {
 	if p := e.progress.Load(); p != nil && *p != "" {
 		s += ": " + *p
 	}
+	if e.lastErr != "" {
+		s += "; after: " + e.lastErr
+	}
 	return s
 }
 

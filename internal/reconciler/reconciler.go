@@ -67,6 +67,9 @@ type Options struct {
 	// running (RunningSpecs changes). It is called from the reconciler's
 	// loop with no lock held and must not block: a Poke fits.
 	OnRunningChange func()
+	// OnPresentChange, if set, is called whenever PresentSpecs changes, in
+	// the same way as OnRunningChange.
+	OnPresentChange func()
 }
 
 func (o *Options) setDefaults() {
@@ -135,6 +138,7 @@ func New(rt Runtime, log *slog.Logger, opts Options) *Reconciler {
 	}
 	r.store.zones = map[string]ZoneStatus{}
 	r.store.running = map[string]*zone.Spec{}
+	r.store.present = map[string]*zone.Spec{}
 	r.store.status = Status{Phase: PhaseNotYetRun}
 	r.loop.init()
 	return r

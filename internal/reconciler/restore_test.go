@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -347,6 +348,75 @@ func TestVMMZonesAreLeftToTheVMMManager(t *testing.T) {
 		}
 		if rs := a.r.Restore(); rs.Found != 0 {
 			t.Fatalf("restore counted the VMM zone: %+v", rs)
+		}
+	})
+}
+
+// slowEnsure is a runtime whose Ensure of one zone waits until released or
+// its deadline: a service that is slow to answer.
+type slowEnsure struct {
+	*recorder
+	slow    string
+	release chan struct{}
+}
+
+func (s *slowEnsure) Ensure(ctx context.Context, spec zone.Spec) error {
+	if spec.Name == s.slow {
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return s.recorder.Ensure(ctx, spec)
+}
+
+// A zone found after a restart that does not answer yet is present (an
+// internal DNS zone keeps its prefix) from the moment the state is
+// restored, though it is not running; removed from the config, it is not.
+func TestPresentSpecsIncludeAZoneWaitedForAfterARestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := sim.New(sim.Options{})
+		dns := sledconfigtest.InternalDNS(0)
+		crucible := sledconfigtest.Crucible(0)
+		for _, z := range []sledconfig.Zone{dns, crucible} {
+			if err := rt.Ensure(context.Background(), zone.SpecFor(&z)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rec := &recorder{Runtime: rt, unhealthy: map[string]bool{dns.Name(): true}}
+		slow := &slowEnsure{recorder: rec, slow: dns.Name(), release: make(chan struct{})}
+		var changes atomic.Int32
+		r := reconciler.New(slow, nil, reconciler.Options{OnPresentChange: func() { changes.Add(1) }})
+		r.Update(sledconfigtest.Config(1, dns, crucible))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go r.Run(ctx)
+		<-r.Restored()
+		synctest.Wait()
+		names := func(specs []zone.Spec) []string {
+			var out []string
+			for _, s := range specs {
+				out = append(out, s.Name)
+			}
+			return out
+		}
+		want := []string{dns.Name(), crucible.Name()}
+		slices.Sort(want)
+		if got := names(r.PresentSpecs()); !slices.Equal(got, want) {
+			t.Fatalf("present while the DNS zone is waited for: %v, want %v", got, want)
+		}
+		if got := names(r.RunningSpecs()); slices.Contains(got, dns.Name()) {
+			t.Fatalf("running includes the DNS zone that does not answer: %v", got)
+		}
+		if changes.Load() == 0 {
+			t.Fatal("OnPresentChange was not called")
+		}
+		close(slow.release)
+		r.Update(sledconfigtest.Config(2, crucible))
+		synctest.Wait()
+		if got := names(r.PresentSpecs()); !slices.Equal(got, []string{crucible.Name()}) {
+			t.Fatalf("present after the DNS zone's removal: %v", got)
 		}
 	})
 }

@@ -139,6 +139,9 @@ type store struct {
 	restore RestoreStatus
 	// running holds the spec of every running zone, by name; guarded by mu.
 	running map[string]*zone.Spec
+	// present holds the wanted spec of every zone that is present (see
+	// PresentSpecs), by name; guarded by mu.
+	present map[string]*zone.Spec
 }
 
 func (s *store) setZone(zs ZoneStatus) {
@@ -210,6 +213,25 @@ func (r *Reconciler) RunningSpecs() []zone.Spec {
 	r.store.mu.Lock()
 	out := make([]zone.Spec, 0, len(r.store.running))
 	for _, s := range r.store.running {
+		out = append(out, *s)
+	}
+	r.store.mu.Unlock()
+	slices.SortFunc(out, func(a, b zone.Spec) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// PresentSpecs returns, sorted by name, the wanted specs of the zones that
+// are present: from the moment the agent starts creating one, or finds it
+// existing (adopted, waited for, half-made), until it is torn down or no
+// longer wanted. A zone that is present may not answer yet, or may be
+// restarting after a death. What a zone holds for the rack while it lives,
+// such as an internal DNS zone's routing prefix, derives from this rather
+// than from RunningSpecs, so that a zone slow to answer after an agent
+// restart does not lose it. Options.OnRunningChange says when it changes.
+func (r *Reconciler) PresentSpecs() []zone.Spec {
+	r.store.mu.Lock()
+	out := make([]zone.Spec, 0, len(r.store.present))
+	for _, s := range r.store.present {
 		out = append(out, *s)
 	}
 	r.store.mu.Unlock()

@@ -131,7 +131,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	}
 	if z != nil && z.running {
 		r.mu.Unlock()
-		return nil
+		return r.waitHealthy(ctx, spec, z)
 	}
 	if z == nil {
 		r.incarnation++
@@ -166,8 +166,39 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		r.scheduleVanishLocked(z, f.vanishAfter)
 	}
 	r.mu.Unlock()
-	return r.persist()
+	if err := r.persist(); err != nil {
+		return err
+	}
+	return r.waitHealthy(ctx, spec, z)
 }
+
+// waitHealthy waits, as a real runtime's readiness wait does, until the
+// zone's service answers: at once, unless a health fault says it does not.
+// The fault map is looked at again every healthPoll, so clearing the fault
+// ends the wait.
+func (r *Runtime) waitHealthy(ctx context.Context, spec zone.Spec, z *simZone) error {
+	for {
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := r.Healthy(hctx, spec)
+		cancel()
+		if err == nil || errors.Is(err, zone.ErrGone) {
+			return err
+		}
+		t := time.NewTimer(healthPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("zone %s not ready: %v: %w", spec.Name, err, ctx.Err())
+		case <-z.gone:
+			t.Stop()
+			return &zone.GoneError{Name: spec.Name, Reason: "deleted while its service was starting"}
+		case <-t.C:
+		}
+	}
+}
+
+// healthPoll is how often a readiness wait checks again.
+const healthPoll = 100 * time.Millisecond
 
 // behave applies one fault behaviour (or the default delay) to a call.
 func (r *Runtime) behave(ctx context.Context, b behavior, gone <-chan struct{}, name string, defaultDelay func() time.Duration) error {

@@ -33,7 +33,7 @@ func names(t *testing.T, rt *sim.Runtime) map[string]bool {
 
 func TestParseFaults(t *testing.T) {
 	id := sledconfigtest.ZoneID(1)
-	good := `{"zones":{"` + id + `":{"start":"hang","stop":"2s","vanish_after":"1m"}}}`
+	good := `{"zones":{"` + id + `":{"start":"hang","stop":"2s","vanish_after":"1m","health":"fail"}}}`
 	if _, err := sim.ParseFaults([]byte(good)); err != nil {
 		t.Fatalf("good map: %v", err)
 	}
@@ -41,6 +41,7 @@ func TestParseFaults(t *testing.T) {
 		{`{"zones":{"` + id + `":{"start":"sometimes"}}}`, id + `"].start`},
 		{`{"zones":{"` + id + `":{"stop":"-1s"}}}`, id + `"].stop`},
 		{`{"zones":{"` + id + `":{"vanish_after":"soon"}}}`, "vanish_after"},
+		{`{"zones":{"` + id + `":{"health":"2s"}}}`, id + `"].health`},
 		{`{"zones":{"zone-1":{}}}`, "zone-1"},
 		{`{"zones":{"` + id + `":{"start_":"hang"}}}`, "unknown field"},
 		{`[]`, "fault map"},
@@ -163,6 +164,49 @@ func TestDestroy(t *testing.T) {
 		}
 		if calls := rt.Calls(); len(calls) != 6 || calls[0] != (sim.Call{Op: "destroy", Zone: s.Name}) {
 			t.Fatalf("calls %v", calls)
+		}
+	})
+}
+
+// A health fault makes a running zone's checks fail or hang, and a start
+// (or an Ensure of a zone that runs) wait until the fault is cleared.
+func TestHealthFault(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := sim.New(sim.Options{})
+		s := spec(0)
+		ctx := context.Background()
+		if err := rt.Ensure(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := rt.Healthy(ctx, s); err != nil {
+			t.Fatalf("healthy zone: %v", err)
+		}
+		if err := rt.SetFaults(sim.Faults{Zones: map[string]sim.ZoneFaults{s.ID: {Health: "fail"}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := rt.Healthy(ctx, s); !errors.Is(err, sim.ErrInjected) {
+			t.Fatalf("zone with a failing health: %v", err)
+		}
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := rt.Ensure(hctx, s); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "not ready") {
+			t.Fatalf("Ensure of an unhealthy zone: %v", err)
+		}
+		done := make(chan error)
+		go func() { done <- rt.Ensure(ctx, s) }()
+		time.Sleep(10 * time.Second)
+		rt.SetFaults(sim.Faults{})
+		if err := <-done; err != nil {
+			t.Fatalf("Ensure once healthy: %v", err)
+		}
+		rt.SetFaults(sim.Faults{Zones: map[string]sim.ZoneFaults{s.ID: {Health: "hang"}}})
+		hctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		if err := rt.Healthy(hctx, s); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("hanging health check: %v", err)
+		}
+		if err := rt.Healthy(ctx, spec(1)); !errors.Is(err, zone.ErrGone) {
+			t.Fatalf("health of a zone that does not exist: %v", err)
 		}
 	})
 }
