@@ -416,3 +416,65 @@ func TestLinuxRestartAdoptsARunningVMM(t *testing.T) {
 		t.Errorf("VMM service pid %d before the restart, %+v (%v) after", st.PID, st2, err)
 	}
 }
+
+// TestLinuxStoppedServiceIsNotOK is the outside check of health after
+// start: a zone whose service is stopped by a signal (alive, not answering)
+// is reported err, or restarted and answering, within 30 s with the default
+// health period and threshold.
+func TestLinuxStoppedServiceIsNotOK(t *testing.T) {
+	tag, prefix, dir, runDir := linuxEnv(t)
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix})
+	run(t, a)
+	c := newClient(t, a)
+	z := sledconfigtest.Crucible(0)
+	z.ZoneType.Address = "[fd00:1122:3344:1e1::5]:32345"
+	putZones(t, c, 1, z)
+	waitStates(t, c, map[string]string{z.Name(): "running"})
+	pid := servicePIDs(t, runDir, tag, []sledconfig.Zone{z})[z.Name()]
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	stopped := time.Now()
+	addr, _ := z.ServiceAddr()
+	// Either is fine: the repair can be done between two looks.
+	var seen string
+	for time.Since(stopped) < 30*time.Second && seen == "" {
+		inv, err := c.Inventory(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := inv.LastReconciliation.Zones[z.ID]; res.Result != "ok" {
+			seen = "reported " + res.Message
+		} else if st, err := supervise.Status(filepath.Join(runDir, tag, z.Name())); err == nil && st.Up && st.PID != pid {
+			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+			if zoneservice.Check(ctx, addr.String()) == nil {
+				seen = fmt.Sprintf("restarted (service PID %d → %d) and answering", pid, st.PID)
+			}
+			cancel()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if seen == "" {
+		t.Fatalf("a stopped service was reported ok for 30s")
+	}
+	t.Logf("%s %s after SIGSTOP", seen, time.Since(stopped).Round(time.Millisecond))
+	// Repaired through the normal path: a new service that answers.
+	waitFor(t, "the zone to be restarted and answer", func() (bool, string) {
+		zs, err := c.Zone(t.Context(), z.ID)
+		if err != nil {
+			return false, err.Error()
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+		defer cancel()
+		err = zoneservice.Check(ctx, addr.String())
+		return zs.State == "running" && err == nil, fmt.Sprintf("%s %s; check: %v", zs.State, zs.Activity, err)
+	})
+	zs, err := c.Zone(t.Context(), z.ID)
+	if err != nil || zs.Incidents != 1 || !slices.ContainsFunc(zs.History, func(e reconciler.Event) bool { return e.Event == "unhealthy" }) {
+		t.Fatalf("zone after repair: %+v, %v", zs, err)
+	}
+	if got := servicePIDs(t, runDir, tag, []sledconfig.Zone{z})[z.Name()]; got == pid {
+		t.Fatalf("service PID still %d", pid)
+	}
+}
