@@ -60,7 +60,7 @@ func (s *Server) registerVMMs() {
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}",
 		Summary:          "Register a VMM and start bringing its zone up",
-		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused.",
+		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address (409).",
 		MaxBodyBytes:     MaxVMMBodyBytes,
 		SkipValidateBody: true,
 		Errors:           []int{400, 409},
@@ -167,7 +167,7 @@ func (s *Server) vmmError(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, vmm.ErrNotFound):
 		return apiError(ctx, http.StatusNotFound, err.Error())
-	case errors.Is(err, vmm.ErrConflict):
+	case errors.Is(err, vmm.ErrConflict), errors.Is(err, vmm.ErrCollision):
 		return apiError(ctx, http.StatusConflict, err.Error())
 	case errors.Is(err, vmm.ErrInvalid):
 		return apiError(ctx, http.StatusBadRequest, err.Error())

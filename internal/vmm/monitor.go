@@ -26,6 +26,7 @@ type vmm struct {
 	m      *Manager
 	id     string
 	name   string
+	owner  string // of its claims: this registration's, not the next one's
 	reg    Registration
 	pokec  chan struct{}
 	ctx    context.Context // the monitor's
@@ -45,7 +46,8 @@ type vmm struct {
 
 func newVMM(m *Manager, id string, reg Registration) *vmm {
 	ctx, cancel := context.WithCancel(m.ctx)
-	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, reg: reg, pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	owner := fmt.Sprintf("vmm %s #%d", id, m.owners.Add(1))
+	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	v.state = RuntimeState{Gen: max(reg.Initial.Gen, 1), State: string(propolis.StateStarting), TimeUpdated: time.Now()}
 	v.detail = "zone being created"
 	v.record("registered", fmt.Sprintf("service at %s", reg.PropolisAddr))

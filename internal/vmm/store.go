@@ -179,6 +179,7 @@ func (m *Manager) adopt(id string, rec record) {
 	v.detail = rec.Detail
 	v.setLocked(rec.State.State, "adopted after an agent restart", "adopted")
 	v.mu.Unlock()
+	v.claimFree()
 	m.mu.Lock()
 	m.vmms[id] = v
 	m.mu.Unlock()
