@@ -306,6 +306,9 @@ func (m *Manager) RequestState(ctx context.Context, id string, r propolis.Reques
 
 // Unregister forgets VMM id, stops its monitor and tears its zone down. A
 // zone whose teardown a crash interrupts is removed by the next Resume.
+// Forgetting wins over a state request or monitor update in flight: once
+// the VMM's record is removed nothing writes it again, so a restart never
+// brings an unregistered VMM back.
 func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 	m.registerMu.Lock()
 	m.mu.Lock()
@@ -314,7 +317,12 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 	m.mu.Unlock()
 	var err error
 	if ok {
-		err = v.forget()
+		if err = v.forget(); err != nil {
+			// Still on disk: still registered, as a restart would find it.
+			m.mu.Lock()
+			m.vmms[id] = v
+			m.mu.Unlock()
+		}
 	}
 	m.registerMu.Unlock()
 	if !ok {

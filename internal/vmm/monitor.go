@@ -33,6 +33,8 @@ type vmm struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the monitor returns
 	saveMu sync.Mutex    // orders writes of the VMM's file
+	// forgotten is set, under saveMu, once the file is removed for good.
+	forgotten bool
 
 	mu      sync.Mutex
 	state   RuntimeState     // guarded by mu
