@@ -150,6 +150,10 @@ func parseRegistration(raw []byte) (vmm.Registration, error) {
 	if err != nil || !addr.Addr().Is6() || addr.Addr().Is4In6() || addr.Addr().Zone() != "" || !addr.Addr().IsGlobalUnicast() || addr.Port() == 0 {
 		return vmm.Registration{}, fmt.Errorf("propolis_addr %q: want [ipv6]:port on the underlay", *b.PropolisAddr)
 	}
+	if g := b.VmmRuntime.Gen; g > vmm.MaxGen {
+		// Upstream's Generation refuses it the same way.
+		return vmm.Registration{}, fmt.Errorf("vmm_runtime.gen %d: want an integer between 0 and %d", g, uint64(vmm.MaxGen))
+	}
 	// A copy: the server reuses the buffer raw lies in.
 	return vmm.Registration{InstanceID: id.String(), PropolisAddr: addr, Initial: *b.VmmRuntime, Body: json.RawMessage(bytes.Clone(raw))}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"slices"
 	"sync"
@@ -116,6 +117,11 @@ type Registration struct {
 	// included.
 	Body json.RawMessage
 }
+
+// MaxGen is the largest VMM generation: upstream's generations are bounded
+// at i64::MAX. A registration above it is refused; at it, the generation
+// stays (see setLocked).
+const MaxGen = math.MaxInt64
 
 // RuntimeState is upstream's VmmRuntimeState.
 type RuntimeState struct {

@@ -199,6 +199,7 @@ func (m *Manager) adopt(id string, rec record) {
 	v.mu.Lock()
 	v.history = nil
 	v.state = rec.State
+	v.state.Gen = min(v.state.Gen, MaxGen) // a file from before the bound
 	v.detail = rec.Detail
 	v.setLocked(rec.State.State, "adopted after an agent restart", "adopted")
 	v.mu.Unlock()

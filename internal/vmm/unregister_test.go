@@ -75,3 +75,38 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 		t.Errorf("a restarted manager resumed %d unregistered VMMs (%v): %+v", n, err, fresh.List())
 	}
 }
+
+// A VMM registered at the largest generation follows its guest all the
+// same; its generation stays at the bound (upstream's i64::MAX) instead
+// of passing it, and its history says why.
+func TestGenerationStopsAtItsMaximum(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnv(t, propolis.Options{BootTime: time.Millisecond}, vmm.Options{StateDir: dir})
+	reg := registration()
+	reg.Initial.Gen = vmm.MaxGen
+	if _, err := e.m.Register(vmmID, reg); err != nil {
+		t.Fatal(err)
+	}
+	e.request(propolis.RequestRunning)
+	info := e.waitState("running")
+	if info.State.Gen != vmm.MaxGen {
+		t.Fatalf("gen %d, want it to stay at %d", info.State.Gen, uint64(vmm.MaxGen))
+	}
+	exhausted := false
+	for _, h := range info.History {
+		exhausted = exhausted || h.Event == "generation exhausted"
+	}
+	if !exhausted {
+		t.Errorf("history does not say the generation is exhausted: %+v", info.History)
+	}
+	// Kept as it is, and adopted as it is.
+	e.m.Close()
+	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{StateDir: dir})
+	defer m2.Close()
+	if _, err := m2.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m2.Get(vmmID); err != nil || got.State.Gen != vmm.MaxGen {
+		t.Fatalf("after a restart: gen %d (%v)", got.State.Gen, err)
+	}
+}
