@@ -263,7 +263,8 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if _, ok := rt.(*linux.Runtime); ok {
 		host = vmm.LinuxHost{}
 	}
-	a.vmms = vmm.New(rt, host, vmm.Options{StateDir: filepath.Join(cfg.DataDir, "vmms"), Log: a.log.With("component", "vmm")})
+	claimSet := sledClaims(underlay) // zones and VMMs never share an id or address
+	a.vmms = vmm.New(rt, host, vmm.Options{StateDir: filepath.Join(cfg.DataDir, "vmms"), Claims: claimSet, Log: a.log.With("component", "vmm")})
 	// A zone may have died: the zone reconciler relists, VMM monitors look.
 	rt.SetNotify(func() {
 		a.rec.Poke()
@@ -275,6 +276,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, fmt.Errorf("opening ledger: %w", err)
 	}
 	a.store = configstore.Open(l, a.log.With("component", "configstore"), a.rec.Update)
+	useClaims(a.store, claimSet, a.log)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -329,6 +329,8 @@ func errorCode(status int) string {
 		return "InvalidRequest"
 	case http.StatusNotFound:
 		return "ObjectNotFound"
+	case http.StatusConflict:
+		return "Conflict" // upstream's Error::Conflict
 	case http.StatusRequestEntityTooLarge:
 		return "PayloadTooLarge"
 	case http.StatusServiceUnavailable:

@@ -60,7 +60,7 @@ func (s *Server) registerVMMs() {
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}",
 		Summary:          "Register a VMM and start bringing its zone up",
-		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused.",
+		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address (409).",
 		MaxBodyBytes:     MaxVMMBodyBytes,
 		SkipValidateBody: true,
 		Errors:           []int{400, 409},
@@ -150,6 +150,10 @@ func parseRegistration(raw []byte) (vmm.Registration, error) {
 	if err != nil || !addr.Addr().Is6() || addr.Addr().Is4In6() || addr.Addr().Zone() != "" || !addr.Addr().IsGlobalUnicast() || addr.Port() == 0 {
 		return vmm.Registration{}, fmt.Errorf("propolis_addr %q: want [ipv6]:port on the underlay", *b.PropolisAddr)
 	}
+	if g := b.VmmRuntime.Gen; g > vmm.MaxGen {
+		// Upstream's Generation refuses it the same way.
+		return vmm.Registration{}, fmt.Errorf("vmm_runtime.gen %d: want an integer between 0 and %d", g, uint64(vmm.MaxGen))
+	}
 	// A copy: the server reuses the buffer raw lies in.
 	return vmm.Registration{InstanceID: id.String(), PropolisAddr: addr, Initial: *b.VmmRuntime, Body: json.RawMessage(bytes.Clone(raw))}, nil
 }
@@ -167,7 +171,7 @@ func (s *Server) vmmError(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, vmm.ErrNotFound):
 		return apiError(ctx, http.StatusNotFound, err.Error())
-	case errors.Is(err, vmm.ErrConflict):
+	case errors.Is(err, vmm.ErrConflict), errors.Is(err, vmm.ErrCollision):
 		return apiError(ctx, http.StatusConflict, err.Error())
 	case errors.Is(err, vmm.ErrInvalid):
 		return apiError(ctx, http.StatusBadRequest, err.Error())

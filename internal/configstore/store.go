@@ -46,6 +46,9 @@ type Store struct {
 	current atomic.Pointer[sledconfig.Config]
 	// loadProblem says why no config was loaded at start, "" if none.
 	loadProblem atomic.Pointer[string]
+	// claims, if set (UseClaims), holds the ledgered config's ids and
+	// addresses; used in the commit slot.
+	claims Claims
 }
 
 // Open loads the ledgered config, if any, and calls notify with it. A missing
@@ -142,9 +145,15 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 			return nil // already ledgered: nothing to do
 		}
 	}
+	settle, err := s.claim(cfg)
+	if err != nil {
+		return err // collides with a VMM or the sled
+	}
 	if _, err := s.ledger.Commit(ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical()}); err != nil {
+		settle(false)
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	settle(true)
 	s.current.Store(cfg)
 	s.loadProblem.Store(nil)
 	s.log.Info("ledgered sled config", "generation", cfg.Generation, "zones", len(cfg.Zones))

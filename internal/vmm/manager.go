@@ -15,11 +15,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/claims"
 	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
@@ -42,11 +45,22 @@ type Host interface {
 	Start(ctx context.Context, id string, addr netip.AddrPort, resume bool) (reach string, stop func(), err error)
 }
 
+// Claims is the sled's record of who holds which id and underlay address
+// (internal/claims.Set): a VMM's id and propolis_addr are its, and no
+// zone's.
+type Claims interface {
+	Claim(owner string, cs []claims.Claim) (undo func(), err error)
+	ClaimFree(owner string, cs []claims.Claim) []*claims.ConflictError
+	Release(owner string)
+}
+
 // Errors for decisions (the API maps them to 404 and 400/409).
 var (
 	ErrNotFound = errors.New("no such VMM")
 	// ErrConflict: registered already with another address or instance.
 	ErrConflict = errors.New("VMM registered with another configuration")
+	// ErrCollision: the VMM's id or address is a zone's or the sled's.
+	ErrCollision = errors.New("VMM collides with a zone or the sled")
 	// ErrInvalid: a request the VMM cannot carry out in its state.
 	ErrInvalid = errors.New("invalid request for the VMM's state")
 )
@@ -72,7 +86,12 @@ type Options struct {
 	// StateDir keeps each VMM's registration and state, so that a restarted
 	// agent adopts them (Resume); "" keeps nothing.
 	StateDir string
-	Log      *slog.Logger
+	// Claims, if set, is where each VMM claims its id and address
+	// (registering, resuming) and gives them up (once its zone is torn
+	// down at unregister); a VMM colliding with a zone or the sled is
+	// refused (ErrCollision).
+	Claims Claims
+	Log    *slog.Logger
 }
 
 func (o *Options) setDefaults() {
@@ -98,6 +117,11 @@ type Registration struct {
 	// included.
 	Body json.RawMessage
 }
+
+// MaxGen is the largest VMM generation: upstream's generations are bounded
+// at i64::MAX. A registration above it is refused; at it, the generation
+// stays (see setLocked).
+const MaxGen = math.MaxInt64
 
 // RuntimeState is upstream's VmmRuntimeState.
 type RuntimeState struct {
@@ -134,7 +158,8 @@ type Manager struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
-	registerMu sync.Mutex // serialises Register and Unregister
+	registerMu sync.Mutex   // serialises Register and Unregister
+	owners     atomic.Int64 // numbers each VMM's claims owner
 	mu         sync.Mutex
 	vmms       map[string]*vmm // guarded by mu; by propolis id
 }
@@ -181,7 +206,13 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 		return old.info(), nil
 	}
 	v := newVMM(m, id, reg)
+	undo, err := v.claim()
+	if err != nil {
+		v.cancel()
+		return Info{}, err
+	}
 	if err := v.save(); err != nil {
+		undo()
 		v.cancel()
 		return Info{}, err
 	}
@@ -191,6 +222,53 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 	m.wg.Go(func() { v.monitor(v.ctx, false) })
 	return v.info(), nil
 }
+
+// claims are what VMM v holds: its id and its address.
+func (v *vmm) claims() []claims.Claim {
+	holder := "VMM " + v.id
+	return []claims.Claim{
+		{Key: claims.ID(v.id), Holder: holder, As: "id"},
+		{Key: claims.Addr(v.reg.PropolisAddr.Addr()), Holder: holder, As: "propolis_addr"},
+	}
+}
+
+// claim takes v's id and address, or refuses v (ErrCollision) when a zone
+// or the sled holds one of them.
+func (v *vmm) claim() (undo func(), err error) {
+	c := v.m.opts.Claims
+	if c == nil {
+		return func() {}, nil
+	}
+	undo, err = c.Claim(v.owner, v.claims())
+	if err != nil {
+		return nil, collisionError{err}
+	}
+	return undo, nil
+}
+
+// claimFree takes what is free of v's id and address for a VMM found at
+// start; a collision (left by an agent that did not check) is reported.
+func (v *vmm) claimFree() {
+	if c := v.m.opts.Claims; c != nil {
+		for _, ce := range c.ClaimFree(v.owner, v.claims()) {
+			v.m.opts.Log.Error("a VMM found at start collides", "vmm", v.id, "err", ce)
+			v.record("collides", ce.Error())
+		}
+	}
+}
+
+func (v *vmm) release() {
+	if c := v.m.opts.Claims; c != nil {
+		c.Release(v.owner)
+	}
+}
+
+// collisionError is an ErrCollision that reads as its cause alone, which
+// names both sides.
+type collisionError struct{ err error }
+
+func (e collisionError) Error() string   { return e.err.Error() }
+func (e collisionError) Unwrap() []error { return []error{ErrCollision, e.err} }
 
 // Get returns VMM id's state.
 func (m *Manager) Get(id string) (Info, error) {
@@ -234,6 +312,9 @@ func (m *Manager) RequestState(ctx context.Context, id string, r propolis.Reques
 
 // Unregister forgets VMM id, stops its monitor and tears its zone down. A
 // zone whose teardown a crash interrupts is removed by the next Resume.
+// Forgetting wins over a state request or monitor update in flight: once
+// the VMM's record is removed nothing writes it again, so a restart never
+// brings an unregistered VMM back.
 func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 	m.registerMu.Lock()
 	m.mu.Lock()
@@ -242,7 +323,12 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 	m.mu.Unlock()
 	var err error
 	if ok {
-		err = v.forget()
+		if err = v.forget(); err != nil {
+			// Still on disk: still registered, as a restart would find it.
+			m.mu.Lock()
+			m.vmms[id] = v
+			m.mu.Unlock()
+		}
 	}
 	m.registerMu.Unlock()
 	if !ok {
@@ -254,8 +340,12 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 	v.cancel()
 	<-v.done
 	if err := v.teardown(ctx); err != nil {
+		// The zone may still be there, with the links and route of the
+		// VMM's id and address: they stay claimed (until the next agent's
+		// Resume removes the zone).
 		return v.info(), err
 	}
+	v.release()
 	v.mu.Lock()
 	v.setLocked(string(propolis.StateDestroyed), "unregistered; zone torn down", "unregistered")
 	v.mu.Unlock()

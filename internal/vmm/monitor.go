@@ -26,12 +26,15 @@ type vmm struct {
 	m      *Manager
 	id     string
 	name   string
+	owner  string // of its claims: this registration's, not the next one's
 	reg    Registration
 	pokec  chan struct{}
 	ctx    context.Context // the monitor's
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the monitor returns
 	saveMu sync.Mutex    // orders writes of the VMM's file
+	// forgotten is set, under saveMu, once the file is removed for good.
+	forgotten bool
 
 	mu      sync.Mutex
 	state   RuntimeState     // guarded by mu
@@ -45,8 +48,9 @@ type vmm struct {
 
 func newVMM(m *Manager, id string, reg Registration) *vmm {
 	ctx, cancel := context.WithCancel(m.ctx)
-	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, reg: reg, pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	v.state = RuntimeState{Gen: max(reg.Initial.Gen, 1), State: string(propolis.StateStarting), TimeUpdated: time.Now()}
+	owner := fmt.Sprintf("vmm %s #%d", id, m.owners.Add(1))
+	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	v.state = RuntimeState{Gen: min(max(reg.Initial.Gen, 1), MaxGen), State: string(propolis.StateStarting), TimeUpdated: time.Now()}
 	v.detail = "zone being created"
 	v.record("registered", fmt.Sprintf("service at %s", reg.PropolisAddr))
 	return v
@@ -91,13 +95,24 @@ func (v *vmm) saveOrLog() {
 	}
 }
 
-func (v *vmm) setLocked(state, detail, event string) {
+// setLocked moves the VMM to state with detail and reports whether that
+// changed anything. The generation goes up by one with every change, and
+// stops at MaxGen: upstream's generations are bounded there (and its agent
+// panics beyond); here the change is still made and reported, with the
+// same generation, and the VMM's history says so.
+func (v *vmm) setLocked(state, detail, event string) bool {
 	if state == v.state.State && detail == v.detail {
-		return
+		return false
 	}
-	v.state.Gen++
+	if v.state.Gen < MaxGen {
+		v.state.Gen++
+	} else {
+		v.state.Gen = MaxGen
+		v.recordLocked("generation exhausted", fmt.Sprintf("vmm_state.gen is at its maximum %d: this change (%s) goes out with the same generation, which the control plane may ignore", MaxGen, state))
+	}
 	v.state.State, v.state.TimeUpdated, v.detail = state, time.Now(), detail
 	v.recordLocked(event, detail)
+	return true
 }
 
 func (v *vmm) record(event, detail string) {
@@ -191,7 +206,7 @@ func (v *vmm) follow(ctx context.Context, client *propolis.Client) {
 			continue
 		}
 		lastAnswer = time.Now()
-		if v.observe(st) == propolis.StateStopped {
+		if state, _ := v.observe(st); state == propolis.StateStopped {
 			v.finishStop(ctx, "guest stopped")
 			return
 		}
@@ -278,23 +293,22 @@ func (v *vmm) guestState() string {
 	return v.state.State
 }
 
-// observe takes the service's status as the VMM's and returns its state.
-func (v *vmm) observe(st propolis.Status) propolis.State {
+// observe takes the service's status as the VMM's and returns its state,
+// and whether that changed the VMM's.
+func (v *vmm) observe(st propolis.Status) (propolis.State, bool) {
 	v.mu.Lock()
 	if st.Gen < v.svcGen {
 		cur := v.state.State // an older answer than one already seen
 		v.mu.Unlock()
-		return propolis.State(cur)
+		return propolis.State(cur), false
 	}
 	v.svcGen = st.Gen
-	gen := v.state.Gen
-	v.setLocked(string(st.State), st.Detail, "guest "+string(st.State))
-	changed := v.state.Gen != gen
+	changed := v.setLocked(string(st.State), st.Detail, "guest "+string(st.State))
 	v.mu.Unlock()
 	if changed {
 		v.saveOrLog()
 	}
-	return st.State
+	return st.State, changed
 }
 
 // request hands r to the service, or keeps it until the service answers.
@@ -332,9 +346,9 @@ func (v *vmm) request(ctx context.Context, r propolis.Request) (Info, bool, erro
 		return Info{}, false, fmt.Errorf("asking the VMM's service to %s: %w", r, err)
 	}
 	v.record("requested", string(r))
-	v.observe(st)
+	_, changed := v.observe(st)
 	info := v.info()
-	return info, info.State.Gen != gen, nil
+	return info, changed || info.State.Gen != gen, nil
 }
 
 // stopOverdue reports whether a stop has taken longer than StopGrace.

@@ -37,14 +37,19 @@ type record struct {
 
 func (v *vmm) path() string { return filepath.Join(v.m.opts.StateDir, v.id+".json") }
 
-// save writes the VMM's file. r.mu is not held while writing; saveMu keeps
-// writes in order.
+// save writes the VMM's file. v.mu is not held while writing; saveMu keeps
+// writes in order, and once forget has removed the file no save writes it
+// again (a state request or the monitor racing the unregister would
+// otherwise bring the VMM back at the next start).
 func (v *vmm) save() error {
 	if v.m.opts.StateDir == "" {
 		return nil
 	}
 	v.saveMu.Lock()
 	defer v.saveMu.Unlock()
+	if v.forgotten {
+		return nil
+	}
 	v.mu.Lock()
 	rec := record{ID: v.id, InstanceID: v.reg.InstanceID, PropolisAddr: v.reg.PropolisAddr.String(), Initial: v.reg.Initial,
 		State: v.state, Detail: v.detail, Registration: v.reg.Body}
@@ -59,16 +64,34 @@ func (v *vmm) save() error {
 	return nil
 }
 
+// forget removes the VMM's file, durably, for good: no later save writes
+// it. On an error the file may still be there, and the VMM is not
+// forgotten.
 func (v *vmm) forget() error {
-	if v.m.opts.StateDir == "" {
-		return nil
-	}
 	v.saveMu.Lock()
 	defer v.saveMu.Unlock()
+	if v.m.opts.StateDir == "" {
+		v.forgotten = true
+		return nil
+	}
 	if err := os.Remove(v.path()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
+	// The removal must outlive a crash as surely as the writes did.
+	if err := syncDir(v.m.opts.StateDir); err != nil {
+		return err
+	}
+	v.forgotten = true
 	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Resume adopts the VMMs an earlier agent left: each is known again with
@@ -176,9 +199,11 @@ func (m *Manager) adopt(id string, rec record) {
 	v.mu.Lock()
 	v.history = nil
 	v.state = rec.State
+	v.state.Gen = min(v.state.Gen, MaxGen) // a file from before the bound
 	v.detail = rec.Detail
 	v.setLocked(rec.State.State, "adopted after an agent restart", "adopted")
 	v.mu.Unlock()
+	v.claimFree()
 	m.mu.Lock()
 	m.vmms[id] = v
 	m.mu.Unlock()
