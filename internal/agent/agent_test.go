@@ -25,6 +25,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -524,4 +525,43 @@ func TestHangingZoneStartDoesNotBlockOthers(t *testing.T) {
 	if diff := cmp.Diff(slices.DeleteFunc(slices.Clone(names), func(n string) bool { return n == stuck.Name() }), running); diff != "" {
 		t.Errorf("GET /zones (-want +got):\n%s", diff)
 	}
+}
+
+// The outside check of a fresh last reconciliation: with one zone's start
+// hanging, a PUT that also adds a zone is reflected in
+// last_reconciliation within 5 s: the new generation, every other zone ok,
+// the hung one err saying what it is doing.
+func TestLastReconciliationIsFreshBesideAHungStart(t *testing.T) {
+	zones := sledconfigtest.Crucibles(3)
+	faults := filepath.Join(t.TempDir(), "faults.json")
+	if err := os.WriteFile(faults, fmt.Appendf(nil, `{"zones": {%q: {"start": "hang"}}}`, zones[0].ID), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, c := start(t, agent.Config{DataDir: t.TempDir(), SimFaults: faults})
+	putZones(t, c, 1, zones[:2]...)
+	waitStates(t, c, map[string]string{zones[0].Name(): "starting", zones[1].Name(): "running"})
+	putZones(t, c, 2, zones...)
+	t0 := time.Now()
+	var last string
+	for time.Since(t0) < 5*time.Second {
+		inv, err := c.Inventory(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		lr := inv.LastReconciliation
+		if lr != nil && lr.LastReconciledConfig.Generation == 2 && lr.Zones[zones[1].ID].Result == "ok" && lr.Zones[zones[2].ID].Result == "ok" {
+			hung := lr.Zones[zones[0].ID]
+			if hung.Result != "err" || !strings.HasPrefix(hung.Message, "starting for ") || !strings.Contains(hung.Message, "(deadline 2m0s)") {
+				t.Fatalf("hung zone's result %+v", hung)
+			}
+			if inv.ReconcilerStatus.Status != "running" {
+				t.Errorf("reconciler status %q while a start hangs", inv.ReconcilerStatus.Status)
+			}
+			t.Logf("generation 2 reconciled %s after its PUT; hung zone: %s", time.Since(t0).Round(time.Millisecond), hung.Message)
+			return
+		}
+		last = fmt.Sprintf("%+v", lr)
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("last reconciliation 5 s after the PUT: %s", last)
 }
