@@ -314,11 +314,11 @@ func (v *vmm) observe(st propolis.Status) (propolis.State, bool) {
 // request hands r to the service, or keeps it until the service answers.
 func (v *vmm) request(ctx context.Context, r propolis.Request) (Info, bool, error) {
 	v.mu.Lock()
-	state, client := v.state.State, v.client
+	state, detail, client := v.state.State, v.detail, v.client
 	switch {
 	case state == string(propolis.StateFailed) || state == string(propolis.StateDestroyed):
 		v.mu.Unlock()
-		return Info{}, false, fmt.Errorf("%w: the VMM is %s (%s)", ErrInvalid, state, v.detail)
+		return Info{}, false, fmt.Errorf("%w: the VMM is %s (%s)", ErrInvalid, state, detail)
 	case client == nil:
 		if r == propolis.RequestReboot {
 			v.mu.Unlock()
