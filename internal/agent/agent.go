@@ -79,6 +79,9 @@ type Config struct {
 	Images map[string][]string `json:"images"`
 	// RelistPeriod is how often zones are listed to catch deaths (0: default).
 	RelistPeriod time.Duration `json:"-"`
+	// LedgerCheckPeriod is how often the ledger copies are checked and bad
+	// ones rewritten (0: 10s).
+	LedgerCheckPeriod time.Duration `json:"-"`
 	// SimStartDelay, if set, is how long each sim zone takes to start (dev).
 	SimStartDelay func(zone.Spec) time.Duration `json:"-"`
 	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
@@ -254,7 +257,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening ledger: %w", err)
 	}
-	a.store = configstore.Open(l, a.log.With("component", "configstore"), a.rec.Update)
+	a.store = configstore.Open(l, a.log.With("component", "configstore"), a.rec.Update, configstore.Options{
+		CheckPeriod: cfg.LedgerCheckPeriod,
+	})
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -373,6 +378,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("reconciler: %w", err)
 		}
 	})
+	wg.Go(func() { a.store.Run(ctx) })
 	if a.prefixes != nil {
 		wg.Go(func() { a.prefixes.Run(ctx) })
 	}

@@ -102,6 +102,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringArrayVar(&c.DNSServers, "dns-server", nil, "internal DNS server that names the switch daemons, [addr]:port (repeatable)")
 	f.StringArrayVar(&c.Switches, "switch", nil, "switch daemon (dpd) address, [addr]:port, used when DNS is unreachable or names none (repeatable)")
 	f.DurationVar(&c.NATPeriod, "nat-period", 10*time.Second, "how often switches are found and their NAT entries checked")
+	f.DurationVar(&c.LedgerCheckPeriod, "ledger-check-period", 10*time.Second, "how often the config ledger's copies are checked and bad ones rewritten")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -137,6 +138,7 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	set("bootstrap-prefix", &c.BootstrapPrefix, flags.BootstrapPrefix)
 	c.PrefixPeriod = flags.PrefixPeriod
 	c.NATPeriod = flags.NATPeriod
+	c.LedgerCheckPeriod = flags.LedgerCheckPeriod
 	if cmd.Flags().Changed("dns-server") || len(c.DNSServers) == 0 {
 		c.DNSServers = flags.DNSServers
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -31,7 +32,18 @@ var (
 type Ledger interface {
 	Read() (ledger.Record, []ledger.CopyStatus, error)
 	Commit(rec ledger.Record) ([]ledger.CopyStatus, error)
+	Repair(rec ledger.Record) (found, now []ledger.CopyStatus, err error)
 	Status() []ledger.CopyStatus
+}
+
+// DefaultCheckPeriod is how often Run checks the ledger copies by default.
+const DefaultCheckPeriod = 10 * time.Second
+
+// Options say how a Store works beyond its ledger.
+type Options struct {
+	// CheckPeriod is how often Run reads every ledger copy and rewrites the
+	// bad ones (0: DefaultCheckPeriod).
+	CheckPeriod time.Duration
 }
 
 // Store holds the ledgered config.
@@ -39,9 +51,15 @@ type Store struct {
 	ledger Ledger
 	log    *slog.Logger
 	notify func(*sledconfig.Config)
+	opts   Options
 
-	// commit serializes commits (capacity 1); a waiter gives up with its ctx.
+	// commit is the commit slot (capacity 1): it serializes Put's commits
+	// and Run's rewrites of copies. A Put gives up waiting with its ctx, Run
+	// at once.
 	commit chan struct{}
+	// ledgered is the record of the current config as the ledger holds it
+	// (the zero Record when there is none). Guarded by the commit slot.
+	ledgered ledger.Record
 	// current is the ledgered config, nil if none.
 	current atomic.Pointer[sledconfig.Config]
 	// loadProblem says why no config was loaded at start, "" if none.
@@ -52,11 +70,14 @@ type Store struct {
 // ledger is normal on a new sled. A ledger that exists but cannot be read or
 // is corrupt is reported loudly and treated as "no config yet": nothing is
 // torn down on its account, and the next PUT writes a fresh one.
-func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config)) *Store {
+func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config), opts Options) *Store {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{ledger: l, log: log, notify: notify, commit: make(chan struct{}, 1)}
+	if opts.CheckPeriod <= 0 {
+		opts.CheckPeriod = DefaultCheckPeriod
+	}
+	s := &Store{ledger: l, log: log, notify: notify, opts: opts, commit: make(chan struct{}, 1)}
 	rec, copies, err := l.Read()
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
@@ -86,6 +107,7 @@ func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config)) *Store {
 		}
 	}
 	log.Info("loaded ledgered sled config", "generation", cfg.Generation, "zones", len(cfg.Zones))
+	s.ledgered = rec
 	s.current.Store(cfg)
 	if notify != nil {
 		notify(cfg)
@@ -142,9 +164,23 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 			return nil // already ledgered: nothing to do
 		}
 	}
-	if _, err := s.ledger.Commit(ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical()}); err != nil {
+	rec := ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical()}
+	copies, err := s.ledger.Commit(rec)
+	if err != nil {
+		// No copy holds the config: a restart would not load it either.
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
+	// At least one copy holds the config, so a restart loads it: the PUT
+	// succeeds, as upstream's does with one copy written, and the other
+	// copies are reported degraded (in inventory, from the ledger's
+	// status) until Run rewrites them.
+	for _, c := range copies {
+		if c.State != ledger.StateOK {
+			s.log.Error("sled config ledgered, but a ledger copy is degraded", "generation", cfg.Generation,
+				"path", c.Path, "state", c.State, "err", c.Err)
+		}
+	}
+	s.ledgered = rec
 	s.current.Store(cfg)
 	s.loadProblem.Store(nil)
 	s.log.Info("ledgered sled config", "generation", cfg.Generation, "zones", len(cfg.Zones))

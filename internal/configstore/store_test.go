@@ -23,6 +23,7 @@ type fakeLedger struct {
 	readErr   error
 	commitErr error
 	commits   []uint64
+	repairs   int
 	// entered, if set, is closed when Commit is entered; block, if set, is
 	// then waited on.
 	entered, block chan struct{}
@@ -47,7 +48,20 @@ func (f *fakeLedger) Commit(rec ledger.Record) ([]ledger.CopyStatus, error) {
 	return nil, nil
 }
 
+func (f *fakeLedger) Repair(rec ledger.Record) ([]ledger.CopyStatus, []ledger.CopyStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.repairs++
+	return f.copies, f.copies, nil
+}
+
 func (f *fakeLedger) Status() []ledger.CopyStatus { return f.copies }
+
+func (f *fakeLedger) repairCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.repairs
+}
 
 func (f *fakeLedger) committed() []uint64 {
 	f.mu.Lock()
@@ -79,7 +93,7 @@ func TestOpen(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var notified []*sledconfig.Config
-			s := configstore.Open(c.l, nil, func(cfg *sledconfig.Config) { notified = append(notified, cfg) })
+			s := configstore.Open(c.l, nil, func(cfg *sledconfig.Config) { notified = append(notified, cfg) }, configstore.Options{})
 			cur := s.Current()
 			switch {
 			case c.wantGen == 0 && (cur != nil || len(notified) != 0):
@@ -100,7 +114,7 @@ func TestOpen(t *testing.T) {
 func TestPut(t *testing.T) {
 	l := &fakeLedger{readErr: ledger.ErrNotFound}
 	var notified []uint64
-	s := configstore.Open(l, nil, func(cfg *sledconfig.Config) { notified = append(notified, cfg.Generation) })
+	s := configstore.Open(l, nil, func(cfg *sledconfig.Config) { notified = append(notified, cfg.Generation) }, configstore.Options{})
 	ctx := context.Background()
 	steps := []struct {
 		doc  []byte
@@ -134,7 +148,7 @@ func TestPut(t *testing.T) {
 
 func TestPutWhenLedgerFails(t *testing.T) {
 	l := &fakeLedger{readErr: ledger.ErrNotFound, commitErr: fmt.Errorf("disk gone: %w", ledger.ErrNoCopyWritten)}
-	s := configstore.Open(l, nil, nil)
+	s := configstore.Open(l, nil, nil, configstore.Options{})
 	err := s.Put(context.Background(), doc(1, 1))
 	if !errors.Is(err, configstore.ErrUnavailable) || !errors.Is(err, ledger.ErrNoCopyWritten) {
 		t.Fatalf("err %v", err)
@@ -146,7 +160,7 @@ func TestPutWhenLedgerFails(t *testing.T) {
 
 func TestPutGivesUpWaitingForAStuckCommit(t *testing.T) {
 	l := &fakeLedger{readErr: ledger.ErrNotFound, block: make(chan struct{}), entered: make(chan struct{})}
-	s := configstore.Open(l, nil, nil)
+	s := configstore.Open(l, nil, nil, configstore.Options{})
 	first := make(chan error)
 	go func() { first <- s.Put(context.Background(), doc(1, 1)) }()
 	<-l.entered // the first Put is inside Commit, holding the commit slot
