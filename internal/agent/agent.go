@@ -258,7 +258,8 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, fmt.Errorf("opening ledger: %w", err)
 	}
 	a.store = configstore.Open(l, a.log.With("component", "configstore"), a.rec.Update, configstore.Options{
-		CheckPeriod: cfg.LedgerCheckPeriod,
+		CheckPeriod:  cfg.LedgerCheckPeriod,
+		SledUnderlay: underlay,
 	})
 
 	ln, err := net.Listen("tcp", cfg.Listen)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +45,9 @@ type Options struct {
 	// CheckPeriod is how often Run reads every ledger copy and rewrites the
 	// bad ones (0: DefaultCheckPeriod).
 	CheckPeriod time.Duration
+	// SledUnderlay is the sled's own underlay address, which no zone of a
+	// config may take (zero: not checked).
+	SledUnderlay netip.Addr
 }
 
 // Store holds the ledgered config.
@@ -62,14 +66,16 @@ type Store struct {
 	ledgered ledger.Record
 	// current is the ledgered config, nil if none.
 	current atomic.Pointer[sledconfig.Config]
-	// loadProblem says why no config was loaded at start, "" if none.
+	// loadProblem is LoadProblem's answer, nil for "".
 	loadProblem atomic.Pointer[string]
 }
 
 // Open loads the ledgered config, if any, and calls notify with it. A missing
 // ledger is normal on a new sled. A ledger that exists but cannot be read or
-// is corrupt is reported loudly and treated as "no config yet": nothing is
-// torn down on its account, and the next PUT writes a fresh one.
+// is corrupt, or holds a malformed config, is reported loudly and treated as
+// "no config yet": nothing is torn down on its account, and the next PUT
+// writes a fresh one. A well-formed config that fails validation (a rule
+// added since it was accepted) is loaded, and reported.
 func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config), opts Options) *Store {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -89,9 +95,23 @@ func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config), opts Opti
 	}
 	cfg, err := sledconfig.Parse(rec.Data)
 	if err == nil {
-		err = sledconfig.Validate(cfg)
+		err = s.validate(cfg)
 	}
-	if err != nil {
+	var verr *sledconfig.ValidationError
+	switch {
+	case errors.As(err, &verr) && verr.WellFormed():
+		// Accepted before, by an agent with fewer rules, and (as far as it
+		// could be) realised since. Loading it keeps the sled as it was:
+		// the zones without problems stay managed, restarted if they die,
+		// and nothing is torn down; the zones with problems keep failing
+		// as they did. Refusing it would leave every zone unmanaged until
+		// the next PUT. The next PUT must pass every rule. (A malformed
+		// config, a generation above upstream's bound included, is still
+		// refused below: it means nothing definite, and no config the
+		// control plane can send could replace that generation.)
+		s.setProblem(fmt.Sprintf("ledgered sled config generation %d was loaded, but fails validation: "+
+			"the zones it names keep failing until a config that passes is put: %v", rec.Generation, err))
+	case err != nil:
 		s.setProblem(fmt.Sprintf("ledgered sled config generation %d is not usable; waiting for a new config: %v", rec.Generation, err))
 		return s
 	}
@@ -123,8 +143,9 @@ func (s *Store) setProblem(p string) {
 // Current returns the ledgered config, or nil.
 func (s *Store) Current() *sledconfig.Config { return s.current.Load() }
 
-// LoadProblem says why no ledgered config was loaded at start; "" when there
-// was none or it loaded. It is cleared by the first successful Put.
+// LoadProblem says what was wrong with the ledgered config at start: why
+// none was loaded, or how the one loaded fails validation; "" when there was
+// none or it loaded cleanly. It is cleared by the first successful Put.
 func (s *Store) LoadProblem() string {
 	if p := s.loadProblem.Load(); p != nil {
 		return *p
@@ -144,7 +165,7 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 	if err != nil {
 		return invalidError{fmt.Errorf("invalid sled config: %w", err)}
 	}
-	if err := sledconfig.Validate(cfg); err != nil {
+	if err := s.validate(cfg); err != nil {
 		return invalidError{err} // its message says "invalid sled config: …"
 	}
 	select {
@@ -188,6 +209,10 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 		s.notify(cfg)
 	}
 	return nil
+}
+
+func (s *Store) validate(cfg *sledconfig.Config) error {
+	return sledconfig.ValidateWith(cfg, sledconfig.ValidateOptions{SledUnderlay: s.opts.SledUnderlay})
 }
 
 // invalidError is an ErrInvalid that reads as its cause alone.
