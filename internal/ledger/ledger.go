@@ -442,9 +442,9 @@ func (l *Ledger) writeLocked(i int, rec Record, contents []byte) CopyStatus {
 		// the copy back shows that it holds something else: what Read
 		// would return after a restart must agree with what Commit said.
 		switch holds, why := copyHolds(l.paths[i], rec); holds {
-		case yes:
+		case holdsRec:
 			st.State, st.Generation, st.Err = StateNotDurable, rec.Generation, err.Error()
-		case unknown:
+		case holdsUnknown:
 			st.State, st.Generation = StateNotDurable, rec.Generation
 			st.Err = fmt.Sprintf("%v; could not read the copy back (%s), so it counts as written", err, why)
 		default:
@@ -455,37 +455,38 @@ func (l *Ledger) writeLocked(i int, rec Record, contents []byte) CopyStatus {
 	return st
 }
 
-type answer int
+// holding is copyHolds's answer.
+type holding int
 
 const (
-	no answer = iota
-	yes
-	unknown
+	holdsNot holding = iota
+	holdsRec
+	holdsUnknown
 )
 
 // copyHolds says whether the copy at path holds exactly rec, and if not,
 // why not. It answers unknown when the copy cannot be read for a reason that
 // does not show its contents (an I/O or permission error).
-func copyHolds(path string, rec Record) (answer, string) {
+func copyHolds(path string, rec Record) (holding, string) {
 	b, err := readFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
-		return no, "does not exist"
+		return holdsNot, "does not exist"
 	case errors.Is(err, errNotRegular):
-		return no, "is not a regular file"
+		return holdsNot, "is not a regular file"
 	case err != nil:
-		return unknown, err.Error()
+		return holdsUnknown, err.Error()
 	}
 	got, err := decodeCopy(b)
 	switch {
 	case err != nil:
-		return no, "is corrupt: " + err.Error()
+		return holdsNot, "is corrupt: " + err.Error()
 	case got.Generation != rec.Generation:
-		return no, fmt.Sprintf("holds generation %d", got.Generation)
+		return holdsNot, fmt.Sprintf("holds generation %d", got.Generation)
 	case !bytes.Equal(got.Data, rec.Data):
-		return no, "holds other data"
+		return holdsNot, "holds other data"
 	}
-	return yes, ""
+	return holdsRec, ""
 }
 
 // countWritten counts the copies holding the record just written.
