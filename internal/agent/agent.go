@@ -88,6 +88,9 @@ type Config struct {
 	// as unhealthy and restarted (0: 5s and 3).
 	HealthPeriod   time.Duration `json:"-"`
 	HealthFailures int           `json:"-"`
+	// LedgerCheckPeriod is how often the ledger copies are checked and bad
+	// ones rewritten (0: 10s).
+	LedgerCheckPeriod time.Duration `json:"-"`
 	// SimStartDelay, if set, is how long each sim zone takes to start (dev).
 	SimStartDelay func(zone.Spec) time.Duration `json:"-"`
 	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
@@ -275,7 +278,10 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening ledger: %w", err)
 	}
-	a.store = configstore.Open(l, a.log.With("component", "configstore"), a.rec.Update)
+	a.store = configstore.Open(l, a.log.With("component", "configstore"), a.rec.Update, configstore.Options{
+		CheckPeriod:  cfg.LedgerCheckPeriod,
+		SledUnderlay: underlay,
+	})
 	useClaims(a.store, claimSet, a.log)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -395,6 +401,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("reconciler: %w", err)
 		}
 	})
+	wg.Go(func() { a.store.Run(ctx) })
 	if a.prefixes != nil {
 		wg.Go(func() { a.prefixes.Run(ctx) })
 	}

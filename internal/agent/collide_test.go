@@ -123,8 +123,10 @@ func TestConfigCollidingWithAVMMOrTheSledIsRefused(t *testing.T) {
 		{"a zone with the VMM's id", withID, []string{withID.Name(), "id " + testVMM + " is the id of " + vmmName}},
 		{"a zone at the VMM's address", atVMM, []string{atVMM.Name(), "underlay address " + vmmAddr + " is the propolis_addr of " + vmmName}},
 		{"an internal DNS zone whose gz_address is the VMM's", dnsAtVMM, []string{dnsAtVMM.Name(), "gz_address " + vmmAddr + " is the propolis_addr of " + vmmName}},
-		{"a zone at the sled's underlay address", onSled, []string{onSled.Name(), "underlay address " + agent.DefaultUnderlayIP + " is the underlay address of the sled"}},
-		{"an internal DNS zone whose gz_address is the sled's", dnsOnSled, []string{dnsOnSled.Name(), "gz_address " + agent.DefaultUnderlayIP + " is the underlay address of the sled"}},
+		// The sled's own address is refused by validation, which knows it,
+		// before any claim is looked at.
+		{"a zone at the sled's underlay address", onSled, []string{onSled.ID, "zone_type.address: underlay address " + agent.DefaultUnderlayIP + " is the sled's own underlay address"}},
+		{"an internal DNS zone whose gz_address is the sled's", dnsOnSled, []string{dnsOnSled.ID, "zone_type.gz_address: " + agent.DefaultUnderlayIP + " is the sled's own underlay address"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, b := call(t, a, http.MethodPut, "/omicron-config", configDoc(t, 3, sledconfigtest.Crucible(1), c.zone))

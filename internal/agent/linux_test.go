@@ -306,7 +306,7 @@ func TestLinuxRestartAdoptsZones(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := configstore.Open(l, nil, nil).Put(t.Context(), doc2); err != nil {
+	if err := configstore.Open(l, nil, nil, configstore.Options{}).Put(t.Context(), doc2); err != nil {
 		t.Fatal(err)
 	}
 	third := newAgent(t, cfg)

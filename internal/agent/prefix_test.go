@@ -116,7 +116,7 @@ func TestCrashBeforeTeardownStillWithdraws(t *testing.T) {
 		t.Fatal(err)
 	}
 	doc, _ := json.Marshal(sledconfigtest.Config(2, crucible))
-	if err := configstore.Open(l, nil, nil).Put(t.Context(), doc); err != nil {
+	if err := configstore.Open(l, nil, nil, configstore.Options{}).Put(t.Context(), doc); err != nil {
 		t.Fatal(err)
 	}
 

@@ -52,7 +52,7 @@ func newSled(t testing.TB, simOpts sim.Options) *sled {
 	s.rt = sim.New(simOpts)
 	s.rec = reconciler.New(s.rt, nil, reconciler.Options{StartTimeout: time.Hour})
 	s.rt.SetNotify(s.rec.Poke)
-	s.store = configstore.Open(l, nil, s.rec.Update)
+	s.store = configstore.Open(l, nil, s.rec.Update, configstore.Options{})
 	s.server = api.New(api.Deps{
 		Identity:   api.Identity{SledID: sledID, Address: "[::1]:12345", Role: "gimlet"},
 		Configs:    s.store,

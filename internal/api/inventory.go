@@ -73,7 +73,8 @@ type ResultStatus struct {
 // LedgerStatus says where the ledger stands.
 type LedgerStatus struct {
 	Copies []LedgerCopy `json:"copies"`
-	// Problem is set when the agent started without a usable ledgered config.
+	// Problem is set when the agent started without a usable ledgered
+	// config, or with one that fails validation.
 	Problem string `json:"problem,omitempty"`
 }
 

@@ -104,6 +104,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.DurationVar(&c.NATPeriod, "nat-period", 10*time.Second, "how often switches are found and their NAT entries checked")
 	f.DurationVar(&c.HealthPeriod, "health-period", 5*time.Second, "how often every running zone is health-checked")
 	f.IntVar(&c.HealthFailures, "health-failures", 3, "health checks in a row a running zone must fail to be reported unhealthy and restarted")
+	f.DurationVar(&c.LedgerCheckPeriod, "ledger-check-period", 10*time.Second, "how often the config ledger's copies are checked and bad ones rewritten")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -141,6 +142,7 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	c.NATPeriod = flags.NATPeriod
 	c.HealthPeriod = flags.HealthPeriod
 	c.HealthFailures = flags.HealthFailures
+	c.LedgerCheckPeriod = flags.LedgerCheckPeriod
 	if cmd.Flags().Changed("dns-server") || len(c.DNSServers) == 0 {
 		c.DNSServers = flags.DNSServers
 	}

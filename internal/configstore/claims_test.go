@@ -27,7 +27,7 @@ func vmmAt(t *testing.T, c *claims.Set, id, addr string) error {
 
 func TestPutCollidingWithAVMMChangesNothing(t *testing.T) {
 	l := &fakeLedger{readErr: ledger.ErrNotFound}
-	s := configstore.Open(l, nil, nil)
+	s := configstore.Open(l, nil, nil, configstore.Options{})
 	c := claims.New()
 	s.UseClaims(c)
 	ctx := context.Background()
@@ -56,7 +56,7 @@ func TestPutCollidingWithAVMMChangesNothing(t *testing.T) {
 
 func TestPutNotLedgeredReleasesItsClaims(t *testing.T) {
 	l := &fakeLedger{readErr: ledger.ErrNotFound, commitErr: fmt.Errorf("disk gone: %w", ledger.ErrNoCopyWritten)}
-	s := configstore.Open(l, nil, nil)
+	s := configstore.Open(l, nil, nil, configstore.Options{})
 	c := claims.New()
 	s.UseClaims(c)
 	if err := s.Put(context.Background(), doc(1, 1)); !errors.Is(err, configstore.ErrUnavailable) {
@@ -69,7 +69,7 @@ func TestPutNotLedgeredReleasesItsClaims(t *testing.T) {
 
 func TestUseClaimsTakesTheLedgeredConfigs(t *testing.T) {
 	l := &fakeLedger{rec: ledger.Record{Generation: 7, Data: doc(7, 2)}}
-	s := configstore.Open(l, nil, nil)
+	s := configstore.Open(l, nil, nil, configstore.Options{})
 	c := claims.New()
 	// The sled holds zone 1's address already: a collision ledgered before
 	// collisions were checked is reported, and the rest is claimed.

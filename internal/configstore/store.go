@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync/atomic"
+	"time"
 
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -31,7 +33,21 @@ var (
 type Ledger interface {
 	Read() (ledger.Record, []ledger.CopyStatus, error)
 	Commit(rec ledger.Record) ([]ledger.CopyStatus, error)
+	Repair(rec ledger.Record) (found, now []ledger.CopyStatus, err error)
 	Status() []ledger.CopyStatus
+}
+
+// DefaultCheckPeriod is how often Run checks the ledger copies by default.
+const DefaultCheckPeriod = 10 * time.Second
+
+// Options say how a Store works beyond its ledger.
+type Options struct {
+	// CheckPeriod is how often Run reads every ledger copy and rewrites the
+	// bad ones (0: DefaultCheckPeriod).
+	CheckPeriod time.Duration
+	// SledUnderlay is the sled's own underlay address, which no zone of a
+	// config may take (zero: not checked).
+	SledUnderlay netip.Addr
 }
 
 // Store holds the ledgered config.
@@ -39,12 +55,18 @@ type Store struct {
 	ledger Ledger
 	log    *slog.Logger
 	notify func(*sledconfig.Config)
+	opts   Options
 
-	// commit serializes commits (capacity 1); a waiter gives up with its ctx.
+	// commit is the commit slot (capacity 1): it serializes Put's commits
+	// and Run's rewrites of copies. A Put gives up waiting with its ctx, Run
+	// at once.
 	commit chan struct{}
+	// ledgered is the record of the current config as the ledger holds it
+	// (the zero Record when there is none). Guarded by the commit slot.
+	ledgered ledger.Record
 	// current is the ledgered config, nil if none.
 	current atomic.Pointer[sledconfig.Config]
-	// loadProblem says why no config was loaded at start, "" if none.
+	// loadProblem is LoadProblem's answer, nil for "".
 	loadProblem atomic.Pointer[string]
 	// claims, if set (UseClaims), holds the ledgered config's ids and
 	// addresses; used in the commit slot.
@@ -53,13 +75,18 @@ type Store struct {
 
 // Open loads the ledgered config, if any, and calls notify with it. A missing
 // ledger is normal on a new sled. A ledger that exists but cannot be read or
-// is corrupt is reported loudly and treated as "no config yet": nothing is
-// torn down on its account, and the next PUT writes a fresh one.
-func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config)) *Store {
+// is corrupt, or holds a malformed config, is reported loudly and treated as
+// "no config yet": nothing is torn down on its account, and the next PUT
+// writes a fresh one. A well-formed config that fails validation (a rule
+// added since it was accepted) is loaded, and reported.
+func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config), opts Options) *Store {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{ledger: l, log: log, notify: notify, commit: make(chan struct{}, 1)}
+	if opts.CheckPeriod <= 0 {
+		opts.CheckPeriod = DefaultCheckPeriod
+	}
+	s := &Store{ledger: l, log: log, notify: notify, opts: opts, commit: make(chan struct{}, 1)}
 	rec, copies, err := l.Read()
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
@@ -71,9 +98,23 @@ func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config)) *Store {
 	}
 	cfg, err := sledconfig.Parse(rec.Data)
 	if err == nil {
-		err = sledconfig.Validate(cfg)
+		err = s.validate(cfg)
 	}
-	if err != nil {
+	var verr *sledconfig.ValidationError
+	switch {
+	case errors.As(err, &verr) && verr.WellFormed():
+		// Accepted before, by an agent with fewer rules, and (as far as it
+		// could be) realised since. Loading it keeps the sled as it was:
+		// the zones without problems stay managed, restarted if they die,
+		// and nothing is torn down; the zones with problems keep failing
+		// as they did. Refusing it would leave every zone unmanaged until
+		// the next PUT. The next PUT must pass every rule. (A malformed
+		// config, a generation above upstream's bound included, is still
+		// refused below: it means nothing definite, and no config the
+		// control plane can send could replace that generation.)
+		s.setProblem(fmt.Sprintf("ledgered sled config generation %d was loaded, but fails validation: "+
+			"the zones it names keep failing until a config that passes is put: %v", rec.Generation, err))
+	case err != nil:
 		s.setProblem(fmt.Sprintf("ledgered sled config generation %d is not usable; waiting for a new config: %v", rec.Generation, err))
 		return s
 	}
@@ -89,6 +130,7 @@ func Open(l Ledger, log *slog.Logger, notify func(*sledconfig.Config)) *Store {
 		}
 	}
 	log.Info("loaded ledgered sled config", "generation", cfg.Generation, "zones", len(cfg.Zones))
+	s.ledgered = rec
 	s.current.Store(cfg)
 	if notify != nil {
 		notify(cfg)
@@ -104,8 +146,9 @@ func (s *Store) setProblem(p string) {
 // Current returns the ledgered config, or nil.
 func (s *Store) Current() *sledconfig.Config { return s.current.Load() }
 
-// LoadProblem says why no ledgered config was loaded at start; "" when there
-// was none or it loaded. It is cleared by the first successful Put.
+// LoadProblem says what was wrong with the ledgered config at start: why
+// none was loaded, or how the one loaded fails validation; "" when there was
+// none or it loaded cleanly. It is cleared by the first successful Put.
 func (s *Store) LoadProblem() string {
 	if p := s.loadProblem.Load(); p != nil {
 		return *p
@@ -125,7 +168,7 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 	if err != nil {
 		return invalidError{fmt.Errorf("invalid sled config: %w", err)}
 	}
-	if err := sledconfig.Validate(cfg); err != nil {
+	if err := s.validate(cfg); err != nil {
 		return invalidError{err} // its message says "invalid sled config: …"
 	}
 	select {
@@ -145,15 +188,29 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 			return nil // already ledgered: nothing to do
 		}
 	}
+	rec := ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical()}
 	settle, err := s.claim(cfg)
 	if err != nil {
 		return err // collides with a VMM or the sled
 	}
-	if _, err := s.ledger.Commit(ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical()}); err != nil {
+	copies, err := s.ledger.Commit(rec)
+	if err != nil {
+		// No copy holds the config: a restart would not load it either.
 		settle(false)
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	settle(true)
+	// At least one copy holds the config, so a restart loads it: the PUT
+	// succeeds, as upstream's does with one copy written, and the other
+	// copies are reported degraded (in inventory, from the ledger's
+	// status) until Run rewrites them.
+	for _, c := range copies {
+		if c.State != ledger.StateOK {
+			s.log.Error("sled config ledgered, but a ledger copy is degraded", "generation", cfg.Generation,
+				"path", c.Path, "state", c.State, "err", c.Err)
+		}
+	}
+	s.ledgered = rec
 	s.current.Store(cfg)
 	s.loadProblem.Store(nil)
 	s.log.Info("ledgered sled config", "generation", cfg.Generation, "zones", len(cfg.Zones))
@@ -161,6 +218,10 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 		s.notify(cfg)
 	}
 	return nil
+}
+
+func (s *Store) validate(cfg *sledconfig.Config) error {
+	return sledconfig.ValidateWith(cfg, sledconfig.ValidateOptions{SledUnderlay: s.opts.SledUnderlay})
 }
 
 // invalidError is an ErrInvalid that reads as its cause alone.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ type fakeLedger struct {
 	readErr   error
 	commitErr error
 	commits   []uint64
+	repairs   int
 	// entered, if set, is closed when Commit is entered; block, if set, is
 	// then waited on.
 	entered, block chan struct{}
@@ -47,7 +49,20 @@ func (f *fakeLedger) Commit(rec ledger.Record) ([]ledger.CopyStatus, error) {
 	return nil, nil
 }
 
+func (f *fakeLedger) Repair(rec ledger.Record) ([]ledger.CopyStatus, []ledger.CopyStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.repairs++
+	return f.copies, f.copies, nil
+}
+
 func (f *fakeLedger) Status() []ledger.CopyStatus { return f.copies }
+
+func (f *fakeLedger) repairCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.repairs
+}
 
 func (f *fakeLedger) committed() []uint64 {
 	f.mu.Lock()
@@ -60,7 +75,20 @@ func doc(gen uint64, n int) []byte {
 	return b
 }
 
+// sledUnderlay is the sled's address in the tests; doc's zones do not use it.
+var sledUnderlay = netip.MustParseAddr("fd00:1122:3344:101::1")
+
+// docWith is a config of generation gen whose first crucible is changed.
+func docWith(gen uint64, change func(z *sledconfig.Zone)) []byte {
+	zones := sledconfigtest.Crucibles(2)
+	change(&zones[0])
+	b, _ := json.Marshal(sledconfigtest.Config(gen, zones...))
+	return b
+}
+
 func TestOpen(t *testing.T) {
+	loopback := docWith(7, func(z *sledconfig.Zone) { z.ZoneType.Address = "[::1]:32345" })
+	onSled := docWith(7, func(z *sledconfig.Zone) { z.ZoneType.Address = "[fd00:1122:3344:101::1]:32345" })
 	cases := []struct {
 		name        string
 		l           *fakeLedger
@@ -68,6 +96,13 @@ func TestOpen(t *testing.T) {
 		wantProblem string
 		wantCommits int
 	}{
+		{"ledgered before a newer rule: loaded, reported", &fakeLedger{rec: ledger.Record{Generation: 7, Data: loopback},
+			copies: []ledger.CopyStatus{{State: ledger.StateOK}, {State: ledger.StateOK}}}, 7,
+			"generation 7 was loaded, but fails validation: the zones it names keep failing until a config that passes is put: invalid sled config: 1 problem: zones[\"" + sledconfigtest.ZoneID(0) + "\"].zone_type.address", 0},
+		{"zone on the sled's own address: loaded, reported", &fakeLedger{rec: ledger.Record{Generation: 7, Data: onSled},
+			copies: []ledger.CopyStatus{{State: ledger.StateOK}, {State: ledger.StateOK}}}, 7, "the sled's own underlay address", 0},
+		{"generation upstream cannot hold: not loaded", &fakeLedger{rec: ledger.Record{Generation: 1 << 63, Data: doc(1<<63, 2)},
+			copies: []ledger.CopyStatus{{State: ledger.StateOK}, {State: ledger.StateOK}}}, 0, "is not usable", 0},
 		{"fresh", &fakeLedger{readErr: ledger.ErrNotFound}, 0, "", 0},
 		{"corrupt", &fakeLedger{readErr: fmt.Errorf("copy a: bad checksum: %w", ledger.ErrCorrupt)}, 0, "bad checksum", 0},
 		{"unparseable", &fakeLedger{rec: ledger.Record{Generation: 3, Data: []byte(`{"generation":3}`)}}, 0, "generation 3 is not usable", 0},
@@ -79,7 +114,8 @@ func TestOpen(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var notified []*sledconfig.Config
-			s := configstore.Open(c.l, nil, func(cfg *sledconfig.Config) { notified = append(notified, cfg) })
+			s := configstore.Open(c.l, nil, func(cfg *sledconfig.Config) { notified = append(notified, cfg) },
+				configstore.Options{SledUnderlay: sledUnderlay})
 			cur := s.Current()
 			switch {
 			case c.wantGen == 0 && (cur != nil || len(notified) != 0):
@@ -100,7 +136,7 @@ func TestOpen(t *testing.T) {
 func TestPut(t *testing.T) {
 	l := &fakeLedger{readErr: ledger.ErrNotFound}
 	var notified []uint64
-	s := configstore.Open(l, nil, func(cfg *sledconfig.Config) { notified = append(notified, cfg.Generation) })
+	s := configstore.Open(l, nil, func(cfg *sledconfig.Config) { notified = append(notified, cfg.Generation) }, configstore.Options{})
 	ctx := context.Background()
 	steps := []struct {
 		doc  []byte
@@ -132,9 +168,44 @@ func TestPut(t *testing.T) {
 	}
 }
 
+// A config that no runtime could realise is refused, naming the zone and
+// the field, and changes nothing.
+func TestPutRefusesWhatCannotBeRealised(t *testing.T) {
+	l := &fakeLedger{readErr: ledger.ErrNotFound}
+	s := configstore.Open(l, nil, nil, configstore.Options{SledUnderlay: sledUnderlay})
+	if err := s.Put(t.Context(), doc(5, 2)); err != nil {
+		t.Fatal(err)
+	}
+	zone := `zones["` + sledconfigtest.ZoneID(0) + `"]`
+	for _, c := range []struct {
+		name string
+		doc  []byte
+		want string
+	}{
+		{"loopback", docWith(6, func(z *sledconfig.Zone) { z.ZoneType.Address = "[::1]:32345" }), zone + ".zone_type.address: \"[::1]:32345\": ::1 is a loopback address"},
+		{"port 0", docWith(6, func(z *sledconfig.Zone) { z.ZoneType.Address = "[fd00:1122:3344:101::10]:0" }), zone + ".zone_type.address: \"[fd00:1122:3344:101::10]:0\" has port 0"},
+		{"the sled's address", docWith(6, func(z *sledconfig.Zone) { z.ZoneType.Address = "[fd00:1122:3344:101::1]:32345" }),
+			zone + ".zone_type.address: underlay address fd00:1122:3344:101::1 is the sled's own underlay address"},
+		{"generation", doc(1<<63, 2), "generation: 9223372036854775808 is larger than the largest generation"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := s.Put(t.Context(), c.doc)
+			if !errors.Is(err, configstore.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Put = %v, want ErrInvalid saying %q", err, c.want)
+			}
+		})
+	}
+	if got := l.committed(); fmt.Sprint(got) != "[5]" {
+		t.Errorf("commits %v, want [5]", got)
+	}
+	if g := s.Current().Generation; g != 5 {
+		t.Errorf("current generation %d", g)
+	}
+}
+
 func TestPutWhenLedgerFails(t *testing.T) {
 	l := &fakeLedger{readErr: ledger.ErrNotFound, commitErr: fmt.Errorf("disk gone: %w", ledger.ErrNoCopyWritten)}
-	s := configstore.Open(l, nil, nil)
+	s := configstore.Open(l, nil, nil, configstore.Options{})
 	err := s.Put(context.Background(), doc(1, 1))
 	if !errors.Is(err, configstore.ErrUnavailable) || !errors.Is(err, ledger.ErrNoCopyWritten) {
 		t.Fatalf("err %v", err)
@@ -146,7 +217,7 @@ func TestPutWhenLedgerFails(t *testing.T) {
 
 func TestPutGivesUpWaitingForAStuckCommit(t *testing.T) {
 	l := &fakeLedger{readErr: ledger.ErrNotFound, block: make(chan struct{}), entered: make(chan struct{})}
-	s := configstore.Open(l, nil, nil)
+	s := configstore.Open(l, nil, nil, configstore.Options{})
 	first := make(chan error)
 	go func() { first <- s.Put(context.Background(), doc(1, 1)) }()
 	<-l.entered // the first Put is inside Commit, holding the commit slot

@@ -40,10 +40,38 @@ func isTempName(file, name string) bool {
 	return true
 }
 
+// fileOp names one step of writeCopy, for fault injection in tests.
+type fileOp string
+
+const (
+	opCreate  fileOp = "create"
+	opWrite   fileOp = "write"
+	opSync    fileOp = "fsync"
+	opClose   fileOp = "close"
+	opRename  fileOp = "rename"
+	opSyncDir fileOp = "fsync-dir"
+)
+
+// faultFunc is the test-only seam of the write path: called after each step
+// with the step's result, it returns the result to go on with, so a test can
+// make one step fail after it was done (as a real file system may: a rename
+// that reports EIO, an fsync of the directory that fails after the rename).
+// Nil outside tests.
+type faultFunc func(op fileOp, path string, err error) error
+
+func (f faultFunc) after(op fileOp, path string, err error) error {
+	if f == nil {
+		return err
+	}
+	return f(op, path, err)
+}
+
 // writeCopy atomically replaces dir/name with contents: temp file in dir
 // (O_EXCL), write, fsync, close, rename over the copy, fsync dir. On failure
 // before the rename the old copy is untouched and the temp file is removed.
-func writeCopy(dir, name string, contents []byte) (err error) {
+// renamed reports whether the rename was attempted: once it was, an error
+// no longer proves that the copy still holds its old contents.
+func writeCopy(dir, name string, contents []byte, fault faultFunc) (renamed bool, err error) {
 	var f *os.File
 	var tmp string
 	for range 5 { // a name collision is all but impossible; retry anyway
@@ -53,12 +81,16 @@ func writeCopy(dir, name string, contents []byte) (err error) {
 			break
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("create temp file: %w", err)
+	if err = fault.after(opCreate, tmp, err); err != nil {
+		if f != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+		return false, fmt.Errorf("create temp file: %w", err)
 	}
 	closed := false
 	defer func() {
-		if err == nil {
+		if err == nil || renamed {
 			return
 		}
 		if !closed {
@@ -67,24 +99,31 @@ func writeCopy(dir, name string, contents []byte) (err error) {
 		os.Remove(tmp)
 	}()
 
-	if _, err := f.Write(contents); err != nil {
-		return fmt.Errorf("write temp file: %w", err)
+	_, err = f.Write(contents)
+	if err = fault.after(opWrite, tmp, err); err != nil {
+		return false, fmt.Errorf("write temp file: %w", err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("fsync temp file: %w", err)
+	if err = fault.after(opSync, tmp, f.Sync()); err != nil {
+		return false, fmt.Errorf("fsync temp file: %w", err)
 	}
 	closed = true
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close temp file: %w", err)
+	if err = fault.after(opClose, tmp, f.Close()); err != nil {
+		return false, fmt.Errorf("close temp file: %w", err)
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return fmt.Errorf("rename temp file over copy: %w", err)
+	path := filepath.Join(dir, name)
+	renamed = true
+	if err = fault.after(opRename, path, os.Rename(tmp, path)); err != nil {
+		// A rename that reports an error may still have happened; the
+		// caller reads the copy back to tell. Remove the temp file if it
+		// is still there.
+		os.Remove(tmp)
+		return true, fmt.Errorf("rename temp file over copy: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err = fault.after(opSyncDir, dir, syncDir(dir)); err != nil {
 		// The new copy is in place but may not survive a crash.
-		return fmt.Errorf("copy replaced but not durable: %w", err)
+		return true, fmt.Errorf("copy replaced but not durable: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // readCopy reads and validates the copy at path in dir.
@@ -114,6 +153,10 @@ func readCopy(dir, path string) (Record, CopyStatus) {
 	return rec, st
 }
 
+// errNotRegular is wrapped by readFile's error for a copy that is not a
+// regular file.
+var errNotRegular = errors.New("not a regular file")
+
 // readFile reads a regular file, at most maxCopySize+1 bytes of it (enough
 // for decodeCopy to see that it is too large).
 func readFile(path string) ([]byte, error) {
@@ -123,7 +166,7 @@ func readFile(path string) ([]byte, error) {
 		return nil, err
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s)", path, fi.Mode().Type())
+		return nil, fmt.Errorf("%s: %w (%s)", path, errNotRegular, fi.Mode().Type())
 	}
 	f, err := os.Open(path)
 	if err != nil {

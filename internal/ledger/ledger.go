@@ -10,7 +10,8 @@
 // Read returns the valid copy with the highest generation. The ledger knows
 // nothing about what the document means: it neither compares generations on
 // Commit nor repairs copies on Read. A caller that wants every copy current
-// after a Read that reported a problem commits the record it read.
+// commits the record again, or hands it to Repair, which rewrites only the
+// copies that do not hold it.
 package ledger
 
 import (
@@ -25,6 +26,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 )
 
 // Sentinel errors. Errors returned by this package wrap them with %w and say
@@ -72,16 +74,23 @@ const (
 	// StateStale: the copy is valid but older than the best copy (or, rarely,
 	// holds the same generation with different data; Err says which).
 	StateStale CopyState = "stale"
-	// StateWriteFailed: the last Commit could not write this copy.
+	// StateWriteFailed: the last Commit or Repair could not write this copy
+	// (Err says why); it holds whatever it held before.
 	StateWriteFailed CopyState = "write_failed"
+	// StateNotDurable: the last Commit or Repair put the new copy in place,
+	// so it is what Read returns, but a later step failed (typically the
+	// fsync of the directory, Err says which): a machine crash may bring
+	// back the copy it replaced. Only Commit and Repair report it; Repair
+	// fsyncs the directory again.
+	StateNotDurable CopyState = "not_durable"
 )
 
 // CopyStatus describes one copy.
 type CopyStatus struct {
 	Path  string
 	State CopyState
-	// Generation is the copy's generation when it is valid (ok or stale),
-	// else 0.
+	// Generation is the copy's generation when it is valid (ok, stale or
+	// not_durable), else 0.
 	Generation uint64
 	// Err says what is wrong; empty when State is ok or missing.
 	Err string
@@ -89,8 +98,8 @@ type CopyStatus struct {
 
 // Ledger is one document kept in several directories.
 //
-// Read, Commit and Status may be called from any goroutine. Commit calls are
-// serialized by commitMu; Read takes no lock and may run alongside a Commit
+// Read, Commit, Repair and Status may be called from any goroutine. Commit
+// and Repair calls are serialized by commitMu; Read takes no lock and may run alongside a Commit
 // (it then sees each copy either before or after its replacement).
 type Ledger struct {
 	name  string
@@ -98,10 +107,16 @@ type Ledger struct {
 	paths []string // paths[i] is the copy in dirs[i]
 	log   *slog.Logger
 
-	// commitMu serializes Commit so concurrent commits cannot leave copies
-	// holding different documents. It is held only across Commit's own disk
-	// writes; Read and Status never take it.
+	// commitMu serializes Commit and Repair so concurrent writes cannot
+	// leave copies holding different documents. It is held only across
+	// their own disk reads and writes; Read and Status never take it.
 	commitMu sync.Mutex
+	// notDurable[i] is set while copy i is known to be in place but not
+	// durable (see StateNotDurable). Guarded by commitMu.
+	notDurable []bool
+
+	// fault, set only by tests, makes single steps of a write fail.
+	fault faultFunc
 
 	// seq orders status snapshots: Read takes a number when it starts, Commit
 	// when its writes are done, and a snapshot is published only if no
@@ -151,6 +166,7 @@ func Open(dirs []string, name string, log *slog.Logger) (*Ledger, error) {
 		l.dirs = append(l.dirs, d)
 		l.paths = append(l.paths, filepath.Join(d, name))
 	}
+	l.notDurable = make([]bool, len(l.dirs))
 
 	type seenDir struct {
 		dir string
@@ -299,11 +315,15 @@ func (l *Ledger) noValidCopyError(statuses []CopyStatus) error {
 // the package doc). It returns the status of every copy, in the order of the
 // directories given to Open.
 //
-// It returns an error wrapping ErrNoCopyWritten only when no copy could be
-// written; failures of some copies are reported in the statuses (as
-// write_failed) and logged at warn. It returns ErrInvalidData, having written
-// nothing, when rec.Data is not a single JSON value without surrounding
-// whitespace or is larger than 16 MiB.
+// A copy counts as written once its new contents are in place, which is what
+// Read (now, or after a restart) would return: ok, or not_durable when a step
+// after the rename failed. A copy that could not be written is write_failed.
+// Commit returns an error wrapping ErrNoCopyWritten only when no copy was
+// written, so an error always means that Read still returns what it did
+// before; failures of some copies are reported in the statuses and logged at
+// warn. It returns ErrInvalidData, having written nothing, when rec.Data is
+// not a single JSON value without surrounding whitespace or is larger than
+// 16 MiB.
 //
 // Commit does not compare generations: enforcing generation rules is the
 // caller's job. Concurrent Commits are serialized.
@@ -317,36 +337,176 @@ func (l *Ledger) Commit(rec Record) ([]CopyStatus, error) {
 	defer l.commitMu.Unlock()
 
 	statuses := make([]CopyStatus, len(l.dirs))
-	written := 0
-	for i, dir := range l.dirs {
-		st := CopyStatus{Path: l.paths[i]}
-		if err := writeCopy(dir, l.name, contents); err != nil {
-			st.State = StateWriteFailed
-			st.Err = err.Error()
-		} else {
-			st.State = StateOK
-			st.Generation = rec.Generation
-			written++
-		}
-		statuses[i] = st
+	for i := range l.dirs {
+		statuses[i] = l.writeLocked(i, rec, contents)
 	}
 	l.publish(l.seq.Add(1), statuses)
 
+	written := countWritten(statuses)
 	if written == 0 {
-		problems := make([]string, len(statuses))
-		for i, st := range statuses {
-			problems[i] = fmt.Sprintf("%s: %s", st.Path, st.Err)
-		}
-		return statuses, fmt.Errorf("ledger %s: generation %d: %w: %s",
-			l.name, rec.Generation, ErrNoCopyWritten, strings.Join(problems, "; "))
+		return statuses, l.noCopyWrittenError(rec, statuses)
 	}
 	for _, st := range statuses {
 		if st.State != StateOK {
-			l.log.Warn("ledger copy not written", "path", st.Path, "generation", rec.Generation,
-				"err", st.Err, "copies_written", written)
+			l.log.Warn("ledger copy not written durably", "path", st.Path, "state", st.State,
+				"generation", rec.Generation, "err", st.Err, "copies_written", written)
 		}
 	}
 	return statuses, nil
+}
+
+// Repair makes every copy hold rec, touching only the copies that need it:
+// a copy that does not hold exactly rec (missing, corrupt, unreadable,
+// another generation or other data) is rewritten, and the directory of a
+// copy left not_durable by an earlier Commit or Repair is fsynced again.
+// Copies that hold rec durably are only read.
+//
+// It returns the copies as Repair found them (ok when they held rec, else
+// what was wrong) and as it left them (ok, not_durable or write_failed, with
+// Err saying what was wrong and why the rewrite failed), both in the order
+// of the directories given to Open, and publishes the second for Status. Its
+// error wraps ErrNoCopyWritten when no copy holds rec afterwards, or
+// ErrInvalidData as Commit's does.
+//
+// Repair, like Commit, does not compare generations. It is serialized with
+// Commit.
+func (l *Ledger) Repair(rec Record) (found, now []CopyStatus, err error) {
+	if err := checkData(rec.Data); err != nil {
+		return nil, nil, fmt.Errorf("ledger %s: generation %d: %w", l.name, rec.Generation, err)
+	}
+	var contents []byte // encoded on first need
+
+	l.commitMu.Lock()
+	defer l.commitMu.Unlock()
+
+	found = make([]CopyStatus, len(l.dirs))
+	now = make([]CopyStatus, len(l.dirs))
+	for i := range l.dirs {
+		got, st := readCopy(l.dirs[i], l.paths[i])
+		holds := st.State == StateOK && got.Generation == rec.Generation && bytes.Equal(got.Data, rec.Data)
+		switch {
+		case holds && !l.notDurable[i]:
+			found[i], now[i] = st, st
+			continue
+		case holds:
+			found[i] = CopyStatus{Path: l.paths[i], State: StateNotDurable, Generation: rec.Generation,
+				Err: "the directory was not fsynced after the copy was written"}
+			if err := l.fault.after(opSyncDir, l.dirs[i], syncDir(l.dirs[i])); err != nil {
+				now[i] = found[i]
+				now[i].Err = fmt.Sprintf("fsync directory again: %v", err)
+				continue
+			}
+			l.notDurable[i] = false
+			now[i] = st
+			continue
+		case st.State == StateOK:
+			st.State = StateStale
+			st.Err = fmt.Sprintf("holds generation %d, not generation %d", got.Generation, rec.Generation)
+			if got.Generation == rec.Generation {
+				st.Err = fmt.Sprintf("holds generation %d with different data", got.Generation)
+			}
+		}
+		found[i] = st
+		if contents == nil {
+			contents = encodeCopy(rec)
+		}
+		now[i] = l.writeLocked(i, rec, contents)
+		if now[i].State != StateOK {
+			what := string(st.State)
+			if st.Err != "" {
+				what += ": " + st.Err
+			}
+			now[i].Err = fmt.Sprintf("was %s; rewriting it: %s", what, now[i].Err)
+		}
+	}
+	l.publish(l.seq.Add(1), now)
+	if countWritten(now) == 0 {
+		return found, now, l.noCopyWrittenError(rec, now)
+	}
+	return found, now, nil
+}
+
+// writeLocked writes copy i and says how it went; commitMu must be held.
+func (l *Ledger) writeLocked(i int, rec Record, contents []byte) CopyStatus {
+	st := CopyStatus{Path: l.paths[i]}
+	renamed, err := writeCopy(l.dirs[i], l.name, contents, l.fault)
+	switch {
+	case err == nil:
+		st.State, st.Generation = StateOK, rec.Generation
+	case !renamed:
+		// Failed before the rename: the old copy is untouched.
+		st.State, st.Err = StateWriteFailed, err.Error()
+	default:
+		// The rename was attempted, so the new contents may be in place
+		// even though a step failed. They count as written unless reading
+		// the copy back shows that it holds something else: what Read
+		// would return after a restart must agree with what Commit said.
+		switch holds, why := copyHolds(l.paths[i], rec); holds {
+		case holdsRec:
+			st.State, st.Generation, st.Err = StateNotDurable, rec.Generation, err.Error()
+		case holdsUnknown:
+			st.State, st.Generation = StateNotDurable, rec.Generation
+			st.Err = fmt.Sprintf("%v; could not read the copy back (%s), so it counts as written", err, why)
+		default:
+			st.State, st.Err = StateWriteFailed, fmt.Sprintf("%v; the copy %s", err, why)
+		}
+	}
+	l.notDurable[i] = st.State == StateNotDurable
+	return st
+}
+
+// holding is copyHolds's answer.
+type holding int
+
+const (
+	holdsNot holding = iota
+	holdsRec
+	holdsUnknown
+)
+
+// copyHolds says whether the copy at path holds exactly rec, and if not,
+// why not. It answers unknown when the copy cannot be read for a reason that
+// does not show its contents (an I/O or permission error).
+func copyHolds(path string, rec Record) (holding, string) {
+	b, err := readFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		return holdsNot, "does not exist"
+	case errors.Is(err, errNotRegular):
+		return holdsNot, "is not a regular file"
+	case err != nil:
+		return holdsUnknown, err.Error()
+	}
+	got, err := decodeCopy(b)
+	switch {
+	case err != nil:
+		return holdsNot, "is corrupt: " + err.Error()
+	case got.Generation != rec.Generation:
+		return holdsNot, fmt.Sprintf("holds generation %d", got.Generation)
+	case !bytes.Equal(got.Data, rec.Data):
+		return holdsNot, "holds other data"
+	}
+	return holdsRec, ""
+}
+
+// countWritten counts the copies holding the record just written.
+func countWritten(statuses []CopyStatus) int {
+	n := 0
+	for _, st := range statuses {
+		if st.State == StateOK || st.State == StateNotDurable {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *Ledger) noCopyWrittenError(rec Record, statuses []CopyStatus) error {
+	problems := make([]string, len(statuses))
+	for i, st := range statuses {
+		problems[i] = fmt.Sprintf("%s: %s", st.Path, st.Err)
+	}
+	return fmt.Errorf("ledger %s: generation %d: %w: %s",
+		l.name, rec.Generation, ErrNoCopyWritten, strings.Join(problems, "; "))
 }
 
 // Status returns the copy statuses as of the newest completed Read or

@@ -1,9 +1,11 @@
 package sledconfig
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"net"
 	"net/netip"
 	"regexp"
@@ -31,7 +33,18 @@ func (p Problem) String() string {
 // ValidationError is what Validate returns: every problem it found.
 type ValidationError struct {
 	Problems []Problem
+	// malformed counts the problems with the document itself (a missing
+	// field, a value that does not parse, a generation upstream cannot
+	// hold), as opposed to values that are well formed but that no runtime
+	// can realise (a loopback address, port 0, an address two zones share).
+	malformed int
 }
+
+// WellFormed reports whether every problem is a well-formed value that no
+// runtime can realise: the document itself means something definite, and
+// the zones without problems can be realised. A config ledgered before a
+// rule was added may fail it this way (see configstore).
+func (e *ValidationError) WellFormed() bool { return e.malformed == 0 }
 
 // maxProblemsInMessage bounds how many problems Error spells out.
 const maxProblemsInMessage = 50
@@ -60,17 +73,30 @@ func (e *ValidationError) Error() string {
 	return b.String()
 }
 
-// Validate checks what a config means, as far as this agent can tell without
-// looking at the sled: ids, zone types and their fields, addresses, NICs, pool
-// names, image sources. It returns nil or a *ValidationError listing every
-// problem found, in a stable order.
-func Validate(c *Config) error {
+// ValidateOptions say what Validate knows of the sled beyond the config.
+type ValidateOptions struct {
+	// SledUnderlay is the sled's own underlay address, which no zone may
+	// hold and no internal DNS zone may take as its gz_address (the agent
+	// would take it off the sled with the zone). Zero: not checked.
+	SledUnderlay netip.Addr
+}
+
+// Validate is ValidateWith without knowledge of the sled.
+func Validate(c *Config) error { return ValidateWith(c, ValidateOptions{}) }
+
+// ValidateWith checks what a config means, as far as this agent can tell
+// without looking at the sled beyond opts: ids, the generation, zone types
+// and their fields, addresses (which must be ones a zone can hold, not shared
+// and not the sled's), NICs, pool names, image sources. It returns nil or a
+// *ValidationError listing every problem found, in a stable order.
+func ValidateWith(c *Config, opts ValidateOptions) error {
 	var v validator
 	if c == nil {
 		v.add("", "config is missing")
 		return v.err()
 	}
 	v.requiredTopLevel(c)
+	v.generation(c.Generation)
 	v.keyedObjects("disks", c.Disks)
 	v.keyedObjects("datasets", c.Datasets)
 	keys := slices.Sorted(maps.Keys(c.Zones))
@@ -80,14 +106,26 @@ func Validate(c *Config) error {
 	}
 	v.caseDuplicates(keys)
 	v.sharedUnderlay(c.Zones, keys)
+	v.gzAddresses(c.Zones, keys)
+	if opts.SledUnderlay.IsValid() {
+		v.sledUnderlay(c.Zones, keys, opts.SledUnderlay)
+	}
 	return v.err()
 }
 
 type validator struct {
-	problems []Problem
+	problems  []Problem
+	malformed int
 }
 
+// add records a problem with the document itself.
 func (v *validator) add(path, format string, args ...any) {
+	v.problems = append(v.problems, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
+	v.malformed++
+}
+
+// unrealisable records a well-formed value that no runtime can realise.
+func (v *validator) unrealisable(path, format string, args ...any) {
 	v.problems = append(v.problems, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
 }
 
@@ -95,7 +133,23 @@ func (v *validator) err() error {
 	if len(v.problems) == 0 {
 		return nil
 	}
-	return &ValidationError{Problems: v.problems}
+	return &ValidationError{Problems: v.problems, malformed: v.malformed}
+}
+
+// MaxGeneration is the largest generation upstream accepts: omicron's
+// Generation is kept in a signed 64-bit database column, so it refuses to
+// deserialize anything above i64::MAX. A config at MaxGeneration can never
+// be followed by another, as upstream's Generation::next would overflow.
+const MaxGeneration = math.MaxInt64
+
+// generation checks the generation against upstream's bound. It counts as
+// malformed: upstream would not even decode such a config, and a config
+// ledgered above the bound could never be replaced by one the control plane
+// can send.
+func (v *validator) generation(g uint64) {
+	if g > MaxGeneration {
+		v.add("generation", "%d is larger than the largest generation, %d (upstream keeps generations in a signed 64-bit integer)", g, uint64(MaxGeneration))
+	}
 }
 
 func zonePath(key string) string { return fmt.Sprintf("zones[%q]", key) }
@@ -175,13 +229,75 @@ func (v *validator) sharedUnderlay(zones map[string]Zone, keys []string) {
 		z := zones[key]
 		for _, a := range z.UnderlayAddrs() {
 			if prev, ok := owner[a]; ok {
-				v.add(zonePath(key)+".zone_type."+underlayField(&z.ZoneType, a),
+				v.unrealisable(zonePath(key)+".zone_type."+underlayField(&z.ZoneType, a),
 					"underlay address %s is also used by zone %q", a, prev)
 				continue
 			}
 			owner[a] = key
 		}
 	}
+}
+
+// gzAddresses reports an internal DNS zone's gz_address that is a zone's
+// underlay address (its own or another's) or another DNS zone's gz_address:
+// the agent puts it on the host end of the zone's link and takes it away
+// with the zone, so the other holder would lose it.
+func (v *validator) gzAddresses(zones map[string]Zone, keys []string) {
+	owner := make(map[netip.Addr]string)
+	for _, key := range keys {
+		z := zones[key]
+		for _, a := range z.UnderlayAddrs() {
+			if _, ok := owner[a]; !ok {
+				owner[a] = key
+			}
+		}
+	}
+	gzOwner := make(map[netip.Addr]string)
+	for _, key := range keys {
+		z := zones[key]
+		gz, ok := gzAddress(&z)
+		if !ok {
+			continue
+		}
+		path := zonePath(key) + ".zone_type.gz_address"
+		switch prev, shared := owner[gz]; {
+		case shared && prev == key:
+			v.unrealisable(path, "%s is also this zone's own %s", gz, underlayField(&z.ZoneType, gz))
+		case shared:
+			v.unrealisable(path, "%s is the underlay address of zone %q", gz, prev)
+		}
+		if prev, ok := gzOwner[gz]; ok {
+			v.unrealisable(path, "%s is also the gz_address of zone %q", gz, prev)
+			continue
+		}
+		gzOwner[gz] = key
+	}
+}
+
+// sledUnderlay reports zones that would take the sled's own underlay
+// address: as an underlay address, or as an internal DNS zone's gz_address.
+func (v *validator) sledUnderlay(zones map[string]Zone, keys []string, sled netip.Addr) {
+	for _, key := range keys {
+		z := zones[key]
+		for _, a := range z.UnderlayAddrs() {
+			if a == sled {
+				v.unrealisable(zonePath(key)+".zone_type."+underlayField(&z.ZoneType, a),
+					"underlay address %s is the sled's own underlay address", a)
+			}
+		}
+		if gz, ok := gzAddress(&z); ok && gz == sled {
+			v.unrealisable(zonePath(key)+".zone_type.gz_address", "%s is the sled's own underlay address", gz)
+		}
+	}
+}
+
+// gzAddress is an internal DNS zone's gz_address, if it parses.
+func gzAddress(z *Zone) (netip.Addr, bool) {
+	if z.ZoneType.Type != "internal_dns" || z.ZoneType.GZAddress == "" {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(z.ZoneType.GZAddress)
+	return a, err == nil && a.Is6() && !a.Is4In6() && a.Zone() == ""
 }
 
 // underlayField names the field of t holding underlay address a, in the order
@@ -301,8 +417,11 @@ func (v *validator) zoneType(path string, t *ZoneType) {
 	if t.DNSAddress != "" {
 		if t.Type == "external_dns" {
 			// An external address of either family.
-			if ap, err := netip.ParseAddrPort(t.DNSAddress); err != nil || ap.Addr().Zone() != "" {
+			switch ap, err := netip.ParseAddrPort(t.DNSAddress); {
+			case err != nil || ap.Addr().Zone() != "":
 				v.add(path+".dns_address", "%q is not an address like \"192.0.2.1:53\" or \"[2001:db8::1]:53\"", t.DNSAddress)
+			case ap.Port() == 0:
+				v.unrealisable(path+".dns_address", "%q has port 0; the service needs a fixed port", t.DNSAddress)
 			}
 		} else {
 			v.underlayAddrPort(path+".dns_address", t.DNSAddress)
@@ -312,9 +431,15 @@ func (v *validator) zoneType(path string, t *ZoneType) {
 		v.underlayAddrPort(path+".http_address", t.HTTPAddress)
 	}
 	if t.GZAddress != "" {
-		if a, err := netip.ParseAddr(t.GZAddress); err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "" {
+		switch a, err := netip.ParseAddr(t.GZAddress); {
+		case err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "":
 			v.add(path+".gz_address", "%q is not an IPv6 address", t.GZAddress)
+		case !a.IsGlobalUnicast():
+			v.unrealisable(path+".gz_address", "%s is %s; a gz_address must be a global or unique-local unicast address", a, addrKind(a))
 		}
+	}
+	if t.LockstepPort != nil && *t.LockstepPort == 0 {
+		v.unrealisable(path+".lockstep_port", "is 0; the service needs a fixed port")
 	}
 	if t.InternalAddress != "" {
 		v.underlayAddrPort(path+".internal_address", t.InternalAddress)
@@ -335,7 +460,28 @@ func (v *validator) underlayAddrPort(path, s string) {
 		v.add(path, "%q is an IPv4-mapped address, not an underlay IPv6 address", s)
 	case ap.Addr().Zone() != "":
 		v.add(path, "%q has a scope zone; underlay addresses have none", s)
+	case !ap.Addr().IsGlobalUnicast():
+		v.unrealisable(path, "%q: %s is %s; a zone's underlay address must be a global or unique-local unicast address", s, ap.Addr(), addrKind(ap.Addr()))
+	case ap.Port() == 0:
+		v.unrealisable(path, "%q has port 0; the service needs a fixed port", s)
 	}
+}
+
+// addrKind says why a is not a unicast address a zone or NIC can hold.
+func addrKind(a netip.Addr) string {
+	switch {
+	case a.IsUnspecified():
+		return "the unspecified address"
+	case a.IsLoopback():
+		return "a loopback address"
+	case a.IsMulticast():
+		return "a multicast address"
+	case a.IsLinkLocalUnicast():
+		return "a link-local address"
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "the broadcast address"
+	}
+	return "not a unicast address"
 }
 
 // ip checks an IP address of either family.
@@ -400,8 +546,13 @@ func (v *validator) nic(path string, n *NIC) {
 	if msg := checkName(n.Name); msg != "" {
 		v.add(path+".name", "%q %s", n.Name, msg)
 	}
-	if !isMAC(n.MAC) {
+	switch hw, ok := parseMAC(n.MAC); {
+	case !ok:
 		v.add(path+".mac", "%q is not an EUI-48 MAC address like \"A8:40:25:FF:80:05\"", n.MAC)
+	case hw[0]&1 != 0:
+		v.unrealisable(path+".mac", "%q is a multicast MAC address; a NIC needs a unicast one", n.MAC)
+	case bytes.Equal(hw, make([]byte, 6)):
+		v.unrealisable(path+".mac", "%q is the all-zero MAC address; a NIC needs a unicast one", n.MAC)
 	}
 	v.ipConfig(path+".ip_config", &n.IPConfig)
 	if n.VNI > maxVNI {
@@ -454,6 +605,9 @@ func (v *validator) privateIP(path string, p *PrivateIP, v6 bool) {
 		v.add(path+".ip", "is required")
 	case !ipOK:
 		v.add(path+".ip", "%q is not an %s address", p.IP, family)
+	case !ip.IsGlobalUnicast():
+		v.unrealisable(path+".ip", "%s is %s; a NIC needs a unicast address", ip, addrKind(ip))
+		ipOK = false // nothing more to say about it
 	}
 	subnet, err := netip.ParsePrefix(p.Subnet)
 	switch {
@@ -463,6 +617,8 @@ func (v *validator) privateIP(path string, p *PrivateIP, v6 bool) {
 		v.add(path+".subnet", "%q is not an %s prefix", p.Subnet, family)
 	case ipOK && !subnet.Contains(ip):
 		v.add(path+".subnet", "%s does not contain ip %s", p.Subnet, p.IP)
+	case ipOK && !v6 && subnet.Bits() < 31 && ip == lastAddr(subnet):
+		v.unrealisable(path+".ip", "%s is the broadcast address of subnet %s; a NIC needs a unicast address", ip, p.Subnet)
 	}
 	if v6 && p.TransitIPs == nil {
 		// Upstream PrivateIpv6Config requires it (the IPv4 one defaults it).
@@ -473,6 +629,14 @@ func (v *validator) privateIP(path string, p *PrivateIP, v6 bool) {
 			v.add(fmt.Sprintf("%s.transit_ips[%d]", path, i), "%q is not an %s prefix", s, family)
 		}
 	}
+}
+
+// lastAddr is the last address of an IPv4 prefix: its broadcast address.
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	n := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) | host
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
 }
 
 func (v *validator) uuid(path, s string) {
@@ -514,17 +678,17 @@ func checkName(s string) string {
 	return ""
 }
 
-// isMAC reports whether s is an EUI-48 MAC address in the colon-separated
-// form upstream uses.
-func isMAC(s string) bool {
+// parseMAC parses an EUI-48 MAC address in the colon-separated form
+// upstream uses.
+func parseMAC(s string) (net.HardwareAddr, bool) {
 	if len(s) != len("A8:40:25:FF:80:05") {
-		return false
+		return nil, false
 	}
 	for i := 2; i < len(s); i += 3 {
 		if s[i] != ':' {
-			return false
+			return nil, false
 		}
 	}
 	hw, err := net.ParseMAC(s)
-	return err == nil && len(hw) == 6
+	return hw, err == nil && len(hw) == 6
 }

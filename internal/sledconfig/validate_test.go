@@ -40,7 +40,7 @@ func TestValidateAccepts(t *testing.T) {
 		{"example", nil},
 		{"every zone type", func(doc map[string]any) {}},
 		{"generation 0", func(doc map[string]any) { doc["generation"] = json.Number("0") }},
-		{"generation max", func(doc map[string]any) { doc["generation"] = json.Number("18446744073709551615") }},
+		{"upstream's largest generation", func(doc map[string]any) { doc["generation"] = json.Number("9223372036854775807") }},
 		{"no image_source", func(doc map[string]any) { delete(zoneOf(doc, nexusID), "image_source") }},
 		{"no filesystem_pool", func(doc map[string]any) { delete(zoneOf(doc, nexusID), "filesystem_pool") }},
 		{"internal pool", func(doc map[string]any) {
@@ -325,6 +325,54 @@ func TestValidateRejects(t *testing.T) {
 
 		// SNAT.
 		{"SNAT ports reversed", set(boundaryNTPID, "snat_cfg", map[string]any{"ip": "172.20.26.9", "first_port": json.Number("16384"), "last_port": json.Number("0")}), zp(boundaryNTPID) + ".zone_type.snat_cfg", "first_port 16384 is after last_port 0", 0},
+
+		// Addresses no zone can hold.
+		{"loopback underlay address", set(crucibleID, "address", "[::1]:32345"), zp(crucibleID) + ".zone_type.address", "::1 is a loopback address", 0},
+		{"link-local underlay address", set(crucibleID, "address", "[fe80::5]:32345"), zp(crucibleID) + ".zone_type.address", "fe80::5 is a link-local address", 0},
+		{"multicast underlay address", set(nexusID, "internal_address", "[ff05::2]:12221"), zp(nexusID) + ".zone_type.internal_address", "ff05::2 is a multicast address", 0},
+		{"unspecified underlay address", set(internalNTPID, "address", "[::]:123"), zp(internalNTPID) + ".zone_type.address", ":: is the unspecified address", 0},
+		{"loopback DNS http_address", set(internalDNSID, "http_address", "[::1]:5353"), zp(internalDNSID) + ".zone_type.http_address", "is a loopback address", 0},
+		{"underlay port 0", set(crucibleID, "address", "[fd00:1122:3344:103::5]:0"), zp(crucibleID) + ".zone_type.address", "has port 0", 0},
+		{"internal DNS port 0", set(internalDNSID, "dns_address", "[fd00:1122:3344:1::1]:0"), zp(internalDNSID) + ".zone_type.dns_address", "has port 0", 0},
+		{"external DNS port 0", set(externalDNSID, "dns_address", "172.20.26.2:0"), zp(externalDNSID) + ".zone_type.dns_address", "has port 0", 0},
+		{"lockstep port 0", set(nexusID, "lockstep_port", json.Number("0")), zp(nexusID) + ".zone_type.lockstep_port", "is 0", 0},
+		{"loopback gz_address", set(internalDNSID, "gz_address", "::1"), zp(internalDNSID) + ".zone_type.gz_address", "::1 is a loopback address", 0},
+		{"link-local gz_address", set(internalDNSID, "gz_address", "fe80::2"), zp(internalDNSID) + ".zone_type.gz_address", "is a link-local address", 0},
+		{"gz_address is the zone's own", set(internalDNSID, "gz_address", "fd00:1122:3344:1::1"), zp(internalDNSID) + ".zone_type.gz_address", "is also this zone's own http_address", 0},
+		{"gz_address is another zone's", set(internalDNSID, "gz_address", "fd00:1122:3344:103::5"), zp(internalDNSID) + ".zone_type.gz_address", `fd00:1122:3344:103::5 is the underlay address of zone "` + crucibleID + `"`, 0},
+		{"two DNS zones on one gz_address", func(t *testing.T, doc map[string]any) {
+			z := decodeAny(t, []byte(extraZones[internalDNSID])).(map[string]any)
+			z["id"] = unusedZoneUUID
+			zt := z["zone_type"].(map[string]any)
+			zt["http_address"], zt["dns_address"] = "[fd00:1122:3344:2::1]:5353", "[fd00:1122:3344:2::1]:53"
+			doc["zones"].(map[string]any)[unusedZoneUUID] = z
+		}, zp(unusedZoneUUID) + ".zone_type.gz_address", `is also the gz_address of zone "` + internalDNSID + `"`, 0},
+
+		// MACs and IPs no NIC can have.
+		{"multicast MAC", setNIC(nexusID, "mac", "A9:40:25:FF:80:05"), nic + ".mac", `"A9:40:25:FF:80:05" is a multicast MAC address`, 0},
+		{"broadcast MAC", setNIC(nexusID, "mac", "FF:FF:FF:FF:FF:FF"), nic + ".mac", "is a multicast MAC address", 0},
+		{"all-zero MAC", setNIC(nexusID, "mac", "00:00:00:00:00:00"), nic + ".mac", "is the all-zero MAC address", 0},
+		{"v4 NIC ip multicast", setIP("ip", "224.0.0.1"), nic + ".ip_config.value.ip", "224.0.0.1 is a multicast address", 0},
+		{"v4 NIC ip unspecified", setIP("ip", "0.0.0.0"), nic + ".ip_config.value.ip", "is the unspecified address", 0},
+		{"v4 NIC ip broadcast", setIP("ip", "255.255.255.255"), nic + ".ip_config.value.ip", "is the broadcast address", 0},
+		{"v4 NIC ip loopback", setIP("ip", "127.0.0.1"), nic + ".ip_config.value.ip", "is a loopback address", 0},
+		{"v4 NIC ip link-local", setIP("ip", "169.254.0.9"), nic + ".ip_config.value.ip", "is a link-local address", 0},
+		{"v4 NIC ip the subnet's broadcast", setIP("ip", "172.30.2.255"), nic + ".ip_config.value.ip", "172.30.2.255 is the broadcast address of subnet 172.30.2.0/24", 0},
+		{"v6 NIC ip multicast", func(t *testing.T, doc map[string]any) {
+			setIPConfig(doc, nexusID, "v6", map[string]any{"ip": "ff02::9", "subnet": "fdb0::/64", "transit_ips": []any{}})
+		}, nic + ".ip_config.value.ip", "ff02::9 is a multicast address", 0},
+		{"v6 NIC ip link-local", func(t *testing.T, doc map[string]any) {
+			setIPConfig(doc, nexusID, "v6", map[string]any{"ip": "fe80::9", "subnet": "fe80::/64", "transit_ips": []any{}})
+		}, nic + ".ip_config.value.ip", "is a link-local address", 0},
+		{"dual_stack v6 loopback", func(t *testing.T, doc map[string]any) {
+			ipValue(doc, boundaryNTPID)["v6"].(map[string]any)["ip"] = "::1"
+		}, zp(boundaryNTPID) + ".zone_type.nic.ip_config.value.v6.ip", "is a loopback address", 0},
+
+		// Generations upstream cannot hold.
+		{"generation above upstream's largest", func(t *testing.T, doc map[string]any) { doc["generation"] = json.Number("9223372036854775808") },
+			"generation", "9223372036854775808 is larger than the largest generation, 9223372036854775807", 0},
+		{"largest uint64 generation", func(t *testing.T, doc map[string]any) { doc["generation"] = json.Number("18446744073709551615") },
+			"generation", "is larger than the largest generation", 0},
 
 		// Disks, datasets and the document.
 		{"disk id differs from key", func(t *testing.T, doc map[string]any) {
