@@ -77,10 +77,12 @@ type Config struct {
 	NATPeriod time.Duration `json:"-"`
 	Role      string        `json:"role"`
 	SimFaults string        `json:"sim-faults"`
-	// Images overrides what runs in the zones of a kind (linux runtime):
-	// {"crucible": ["/usr/bin/crucible-downstairs", "--listen", "{listen}"]}.
-	// See internal/runtime/linux for the placeholders.
-	Images map[string][]string `json:"images"`
+	// Images overrides what runs in the zones of a kind (linux runtime),
+	// and how it shows it is ready:
+	// {"crucible": ["/usr/bin/crucible-downstairs", "--listen", "{listen}"]}
+	// or {"crucible": {"command": [...], "ready": {"http": {"path": "/healthz"}}}}.
+	// See linux.Images for the forms and the placeholders.
+	Images linux.Images `json:"images"`
 	// RelistPeriod is how often zones are listed to catch deaths (0: default).
 	RelistPeriod time.Duration `json:"-"`
 	// HealthPeriod is how often every running zone is health-checked, and
@@ -170,6 +172,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	underlay, err := netip.ParseAddr(cfg.UnderlayIP)
 	if err != nil || !underlay.Is6() || underlay.Is4In6() {
 		return nil, fmt.Errorf("underlay-ip %q: must be an IPv6 address", cfg.UnderlayIP)
+	}
+	if err := cfg.Images.Validate(); err != nil {
+		return nil, fmt.Errorf("images: %w", err)
 	}
 	var bootstrap netip.Prefix
 	if cfg.BootstrapPrefix != "" {
@@ -467,13 +472,6 @@ func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
 		}
 		return rt, nil
 	case "linux":
-		images := map[string]linux.Image{}
-		for kind, argv := range cfg.Images {
-			if !sledconfig.KnownZoneType(kind) || len(argv) == 0 {
-				return nil, fmt.Errorf("images: %q: want a known zone type and a non-empty command", kind)
-			}
-			images[kind] = argv
-		}
 		runDir := cmp.Or(cfg.RunDir, DefaultRunDir)
 		return linux.New(linux.Options{
 			DataDir:     cfg.DataDir,
@@ -481,7 +479,7 @@ func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
 			TmpfsRunDir: runDir == DefaultRunDir,
 			Tag:         cfg.ZoneTag,
 			NetnsPrefix: cfg.NetnsPrefix,
-			Images:      images,
+			Images:      cfg.Images, // validated by New
 			Log:         log,
 		})
 	default:

@@ -380,10 +380,13 @@ func (r *run) startAgent(ctx context.Context) error {
 }
 
 // writeAgentConfig writes the agent's config file: crucibles run the
-// default image with a start delay.
+// default image with a start delay, ready when it answers GET /health.
 func (r *run) writeAgentConfig() error {
-	img := append(slices.Clone(linux.DefaultImage), "--start-delay", max(r.opts.ServiceStartDelay, 0).String())
-	doc, err := json.Marshal(map[string]any{"images": map[string][]string{"crucible": img}})
+	img := linux.Image{
+		Command: append(slices.Clone(linux.DefaultImage.Command), "--start-delay", max(r.opts.ServiceStartDelay, 0).String()),
+		Ready:   linux.Ready{HTTP: &linux.HTTPReady{Path: "/health"}},
+	}
+	doc, err := json.Marshal(map[string]any{"images": linux.Images{"crucible": img}})
 	if err != nil {
 		return err
 	}

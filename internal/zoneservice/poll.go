@@ -22,11 +22,17 @@ func NewPoller(maxTimeout time.Duration) *Poller {
 	return &Poller{timeout: min(50*time.Millisecond, maxTimeout), maxTimeout: maxTimeout, delay: 10 * time.Millisecond}
 }
 
-// Check checks the service at addr once.
+// Check checks the zone service at addr once.
 func (p *Poller) Check(ctx context.Context, addr string) error {
+	return p.Run(ctx, func(ctx context.Context) error { return Check(ctx, addr) })
+}
+
+// Run runs one check of any kind (the zone runtime's readiness checks: a TCP
+// connect, an HTTP GET) under this check's timeout.
+func (p *Poller) Run(ctx context.Context, check func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	err := Check(ctx, addr)
+	err := check(ctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		p.timeout = min(2*p.timeout, p.maxTimeout)
 	}

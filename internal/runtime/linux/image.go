@@ -8,8 +8,9 @@ import (
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
-// An Image is what runs in a zone of some kind: a command line whose
-// arguments may hold placeholders, filled in per zone:
+// An Image is what runs in a zone of some kind, and how it shows that it is
+// ready. Its command line's arguments may hold placeholders, filled in per
+// zone:
 //
 //	{agent}   the agent's binary (as kept in the data dir)
 //	{addr}    the zone's service IPv6 address, {port} its port,
@@ -19,22 +20,55 @@ import (
 //
 // Only whole values from the validated config and fixed paths are
 // substituted, and the command is executed without a shell.
-type Image []string
+type Image struct {
+	Command []string `json:"command"`
+	// Ready says how the service shows that it is ready (ready.go); the
+	// zero Ready is a TCP connect to the zone's service address.
+	Ready Ready `json:"ready,omitzero"`
+}
 
 // DefaultImage is the small service built into the agent: it listens on the
-// zone's service address and answers a health check.
-var DefaultImage = Image{"{agent}", "zone-service", "--listen", "{listen}", "--zone", "{name}", "--id", "{id}", "--kind", "{kind}"}
+// zone's service address and answers GET /health with its health report,
+// which is what readiness waits for.
+var DefaultImage = Image{
+	Command: []string{"{agent}", "zone-service", "--listen", "{listen}", "--zone", "{name}", "--id", "{id}", "--kind", "{kind}"},
+	Ready:   Ready{zoneService: true},
+}
 
 // VMMImage is what a VMM zone runs by default: the VMM service built into
-// the agent, which plays propolis (internal/vmm/propolis).
-var VMMImage = Image{"{agent}", "vmm-service", "--listen", "{listen}", "--id", "{id}"}
+// the agent, which plays propolis (internal/vmm/propolis) and answers the
+// same health check.
+var VMMImage = Image{
+	Command: []string{"{agent}", "vmm-service", "--listen", "{listen}", "--id", "{id}"},
+	Ready:   Ready{zoneService: true},
+}
 
-// expand fills in the placeholders of img for one zone.
+// imageFor returns what runs in the zone: its kind's image from the
+// options, else the default.
+func (r *Runtime) imageFor(spec zone.Spec) Image {
+	if img, ok := r.opts.Images[spec.Config.ZoneType.Type]; ok {
+		return img
+	}
+	if spec.Config.ZoneType.Type == zone.VMMZoneType {
+		return VMMImage
+	}
+	return DefaultImage
+}
+
+// expand fills in the placeholders of img's command for one zone.
 func (img Image) expand(spec zone.Spec, addr netip.AddrPort, agent, root string) ([]string, error) {
-	if len(img) == 0 {
+	if len(img.Command) == 0 {
 		return nil, fmt.Errorf("empty image for zone kind %s", spec.Config.ZoneType.Type)
 	}
-	r := strings.NewReplacer(
+	return expander(spec, addr, agent, root).expand(img.Command), nil
+}
+
+// placeholders fills in the placeholders of an image's argv (its command,
+// or its readiness command).
+type placeholders struct{ r *strings.Replacer }
+
+func expander(spec zone.Spec, addr netip.AddrPort, agent, root string) placeholders {
+	return placeholders{strings.NewReplacer(
 		"{agent}", agent,
 		"{addr}", addr.Addr().String(),
 		"{port}", fmt.Sprint(addr.Port()),
@@ -43,10 +77,13 @@ func (img Image) expand(spec zone.Spec, addr netip.AddrPort, agent, root string)
 		"{name}", spec.Name,
 		"{id}", spec.ID,
 		"{kind}", spec.Config.ZoneType.Type,
-	)
-	out := make([]string, len(img))
-	for i, a := range img {
-		out[i] = r.Replace(a)
+	)}
+}
+
+func (p placeholders) expand(argv []string) []string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		out[i] = p.r.Replace(a)
 	}
-	return out, nil
+	return out
 }

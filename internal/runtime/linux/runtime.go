@@ -189,16 +189,14 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		return fmt.Errorf("zone %s: network: %w", spec.Name, err)
 	}
 	tNet := time.Now()
-	img := DefaultImage
-	if spec.Config.ZoneType.Type == zone.VMMZoneType {
-		img = VMMImage
-	}
-	if i, ok := r.opts.Images[spec.Config.ZoneType.Type]; ok {
-		img = i
-	}
+	img := r.imageFor(spec)
 	argv, err := img.expand(spec, addr, r.agent, root)
 	if err != nil {
 		return err
+	}
+	ready, err := r.probeFor(spec, img)
+	if err != nil {
+		return fmt.Errorf("zone %s: %w", spec.Name, err)
 	}
 	svc := r.serviceDir(spec.Name)
 	prepare := supervise.Prepare
@@ -215,7 +213,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		return err
 	}
 	tSup := time.Now()
-	if err := r.waitReady(ctx, spec.Name, netCfg.Netns, svc, proc, addr.String()); err != nil {
+	if err := r.waitReady(ctx, spec.Name, netCfg.Netns, svc, proc, ready); err != nil {
 		return err
 	}
 	r.opts.Log.Debug("zone ready", "zone", spec.Name, "network", tNet.Sub(t0), "supervisor", tSup.Sub(tNet), "service", time.Since(tSup))
@@ -263,15 +261,15 @@ func (r *Runtime) startSupervisor(ctx context.Context, name, netns, svc string) 
 }
 
 // waitReady waits, until ctx ends, for the zone's service to be up and
-// healthy. Every poll also checks that the zone still exists: if its
-// namespace or its supervisor is gone, the wait ends at once with a
-// zone.GoneError.
-func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *supervise.Proc, addr string) error {
+// ready, and says through ctx's progress reporter what it waits for.
+// Every poll also checks that the zone still exists: if its namespace or its
+// supervisor is gone, the wait ends at once with a zone.GoneError.
+func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *supervise.Proc, ready probe) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	exited := proc.Watch(wctx)
 	poll := zoneservice.NewPoller(r.opts.HealthTimeout)
-	var lastErr error // set by every poll before it waits
+	lastSaid := ""
 	for {
 		if !zonenet.NetnsExists(netns) {
 			return &zone.GoneError{Name: name, Reason: "its network namespace was deleted while its service was starting"}
@@ -281,27 +279,34 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 			return &zone.GoneError{Name: name, Reason: "its supervisor exited while its service was starting"}
 		default:
 		}
-		// The health check comes first: until the service listens it is
-		// refused at once, and it is what the wait is for. The
+		// The readiness check comes first: until the service listens it
+		// is refused at once, and it is what the wait is for. The
 		// supervisor's word is read once the service answers.
-		if err := poll.Check(ctx, addr); err == nil {
+		var waiting string // what the zone waits for, and the last answer
+		if err := ready.run(ctx, poll, r.opts.HealthTimeout); err == nil {
 			st, err := supervise.Status(svc)
 			switch {
 			case err != nil:
-				lastErr = err
+				waiting = "waiting for its supervisor's status: " + err.Error()
 			case !st.Up:
-				lastErr = errors.New("the service answers but its supervisor does not report it up")
+				waiting = "waiting for its supervisor to report the service up (" + ready.what + " answers)"
 			default:
 				return nil
 			}
+		} else if ctx.Err() != nil && lastSaid != "" {
+			waiting = lastSaid // a check cut short by the end of the wait says nothing new
 		} else {
-			lastErr = fmt.Errorf("health check: %w", err)
+			waiting = ready.waiting(err)
+		}
+		if waiting != lastSaid {
+			zone.ReportProgress(ctx, waiting)
+			lastSaid = waiting
 		}
 		t := time.NewTimer(poll.Pause())
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("zone %s not ready: %v (supervisor: %s): %w", name, lastErr, supervisorSays(svc), ctx.Err())
+			return fmt.Errorf("zone %s not ready: %s (supervisor: %s): %w", name, waiting, supervisorSays(svc), ctx.Err())
 		case <-exited:
 			t.Stop()
 		case <-t.C:
@@ -309,17 +314,18 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 	}
 }
 
-// Healthy reports whether the zone's service answers its health check, the
-// same check readiness waits for. The restore protocol asks it of zones it
-// finds running, before it adopts them.
+// Healthy reports whether the zone's service passes its image's readiness
+// check, the one Ensure waits for, within the health timeout. The restore
+// protocol asks it of zones it finds running, before it adopts them.
 func (r *Runtime) Healthy(ctx context.Context, spec zone.Spec) error {
-	addr, ok := spec.Config.ServiceAddr()
-	if !ok {
-		return fmt.Errorf("zone %s has no underlay service address", spec.Name)
+	ready, err := r.probeFor(spec, r.imageFor(spec))
+	if err != nil {
+		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.HealthTimeout)
-	defer cancel()
-	return zoneservice.Check(ctx, addr.String())
+	if err := ready.run(ctx, nil, r.opts.HealthTimeout); err != nil {
+		return fmt.Errorf("zone %s: %s: %w", spec.Name, ready.what, err)
+	}
+	return nil
 }
 
 // supervisorSays describes what runsv reports of the service, for errors.

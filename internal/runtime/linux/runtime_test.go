@@ -28,13 +28,16 @@ import (
 
 // TestMain lets the test binary play the agent binary that zone images run:
 // "zone-service …" serves like `sled-agent zone-service`, "never-ready"
-// runs without ever answering a health check.
+// runs without ever answering a health check; "tcp-listen" and "zone-probe"
+// are a service that is not the agent's and a readiness command
+// (ready_root_test.go).
 func TestMain(m *testing.M) {
 	zoneservicetest.ServeIfAsked()
 	if len(os.Args) > 1 && os.Args[1] == "never-ready" {
 		time.Sleep(time.Hour)
 		os.Exit(0)
 	}
+	standInIfAsked()
 	os.Exit(m.Run())
 }
 
@@ -311,7 +314,7 @@ func serviceDir(t *testing.T, e *env, s zone.Spec) string {
 }
 
 func TestNamespaceDeletedDuringReadinessWaitIsZoneGone(t *testing.T) {
-	e := newEnv(t, map[string]linux.Image{"crucible": {"{agent}", "never-ready"}})
+	e := newEnv(t, map[string]linux.Image{"crucible": {Command: []string{"{agent}", "never-ready"}}})
 	s := spec(4)
 	errc := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -342,7 +345,7 @@ func TestNamespaceDeletedDuringReadinessWaitIsZoneGone(t *testing.T) {
 }
 
 func TestServiceThatKeepsExitingIsNotReadyAndSaysWhy(t *testing.T) {
-	e := newEnv(t, map[string]linux.Image{"crucible": {"/bin/sh", "-c", "exit 3"}})
+	e := newEnv(t, map[string]linux.Image{"crucible": {Command: []string{"/bin/sh", "-c", "exit 3"}}})
 	s := spec(6)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -451,7 +454,7 @@ func TestDestroyKillsWhatTheServiceLeft(t *testing.T) {
 	// sh makes its background child ignore SIGTERM, then becomes the
 	// zone service.
 	script := `trap '' TERM; sleep 600 & exec "$0" zone-service --listen "$1" --zone "$2" --id "$3" --kind "$4"`
-	e := newEnv(t, map[string]linux.Image{"crucible": {"/bin/sh", "-c", script, "{agent}", "{listen}", "{name}", "{id}", "{kind}"}})
+	e := newEnv(t, map[string]linux.Image{"crucible": {Command: []string{"/bin/sh", "-c", script, "{agent}", "{listen}", "{name}", "{id}", "{kind}"}}})
 	s := spec(7)
 	e.ensure(s)
 	runsv, found, err := supervise.Find(serviceDir(t, e, s))

@@ -145,7 +145,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	}
 
 	// Wait for the service to come up, noticing the zone vanishing meanwhile.
-	if err := r.behave(ctx, f.start, z.gone, spec.Name, func() time.Duration {
+	if err := r.behave(ctx, "start", f.start, z.gone, spec.Name, func() time.Duration {
 		if r.opts.StartDelay == nil {
 			return 0
 		}
@@ -184,6 +184,7 @@ func (r *Runtime) waitHealthy(ctx context.Context, spec zone.Spec, z *simZone) e
 		if err == nil || errors.Is(err, zone.ErrGone) {
 			return err
 		}
+		zone.ReportProgress(ctx, "waiting for its service to answer: "+err.Error())
 		t := time.NewTimer(healthPoll)
 		select {
 		case <-ctx.Done():
@@ -200,12 +201,18 @@ func (r *Runtime) waitHealthy(ctx context.Context, spec zone.Spec, z *simZone) e
 // healthPoll is how often a readiness wait checks again.
 const healthPoll = 100 * time.Millisecond
 
-// behave applies one fault behaviour (or the default delay) to a call.
-func (r *Runtime) behave(ctx context.Context, b behavior, gone <-chan struct{}, name string, defaultDelay func() time.Duration) error {
+// doing names an operation in progress, for progress reports.
+var doing = map[string]string{"start": "starting", "stop": "stopping"}
+
+// behave applies one fault behaviour (or the default delay) to a call, op
+// ("start" or "stop"), and says what it is doing through ctx's progress
+// reporter, as a real runtime would.
+func (r *Runtime) behave(ctx context.Context, op string, b behavior, gone <-chan struct{}, name string, defaultDelay func() time.Duration) error {
 	switch {
 	case b.fail:
 		return fmt.Errorf("zone %s: %w", name, ErrInjected)
 	case b.hang:
+		zone.ReportProgress(ctx, op+" hangs (sim fault)")
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -220,6 +227,7 @@ func (r *Runtime) behave(ctx context.Context, b behavior, gone <-chan struct{}, 
 	if d <= 0 {
 		return nil
 	}
+	zone.ReportProgress(ctx, fmt.Sprintf("%s (simulated delay %v)", doing[op], d))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -281,7 +289,7 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	}
 	r.mu.Unlock()
 	if z != nil {
-		if err := r.behave(ctx, f.stop, nil, name, func() time.Duration { return 0 }); err != nil {
+		if err := r.behave(ctx, "stop", f.stop, nil, name, func() time.Duration { return 0 }); err != nil {
 			return err
 		}
 	}

@@ -92,6 +92,38 @@ func TestStartFaults(t *testing.T) {
 	})
 }
 
+// A start that takes long or hangs says so through the progress reporter,
+// while it waits.
+func TestStartReportsProgress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := sim.New(sim.Options{})
+		s0, s1, s2 := spec(0), spec(1), spec(2)
+		rt.SetFaults(sim.Faults{Zones: map[string]sim.ZoneFaults{s0.ID: {Start: "hang"}, s1.ID: {Start: "3s"}, s2.ID: {Stop: "2s"}}})
+		for _, c := range []struct {
+			s    zone.Spec
+			want string
+		}{{s0, "start hangs (sim fault)"}, {s1, "starting (simulated delay 3s)"}} {
+			var got []string
+			ctx, cancel := context.WithTimeout(zone.WithProgress(context.Background(), func(m string) { got = append(got, m) }), time.Minute)
+			rt.Ensure(ctx, c.s)
+			cancel()
+			if len(got) != 1 || got[0] != c.want {
+				t.Errorf("%s: progress %q, want %q", c.s.Name, got, c.want)
+			}
+		}
+		if err := rt.Ensure(context.Background(), s2); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		if err := rt.Destroy(zone.WithProgress(context.Background(), func(m string) { got = append(got, m) }), s2.Name); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0] != "stopping (simulated delay 2s)" {
+			t.Errorf("destroy: progress %q", got)
+		}
+	})
+}
+
 func TestZoneDeletedDuringStartIsGone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := sim.New(sim.Options{StartDelay: func(zone.Spec) time.Duration { return time.Hour }})
