@@ -451,6 +451,7 @@ func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
 			RunDir:      runDir,
 			TmpfsRunDir: runDir == DefaultRunDir,
 			Tag:         cfg.ZoneTag,
+			Sled:        cfg.SledID,
 			NetnsPrefix: cfg.NetnsPrefix,
 			Images:      images,
 			Log:         log,
