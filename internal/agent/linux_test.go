@@ -179,7 +179,12 @@ func linuxEnv(t *testing.T) (tag, prefix, dir, runDir string) {
 	tag = "zt" + hex.EncodeToString(b)
 	prefix = tag + "-"
 	dir, runDir = t.TempDir(), t.TempDir()
-	t.Cleanup(func() { destroyAll(t, dir, runDir, tag, prefix) })
+	t.Cleanup(func() {
+		destroyAll(t, dir, runDir, tag, prefix)
+		if err := agent.RemoveHostLock(tag); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
 	return tag, prefix, dir, runDir
 }
 

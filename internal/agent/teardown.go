@@ -17,7 +17,8 @@ const teardownZoneTimeout = time.Minute
 // dir, then every leftover part of this data dir's sled that belongs to no
 // zone, and returns one line per thing removed. It is the explicit operator
 // command for an empty sled: stopping the agent never does this. It takes
-// the data dir, so it refuses to run beside an agent. It removes only what
+// the data dir and, for the linux runtime, the host's zones of its tag, so it
+// refuses to run beside an agent of either. Within those it removes only what
 // is proven this sled's: parts of another sled (another data dir) are logged
 // as not ours and left alone. The ledger is left as it is; an agent started
 // later creates the ledgered zones again.
@@ -34,7 +35,7 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, erro
 	if cfg.SimFaults != "" {
 		return nil, errors.New("teardown takes no sim faults")
 	}
-	lock, err := LockDataDir(cfg.DataDir)
+	lock, err := lockFor(cfg)
 	if err != nil {
 		return nil, err
 	}
