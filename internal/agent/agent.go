@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -138,8 +139,9 @@ type Agent struct {
 	identity api.Identity
 	// watch, if set, reports runtime events until its ctx ends.
 	watch func(context.Context) error
-	// lock holds the data dir for this agent until Run returns or Close.
-	lock *os.File
+	// lock holds the data dir (and, for the linux runtime, the host's
+	// zones of its tag) for this agent until Run returns or Close.
+	lock io.Closer
 	// prefixes, if set, keeps the sled's routing prefixes in DDM.
 	prefixes *prefix.Reconciler
 	// nat, if set, keeps the sled's NAT entries on every switch.
@@ -201,8 +203,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
-	// One agent per data dir: two would fight over the same zones.
-	lock, err := LockDataDir(cfg.DataDir)
+	// One agent per data dir, and per host and zone tag: two would fight
+	// over the same zones. Taken before anything touches the OS.
+	lock, err := lockFor(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -478,6 +481,7 @@ func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
 			RunDir:      runDir,
 			TmpfsRunDir: runDir == DefaultRunDir,
 			Tag:         cfg.ZoneTag,
+			Sled:        cfg.SledID,
 			NetnsPrefix: cfg.NetnsPrefix,
 			Images:      cfg.Images, // validated by New
 			Log:         log,

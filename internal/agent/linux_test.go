@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ledger"
@@ -177,7 +179,12 @@ func linuxEnv(t *testing.T) (tag, prefix, dir, runDir string) {
 	tag = "zt" + hex.EncodeToString(b)
 	prefix = tag + "-"
 	dir, runDir = t.TempDir(), t.TempDir()
-	t.Cleanup(func() { destroyAll(t, dir, runDir, tag, prefix) })
+	t.Cleanup(func() {
+		destroyAll(t, dir, runDir, tag, prefix)
+		if err := agent.RemoveHostLock(tag); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
 	return tag, prefix, dir, runDir
 }
 
@@ -208,7 +215,12 @@ func namespacePIDs(t *testing.T, ns string) []int {
 
 // destroyAll removes every zone with the test's tag.
 func destroyAll(t *testing.T, dir, runDir, tag, prefix string) {
-	rt, err := linux.New(linux.Options{DataDir: dir, RunDir: runDir, Tag: tag, NetnsPrefix: prefix})
+	// The sled's, if an agent ran here: its zones are the ones to destroy.
+	sled := uuid.NewString()
+	if b, err := os.ReadFile(filepath.Join(dir, "sled-id")); err == nil {
+		sled = strings.TrimSpace(string(b))
+	}
+	rt, err := linux.New(linux.Options{DataDir: dir, RunDir: runDir, Tag: tag, Sled: sled, NetnsPrefix: prefix})
 	if err != nil {
 		t.Errorf("cleanup: %v", err)
 		return
@@ -255,10 +267,22 @@ func TestLinuxRestartAdoptsZones(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A leftover of a zone whose root is gone: its namespace and links,
-	// as a crash half-way through a teardown leaves them.
+	// A leftover of a zone whose root is gone: its claim, namespace and
+	// links, as a crash of Ensure right after the zone's network leaves
+	// them, once the root is lost too.
 	orphan := sledconfigtest.Crucible(9)
 	orphanAddr := netip.MustParseAddr("fd00:1122:3344:1e0::9")
+	sledID, err := os.ReadFile(filepath.Join(dir, "sled-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := filepath.Join(runDir, tag, orphan.Name(), linux.ClaimFile)
+	if err := os.MkdirAll(filepath.Dir(claim), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(claim, []byte(`{"sled_id": "`+strings.TrimSpace(string(sledID))+`"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := zonenet.Ensure(t.Context(), zonenet.Config{Netns: prefix + orphan.Name(), Tag: tag, ZoneID: orphan.ID, Underlay: orphanAddr}); err != nil {
 		t.Fatal(err)
 	}

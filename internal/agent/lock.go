@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +16,19 @@ import (
 
 // lockFile, in the data dir, is held (flock) by the agent using the dir.
 const lockFile = "agent.lock"
+
+// HostLockDir holds the host-wide locks of the linux runtime, one per zone
+// tag: sled-agent-<tag>.lock. It is /run/lock, not the run dir: the agent
+// mounts a tmpfs on its run dir when that is not on one, which would hide a
+// lock taken there from the next agent.
+const HostLockDir = "/run/lock"
+
+// DefaultZoneTag is the linux runtime's ownership tag when none is given.
+const DefaultZoneTag = "sled-agent"
+
+// ErrInUse is wrapped when the data dir, or the host's zones of a tag, are
+// held by another process.
+var ErrInUse = errors.New("in use by another sled agent")
 
 // LockDataDir takes the data dir for this process: an agent, or an operator
 // command that must not run beside one (teardown). The lock is released by
@@ -28,7 +44,7 @@ func LockDataDir(dataDir string) (*os.File, error) {
 		holder, _ := os.ReadFile(path)
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("data dir %s is in use by another sled agent (pid %s): one agent per data dir", dataDir, strings.TrimSpace(string(holder)))
+			return nil, fmt.Errorf("data dir %s is %w (pid %s): one agent per data dir", dataDir, ErrInUse, strings.TrimSpace(string(holder)))
 		}
 		return nil, fmt.Errorf("locking data dir %s: %w", dataDir, err)
 	}
@@ -37,4 +53,120 @@ func LockDataDir(dataDir string) (*os.File, error) {
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
+}
+
+// LockHost takes the host's zones of the linux runtime's tag for this
+// process (an agent, or a teardown), whatever its data dir: two agents with
+// the same tag see each other's namespaces, links and processes, and each
+// would take the other's for its own leftovers. Tests that use their own tags
+// run side by side. The lock is released by closing the file, or by the
+// process ending however it ends. Held by another process, it is an error
+// naming that process and its data dir.
+func LockHost(tag, dataDir string) (*os.File, error) {
+	tag = cmp.Or(tag, DefaultZoneTag)
+	if !validTag(tag) {
+		return nil, fmt.Errorf("zone tag %q: want 1–20 bytes of [a-z0-9-]", tag)
+	}
+	path := hostLockPath(tag)
+	err := os.MkdirAll(HostLockDir, 0o755)
+	var f *os.File
+	if err == nil {
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	}
+	if errors.Is(err, fs.ErrPermission) {
+		return nil, fmt.Errorf("locking the host (the linux runtime needs root): %w", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("locking the host: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			who := cmp.Or(strings.TrimSpace(string(holder)), "a process that has not yet said who it is")
+			return nil, fmt.Errorf("the zones of tag %q on this host are %w (%s; lock %s): one agent per host", tag, ErrInUse, who, path)
+		}
+		return nil, fmt.Errorf("locking the host (%s): %w", path, err)
+	}
+	if abs, err := filepath.Abs(dataDir); err == nil {
+		dataDir = abs
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte("pid "+strconv.Itoa(os.Getpid())+", data dir "+dataDir+"\n"), 0)
+	}
+	return f, nil
+}
+
+func hostLockPath(tag string) string {
+	return filepath.Join(HostLockDir, "sled-agent-"+tag+".lock")
+}
+
+// RemoveHostLock removes the host lock file of a tag that tests or tools made
+// up for themselves, once no process of theirs can take it any more; a lock
+// file held by a process is left. Lock files are otherwise left in place:
+// removing one that a starting agent has just opened would let a third take
+// a new one beside it.
+func RemoveHostLock(tag string) error {
+	if !validTag(tag) || tag == DefaultZoneTag {
+		return fmt.Errorf("zone tag %q: not a tag of one's own", tag)
+	}
+	path := hostLockPath(tag)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fmt.Errorf("%s: %w", path, ErrInUse)
+	}
+	return os.Remove(path)
+}
+
+// lockFor takes what an agent or a teardown with cfg must hold: the data
+// dir, and for the linux runtime the host's zones of its tag, both before
+// anything touches the OS. The sim runtime touches no OS object (its
+// simulated OS is a file in the data dir), so sim agents on one host need
+// only their own data dirs.
+func lockFor(cfg Config) (io.Closer, error) {
+	dir, err := LockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Runtime != "linux" {
+		return dir, nil
+	}
+	host, err := LockHost(cfg.ZoneTag, cfg.DataDir)
+	if err != nil {
+		dir.Close()
+		return nil, err
+	}
+	return locks{dir, host}, nil
+}
+
+// locks releases every lock it holds when closed.
+type locks []*os.File
+
+func (l locks) Close() error {
+	var errs []error
+	for _, f := range l {
+		errs = append(errs, f.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// validTag accepts what the linux runtime accepts as a tag: 1–20 bytes of
+// [a-z0-9-] (it is part of the lock's file name).
+func validTag(s string) bool {
+	if len(s) == 0 || len(s) > 20 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
 }

@@ -14,11 +14,14 @@ import (
 const teardownZoneTimeout = time.Minute
 
 // Teardown destroys every zone the configured runtime holds for this data
-// dir, then every leftover part that belongs to no zone, and returns one line
-// per thing removed. It is the explicit operator command for an empty sled:
-// stopping the agent never does this. It takes the data dir, so it refuses to
-// run beside an agent. The ledger is left as it is; an agent started later
-// creates the ledgered zones again.
+// dir, then every leftover part of this data dir's sled that belongs to no
+// zone, and returns one line per thing removed. It is the explicit operator
+// command for an empty sled: stopping the agent never does this. It takes
+// the data dir and, for the linux runtime, the host's zones of its tag, so it
+// refuses to run beside an agent of either. Within those it removes only what
+// is proven this sled's: parts of another sled (another data dir) are logged
+// as not ours and left alone. The ledger is left as it is; an agent started
+// later creates the ledgered zones again.
 func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -32,11 +35,18 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, erro
 	if cfg.SimFaults != "" {
 		return nil, errors.New("teardown takes no sim faults")
 	}
-	lock, err := LockDataDir(cfg.DataDir)
+	lock, err := lockFor(cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer lock.Close()
+	// The sled whose parts these are (the linux runtime goes by it); a
+	// data dir that has none yet gets one, which owns nothing outside it.
+	if cfg.Runtime == "linux" {
+		if cfg.SledID, err = sledIdentity(cfg.DataDir, cfg.SledID); err != nil {
+			return nil, err
+		}
+	}
 	rt, err := newRuntime(cfg, log)
 	if err != nil {
 		return nil, err

@@ -112,6 +112,9 @@ func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err 
 			err = errors.Join(err, fmt.Errorf("tearing down: %w", terr))
 			res = nil
 		}
+		if cfg.Runtime == "linux" {
+			agent.RemoveHostLock(tag) // best effort: a few bytes in /run/lock
+		}
 		os.RemoveAll(dir)
 		if cfg.RunDir != "" {
 			os.RemoveAll(cfg.RunDir)

@@ -83,6 +83,9 @@ func VMM(ctx context.Context, opts VMMOptions) (res *VMMResult, err error) {
 			err = errors.Join(err, fmt.Errorf("tearing down: %w", terr))
 			res = nil
 		}
+		if cfg.Runtime == "linux" {
+			agent.RemoveHostLock(tag) // best effort: a few bytes in /run/lock
+		}
 	}()
 	a, _, stop, err := startAgent(ctx, cfg, nil)
 	if err != nil {

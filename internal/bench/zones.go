@@ -36,6 +36,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -196,7 +197,7 @@ func Zones(ctx context.Context, opts ZonesOptions) (res *ZonesResult, err error)
 	if b.runDir, err = os.MkdirTemp("/dev/shm", "sled-agent-bench-zones-"); err != nil {
 		return nil, err
 	}
-	b.rt, err = linux.New(linux.Options{DataDir: b.dataDir, RunDir: b.runDir, Tag: b.tag, NetnsPrefix: b.prefix, AgentBinary: agent, Log: opts.RuntimeLog})
+	b.rt, err = linux.New(linux.Options{DataDir: b.dataDir, RunDir: b.runDir, Tag: b.tag, Sled: uuid.NewString(), NetnsPrefix: b.prefix, AgentBinary: agent, Log: opts.RuntimeLog})
 	if err != nil {
 		return nil, err
 	}

@@ -18,8 +18,10 @@ func newTeardownCmd() *cobra.Command {
 		Long: `Destroy every zone the runtime holds for this data dir, then every leftover
 part that belongs to no zone (links, processes, zone roots). Stopping the agent
 never does this; this command is how an operator empties a sled. It refuses to
-run while an agent uses the data dir. The ledger is kept: an agent started later
-creates the ledgered zones again.`,
+run while an agent uses the data dir or, with the linux runtime, while any agent
+of the same zone tag runs on the host, and it removes only this data dir's sled's
+parts (others are logged as not ours and left alone). The ledger is kept: an
+agent started later creates the ledgered zones again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !yes {

@@ -185,6 +185,9 @@ func (r *run) cleanup() error {
 			errs = append(errs, fmt.Errorf("left behind after teardown: %+v", owned))
 		}
 		r.obs.RemoveEmptyDirs()
+		if err := agent.RemoveHostLock(r.tag); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if len(errs) > 0 {
 		// Keep the agent's log for whoever investigates.

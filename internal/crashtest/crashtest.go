@@ -32,6 +32,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
@@ -176,14 +178,14 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if r.listen, err = freePort(); err != nil {
 		return nil, err
 	}
-	r.cfg = agent.Config{DataDir: filepath.Join(r.dir, "data"), RunDir: r.runDir, Runtime: "linux", ZoneTag: r.tag, NetnsPrefix: r.prefix}
+	r.cfg = agent.Config{DataDir: filepath.Join(r.dir, "data"), RunDir: r.runDir, Runtime: "linux", ZoneTag: r.tag, NetnsPrefix: r.prefix, SledID: uuid.NewString()}
 	if err := os.MkdirAll(r.cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
 	if err := r.writeAgentConfig(); err != nil {
 		return nil, err
 	}
-	if r.obs, err = linux.New(linux.Options{DataDir: r.cfg.DataDir, RunDir: r.runDir, Tag: r.tag, NetnsPrefix: r.prefix}); err != nil {
+	if r.obs, err = linux.New(linux.Options{DataDir: r.cfg.DataDir, RunDir: r.runDir, Tag: r.tag, Sled: r.cfg.SledID, NetnsPrefix: r.prefix}); err != nil {
 		return nil, err
 	}
 	if r.c, err = client.New("http://" + r.listen); err != nil {
@@ -347,7 +349,7 @@ func (r *run) startAgent(ctx context.Context) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(r.opts.Agent, "run", "--config", filepath.Join(r.dir, "agent.json"), "--runtime", "linux", "--data-dir", r.cfg.DataDir, "--run-dir", r.runDir,
-		"--listen", r.listen, "--zone-tag", r.tag, "--netns-prefix", r.prefix, "--log-level", "info")
+		"--listen", r.listen, "--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--log-level", "info")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), r.opts.AgentEnv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

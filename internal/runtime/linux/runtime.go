@@ -45,6 +45,10 @@ type Options struct {
 	// Tag marks every object as this agent's (default "sled-agent"). Tests
 	// use a unique tag.
 	Tag string
+	// Sled is the id of the sled whose zones these are (a UUID in lower
+	// case): written into every zone's marks, and what Sweep, Owned and
+	// Destroy go by (see claim.go). Required.
+	Sled string
 	// NetnsPrefix is put before every zone name to make its namespace name
 	// (default none). Tests use a unique prefix.
 	NetnsPrefix string
@@ -89,6 +93,9 @@ func New(opts Options) (*Runtime, error) {
 	if opts.DataDir == "" {
 		return nil, errors.New("the linux runtime needs a data dir")
 	}
+	if err := validSled(opts.Sled); err != nil {
+		return nil, fmt.Errorf("the linux runtime needs its sled's id: %w", err)
+	}
 	r := &Runtime{opts: opts, watchers: map[string]watcher{}, roots: map[string]string{}, cg: newCgroups(opts.Tag)}
 	if !r.cg.available() {
 		opts.Log.Warn("no cgroup v2 file system: zone processes will be found by walking /proc")
@@ -104,7 +111,10 @@ func New(opts Options) (*Runtime, error) {
 
 // owner is the file in a zone root that proves the zone is ours.
 type owner struct {
-	Tag   string `json:"tag"`
+	Tag string `json:"tag"`
+	// Sled is the sled whose zone it is; empty in marks of the previous
+	// version (see claim.go).
+	Sled  string `json:"sled_id,omitempty"`
 	ID    string `json:"id"`
 	Name  string `json:"name"`
 	Hash  string `json:"config_hash"`
@@ -180,11 +190,15 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	if err != nil {
 		return err
 	}
-	mark := mustJSON(owner{Tag: r.opts.Tag, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Config: cfgJSON})
+	mark := mustJSON(owner{Tag: r.opts.Tag, Sled: r.opts.Sled, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Config: cfgJSON})
 	if err := atomicfile.WriteFile(filepath.Join(root, ownerFile), mark, atomicfile.Options{}); err != nil {
 		return fmt.Errorf("zone %s: writing its root: %w", spec.Name, err)
 	}
 	r.noteRoot(spec.Name, root)
+	// Then the claim, before the zone has any part outside our data dir.
+	if err := r.claimZone(spec.Name); err != nil {
+		return err
+	}
 	if err := zonenet.Ensure(ctx, netCfg); err != nil {
 		return fmt.Errorf("zone %s: network: %w", spec.Name, err)
 	}
@@ -389,7 +403,8 @@ func (r *Runtime) stopWatching(name string) *supervise.Proc {
 // Destroy removes every part of the named zone: its service and supervisor,
 // any process left in its namespace, its links and namespace, and its root.
 // Parts that do not exist are skipped; parts not marked as ours are left
-// alone.
+// alone, and so is all but the roots of a zone whose parts are not proven
+// our sled's (see claim.go).
 func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	t0 := time.Now()
 	defer func() { r.opts.Log.Debug("zone destroyed", "zone", name, "took", time.Since(t0)) }()
@@ -403,10 +418,13 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 	zoneID := ""
 	var ours []string // the roots that carry our mark
 	for _, root := range roots {
-		if o, err := readOwner(root); err == nil && o.Tag == r.opts.Tag {
+		if o, err := readOwner(root); err == nil && r.ourMark(o) {
 			zoneID = o.ID
 			ours = append(ours, root)
 		}
+	}
+	if !r.provenOurs(name, len(ours) > 0) {
+		return r.removeRoots(name, ours)
 	}
 	// The service directory is under our run dir, which holds only ours.
 	svc := r.serviceDir(name)
@@ -480,7 +498,7 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 			return nil, err
 		}
 		o, err := readOwner(root)
-		if err != nil || o.Tag != r.opts.Tag {
+		if err != nil || !r.ourMark(o) {
 			continue
 		}
 		r.noteRoot(o.Name, root)
@@ -533,7 +551,7 @@ func (r *Runtime) Names(ctx context.Context, prefix string) ([]string, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if o, err := readOwner(root); err == nil && o.Tag == r.opts.Tag && strings.HasPrefix(o.Name, prefix) {
+		if o, err := readOwner(root); err == nil && r.ourMark(o) && strings.HasPrefix(o.Name, prefix) {
 			out = append(out, o.Name)
 		}
 	}
@@ -551,7 +569,7 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (zone.Observed, bool
 			return zone.Observed{}, false, err
 		}
 		o, err := readOwner(root)
-		if err != nil || o.Tag != r.opts.Tag {
+		if err != nil || !r.ourMark(o) {
 			continue
 		}
 		obs := zone.Observed{Name: o.Name, ID: o.ID, Hash: o.Hash}

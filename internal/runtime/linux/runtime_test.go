@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
@@ -51,6 +53,7 @@ type env struct {
 	t      *testing.T
 	rt     *linux.Runtime
 	tag    string
+	sled   string
 	prefix string
 	dir    string
 	run    string
@@ -71,12 +74,14 @@ func newEnv(t *testing.T, images map[string]linux.Image) *env {
 	// needs them.
 	e := &env{t: t, tag: "zt" + hex.EncodeToString(b), dir: t.TempDir(), run: t.TempDir(), pokes: make(chan struct{}, 100)}
 	e.prefix = e.tag + "-"
+	e.sled = uuid.NewString()
 	// Clean up everything with our tag, even if the test fails half-way.
 	t.Cleanup(e.cleanup)
 	rt, err := linux.New(linux.Options{
 		DataDir:     e.dir,
 		RunDir:      e.run,
 		Tag:         e.tag,
+		Sled:        e.sled,
 		NetnsPrefix: e.prefix,
 		Images:      images,
 		Notify: func() {

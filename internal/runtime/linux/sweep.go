@@ -25,9 +25,12 @@ import (
 // zone whose root was removed or by an Ensure or Destroy that a crash cut
 // short; and the zone roots in our data dir that hold no readable mark (a
 // crash between creating a root and renaming its mark into place leaves
-// one). Roots whose mark carries another tag are not ours and are left
-// alone, as are parts whose names no zone could have (they are logged). It
-// returns one line per thing removed, for people (e.g. "link
+// one). Roots whose mark carries another tag or names another sled are not
+// ours and are left alone, as are parts whose names no zone could have, and
+// parts of a zone whose root is not ours that no claim of our sled proves
+// ours (see claim.go): those are logged as not ours. It writes the claims of
+// our zones that have none (made by the previous version). It returns one
+// line per thing removed, for people (e.g. "link
 // ozu0123456789ab of zone <id>", "namespace <name>", "process 1234 (sleep)
 // of service dir ...", "zone root <path> without a valid mark").
 //
@@ -60,6 +63,19 @@ type zoneSet struct {
 	names map[string]bool // names in the marks, and of the roots' directories
 	ids   map[string]bool // lower case
 	netns map[string]bool
+	// claims are the service directories' claims by zone name, and by
+	// zone id (lower case), as they were before the sweep acted.
+	claims   map[string]claim
+	idClaims map[string]claim
+}
+
+// claimedOurs reports whether claim c (ok: there is one) is our sled's; if
+// not, why, for the log.
+func (r *Runtime) claimedOurs(c claim, ok bool) (bool, string) {
+	if ok && c.Sled == r.opts.Sled {
+		return true, ""
+	}
+	return false, sledOf(c, ok)
 }
 
 // knownZones reads every root as List does and returns the zones, and the
@@ -71,24 +87,46 @@ func (r *Runtime) knownZones(ctx context.Context) (zoneSet, []string, error) {
 	if err != nil {
 		return zs, nil, err
 	}
-	var unmarked []string
+	var unmarked, unclaimed []string
 	for _, root := range paths {
 		if err := ctx.Err(); err != nil {
 			return zs, nil, err
 		}
 		o, err := readOwner(root)
 		switch {
-		case err == nil && o.Tag == r.opts.Tag:
+		case err == nil && r.ourMark(o):
 			zs.names[o.Name] = true
 			zs.names[filepath.Base(root)] = true
 			zs.ids[strings.ToLower(o.ID)] = true
 			zs.netns[o.Netns] = true
+			unclaimed = append(unclaimed, o.Name)
+		case err == nil && o.Tag == r.opts.Tag:
+			r.opts.Log.Warn("sweep: not ours: leaving alone a zone root whose mark names another sled", "root", root, "sled", o.Sled)
 		case err == nil:
 			// Another agent's, or no one's: not ours to judge.
 		case transient(err):
 			return zs, nil, fmt.Errorf("reading the mark of %s: %w", root, err)
 		default:
 			unmarked = append(unmarked, root)
+		}
+	}
+	// Our zones that have parts but no claim were made by the previous
+	// version: their roots prove them ours, and now their claims do.
+	for _, name := range unclaimed {
+		if _, ok := r.readClaim(name); ok || missing(r.serviceDir(name)) && !zonenet.NetnsExists(r.netnsName(name)) {
+			continue
+		}
+		if err := r.claimZone(name); err != nil {
+			r.opts.Log.Warn("sweep: not claiming a zone of ours", "zone", name, "err", err)
+		}
+	}
+	if zs.claims, err = r.claims(); err != nil {
+		return zs, nil, fmt.Errorf("reading claims: %w", err)
+	}
+	zs.idClaims = map[string]claim{}
+	for name, c := range zs.claims {
+		if zoneShaped(name) {
+			zs.idClaims[idFromName(name)] = c
 		}
 	}
 	return zs, unmarked, nil
@@ -129,9 +167,16 @@ func (r *Runtime) findOrphans(zones zoneSet) (orphans, error) {
 		}
 	}
 	for _, l := range links {
-		if !zones.ids[strings.ToLower(l.ZoneID)] {
-			o.links = append(o.links, l)
+		id := strings.ToLower(l.ZoneID)
+		if zones.ids[id] {
+			continue
 		}
+		c, ok := zones.idClaims[id]
+		if ours, why := r.claimedOurs(c, ok); !ours {
+			r.opts.Log.Warn("sweep: not ours: leaving alone a link", "part", fmt.Sprintf("link %s of zone %s", l.Name, l.ZoneID), "why", why)
+			continue
+		}
+		o.links = append(o.links, l)
 	}
 	services, err := subdirs(r.serviceRoot())
 	errs = append(errs, err)
@@ -182,9 +227,11 @@ func (r *Runtime) markedProcs(zones zoneSet, o *orphans) ([]supervise.MarkedProc
 
 // adopt reports whether a part named name belongs to an orphan zone, and
 // notes that zone. Names of zones in zones are not orphans'. A name no zone
-// could have, or one that holds a zone's id (its links are that zone's
-// links), is not taken: the part is logged and left alone.
+// could have, one that holds a zone's id (its links are that zone's links),
+// or one of a zone whose claim does not name our sled, is not taken: the
+// part is logged and left alone.
 func (r *Runtime) adopt(o *orphans, zones zoneSet, name, part string) bool {
+	c, claimed := zones.claims[name]
 	switch {
 	case zones.names[name]:
 		return false
@@ -193,6 +240,10 @@ func (r *Runtime) adopt(o *orphans, zones zoneSet, name, part string) bool {
 		return false
 	case zones.ids[idFromName(name)]:
 		r.opts.Log.Warn("sweep: leaving alone a part whose name holds a zone's id", "part", part)
+		return false
+	}
+	if ours, why := r.claimedOurs(c, claimed); !ours {
+		r.opts.Log.Warn("sweep: not ours: leaving alone a part", "part", part, "why", why)
 		return false
 	}
 	o.zones[name] = true

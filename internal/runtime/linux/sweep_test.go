@@ -12,6 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/zone"
@@ -50,12 +53,16 @@ func TestSweepRemovesOrphansAndLeavesZonesAlone(t *testing.T) {
 	garbageRoot, emptyRoot := rootOf(e, garbage), rootOf(e, empty)
 	writeFile(t, filepath.Join(garbageRoot, "zone.json"), `{"tag": "`+e.tag+`", "id": "`)
 	writeFile(t, filepath.Join(emptyRoot, ".zone.json.tmp123456"), `{"tag": "`+e.tag+`"}`)
-	// (c) A zone half made: its namespace and link.
+	// (c) A zone half made: its claim, namespace and link.
+	claim(t, e, e.sled, half)
 	ensureNet(t, ctx, e.prefix+half.Name, e.tag, half)
-	// (d) A process with the mark of a service dir that is gone.
+	// (d) A process with the mark of a service dir that holds only the
+	// claim.
 	strayDir := filepath.Join(e.run, e.tag, stray.Name)
+	claim(t, e, e.sled, stray)
 	straySleep := startSleep(t, supervise.MarkerEnv+"="+strayDir)
-	// (e) Links whose namespace is not ours.
+	// (e) Links whose namespace is not ours, of a zone claimed by us.
+	claim(t, e, e.sled, linksOnly)
 	ensureNet(t, ctx, otherNS, e.tag, linksOnly)
 
 	underlay := func(s zone.Spec) string { u, _ := zonenet.LinkNames(e.tag, s.ID); return u }
@@ -68,20 +75,24 @@ func TestSweepRemovesOrphansAndLeavesZonesAlone(t *testing.T) {
 		"zone root " + emptyRoot + " without a valid mark",
 		"namespace " + e.prefix + half.Name,
 		"link " + underlay(half) + " of zone " + half.ID,
+		"service dir " + filepath.Join(e.run, e.tag, half.Name),
 		fmt.Sprintf("process %d (sleep) of service dir %s", straySleep, strayDir),
+		"service dir " + strayDir,
 		"link " + underlay(linksOnly) + " of zone " + linksOnly.ID,
+		"service dir " + filepath.Join(e.run, e.tag, linksOnly.Name),
 	}
 	// (f) A zone's cgroup, with an unmarked process in it.
 	cgSleep := 0
 	if cgRoot != "" {
 		want = append(want, "cgroup "+filepath.Join(cgRoot, dead.Name))
 		cgDir := filepath.Join(cgRoot, cgOnly.Name)
+		claim(t, e, e.sled, cgOnly)
 		if err := os.Mkdir(cgDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
 		cgSleep = startSleep(t)
 		writeFile(t, filepath.Join(cgDir, "cgroup.procs"), strconv.Itoa(cgSleep))
-		want = append(want, "cgroup "+cgDir)
+		want = append(want, "cgroup "+cgDir, "service dir "+filepath.Join(e.run, e.tag, cgOnly.Name))
 	} else {
 		t.Log("no cgroup v2 file system: no cgroups to sweep")
 	}
@@ -148,10 +159,12 @@ func TestSweepWithNothingToDo(t *testing.T) {
 
 func TestSweepLeavesRootsNotMarkedAsOursAlone(t *testing.T) {
 	e := newEnv(t, nil)
-	other, untagged, mine := spec(0x51), spec(0x52), spec(0x53)
+	other, untagged, mine, otherSled := spec(0x51), spec(0x52), spec(0x53), spec(0x54)
 	marks := map[string]string{
 		// Another agent's zone.
 		rootOf(e, other): `{"tag": "someone-else", "id": "` + other.ID + `", "name": "` + other.Name + `"}`,
+		// Another sled's zone, with our tag.
+		rootOf(e, otherSled): `{"tag": "` + e.tag + `", "sled_id": "` + uuid.NewString() + `", "id": "` + otherSled.ID + `", "name": "` + otherSled.Name + `"}`,
 		// A mark that parses but names no agent.
 		rootOf(e, untagged): `{}`,
 		// Ours, with nothing but the root: a zone (List shows it), not
@@ -169,6 +182,12 @@ func TestSweepLeavesRootsNotMarkedAsOursAlone(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(root, "zone.json")); err != nil || string(b) != mark {
 			t.Errorf("%s: %q, %v", root, b, err)
 		}
+	}
+	if o, ok := e.observed(otherSled.Name); ok {
+		t.Errorf("List shows another sled's zone: %+v", o)
+	}
+	if _, ok := e.observed(mine.Name); !ok {
+		t.Error("List does not show our zone")
 	}
 }
 
@@ -204,6 +223,13 @@ func writeFile(t *testing.T, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// claim writes the zone's claim for sled into its service dir, as Ensure
+// does before it makes anything else of the zone.
+func claim(t *testing.T, e *env, sled string, s zone.Spec) {
+	t.Helper()
+	writeFile(t, filepath.Join(e.run, e.tag, s.Name, linux.ClaimFile), `{"sled_id": "`+sled+`", "data_dir": "`+e.dir+`"}`)
 }
 
 // ensureNet makes the zone's namespace and links, as Ensure would, and

@@ -1,0 +1,125 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+)
+
+// hostZones are crucibles on addresses no other test uses.
+func hostZones(idx ...int) []sledconfig.Zone {
+	var zones []sledconfig.Zone
+	for _, i := range idx {
+		z := sledconfigtest.Crucible(i)
+		z.ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1f1::%x]:32345", i)
+		zones = append(zones, z)
+	}
+	return zones
+}
+
+// putHostZones puts a config of zones and waits for them all to run.
+func putHostZones(t *testing.T, c *client.Client, gen uint64, zones []sledconfig.Zone) {
+	t.Helper()
+	doc, err := json.Marshal(sledconfigtest.Config(gen, zones...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PutConfig(t.Context(), doc); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, z := range zones {
+		want[z.Name()] = "running"
+	}
+	waitStates(t, c, want)
+}
+
+// An agent on another data dir with the same tag, started after the first
+// stopped, and a teardown of its data dir, remove its own zones and leave
+// the first's running: same service processes, namespaces and links.
+func TestLinuxAgentOfAnotherDataDirLeavesTheZonesAlone(t *testing.T) {
+	tag, prefix, dirA, runDir := linuxEnv(t)
+	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix}
+	cfgB := cfgA
+	cfgB.DataDir = t.TempDir()
+	// The second sled's zones, if the test stops before its teardown (the
+	// first's go with linuxEnv's cleanup, which runs after this one).
+	t.Cleanup(func() { agent.Teardown(context.Background(), cfgB, nil) })
+
+	a := newAgent(t, cfgA)
+	stopA := run(t, a)
+	zonesA := hostZones(0x71, 0x72)
+	putHostZones(t, newClient(t, a), 1, zonesA)
+	pids := servicePIDs(t, runDir, tag, zonesA)
+	if err := stopA(); err != nil {
+		t.Fatal(err)
+	}
+	same := func(when string) {
+		t.Helper()
+		for _, z := range zonesA {
+			if !zonenet.NetnsExists(prefix + z.Name()) {
+				t.Errorf("%s: zone %s's namespace is gone", when, z.Name())
+			}
+		}
+		if now := servicePIDs(t, runDir, tag, zonesA); !maps.Equal(now, pids) {
+			t.Errorf("%s: the first sled's services were %v, are %v", when, pids, now)
+		}
+		_, links, err := zonenet.List(prefix, tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]bool{}
+		for _, l := range links {
+			ids[l.ZoneID] = true
+		}
+		for _, z := range zonesA {
+			if !ids[z.ID] {
+				t.Errorf("%s: zone %s's links are gone (links: %v)", when, z.Name(), links)
+			}
+		}
+	}
+
+	b := newAgent(t, cfgB)
+	stopB := run(t, b)
+	cB := newClient(t, b)
+	zonesB := hostZones(0x73)
+	putHostZones(t, cB, 1, zonesB)
+	waitFor(t, "the second agent's sweep", func() (bool, string) {
+		rs, err := cB.Restore(t.Context())
+		if err != nil {
+			return false, err.Error()
+		}
+		return rs.Swept, fmt.Sprintf("%+v", rs)
+	})
+	same("after the second agent's start")
+	if err := stopB(); err != nil {
+		t.Fatal(err)
+	}
+
+	removed, err := agent.Teardown(t.Context(), cfgB, testLogger(t))
+	if err != nil {
+		t.Fatalf("teardown: %v (removed %q)", err, removed)
+	}
+	if want := []string{"zone " + zonesB[0].Name()}; strings.Join(removed, "\n") != strings.Join(want, "\n") {
+		t.Errorf("teardown removed %q, want %q", removed, want)
+	}
+	if zonenet.NetnsExists(prefix + zonesB[0].Name()) {
+		t.Errorf("teardown left the second sled's zone %s", zonesB[0].Name())
+	}
+	same("after the second data dir's teardown")
+
+	// The first agent, back, adopts its zones as they are.
+	a = newAgent(t, cfgA)
+	run(t, a)
+	waitStates(t, newClient(t, a), map[string]string{zonesA[0].Name(): "running", zonesA[1].Name(): "running"})
+	same("after the first agent's restart")
+}
