@@ -207,18 +207,9 @@ func (r *Reconciler) Zone(nameOrID string) (ZoneStatus, bool) {
 }
 
 // RunningSpecs returns the specs of the zones that are running, sorted by
-// name: what other reconcilers (prefixes, NAT) derive their desired state
-// from. Options.OnRunningChange says when it changes.
-func (r *Reconciler) RunningSpecs() []zone.Spec {
-	r.store.mu.Lock()
-	out := make([]zone.Spec, 0, len(r.store.running))
-	for _, s := range r.store.running {
-		out = append(out, *s)
-	}
-	r.store.mu.Unlock()
-	slices.SortFunc(out, func(a, b zone.Spec) int { return strings.Compare(a.Name, b.Name) })
-	return out
-}
+// name: what other reconcilers (NAT) derive their desired state from.
+// Options.OnRunningChange says when it changes.
+func (r *Reconciler) RunningSpecs() []zone.Spec { return r.specs(r.store.running) }
 
 // PresentSpecs returns, sorted by name, the wanted specs of the zones that
 // are present: from the moment the agent starts creating one, or finds it
@@ -227,11 +218,14 @@ func (r *Reconciler) RunningSpecs() []zone.Spec {
 // restarting after a death. What a zone holds for the rack while it lives,
 // such as an internal DNS zone's routing prefix, derives from this rather
 // than from RunningSpecs, so that a zone slow to answer after an agent
-// restart does not lose it. Options.OnRunningChange says when it changes.
-func (r *Reconciler) PresentSpecs() []zone.Spec {
+// restart does not lose it. Options.OnPresentChange says when it changes.
+func (r *Reconciler) PresentSpecs() []zone.Spec { return r.specs(r.store.present) }
+
+// specs copies out one of the store's spec maps, sorted by name.
+func (r *Reconciler) specs(m map[string]*zone.Spec) []zone.Spec {
 	r.store.mu.Lock()
-	out := make([]zone.Spec, 0, len(r.store.present))
-	for _, s := range r.store.present {
+	out := make([]zone.Spec, 0, len(m))
+	for _, s := range m {
 		out = append(out, *s)
 	}
 	r.store.mu.Unlock()

@@ -86,11 +86,14 @@ func (e *env) cleanup(t *testing.T) {
 func (e *env) config(nic bool) Config {
 	id := uuid.NewString()
 	n := subnets.Add(1)%250 + 1
+	// fd00:1122:3344:3xx::/64 is this package's: tests of other packages
+	// make zones at fd00:1122:3344:1xx:: at the same time, and two host
+	// routes to one address replace each other.
 	c := Config{
 		Netns:    e.prefix + "oxz_test_" + id,
 		Tag:      e.tag,
 		ZoneID:   id,
-		Underlay: netip.MustParseAddr(fmt.Sprintf("fd00:1122:3344:1%02x::%x", n, n+1)),
+		Underlay: netip.MustParseAddr(fmt.Sprintf("fd00:1122:3344:3%02x::%x", n, n+1)),
 	}
 	if nic {
 		c.NIC = &NIC{
