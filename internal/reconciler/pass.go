@@ -117,7 +117,9 @@ func (e *entry) problem(now time.Time) string {
 	case e.state == StatePending:
 		return "waiting for a zone it replaces to shut down"
 	case e.state == StateFailed && e.lastErr != "" && !e.nextTry.IsZero():
-		return fmt.Sprintf("%s (attempt %d; next try at %s, in %s)", e.lastErr, e.attempts, e.nextTry.UTC().Format(time.RFC3339), e.nextTry.Sub(now).Round(time.Second))
+		// The time, not how long until it: nothing rebuilds this while
+		// the zone waits.
+		return fmt.Sprintf("%s (attempt %d; next try at %s)", e.lastErr, e.attempts, e.nextTry.UTC().Format(time.RFC3339))
 	case e.lastErr != "":
 		return e.lastErr
 	case e.want != nil && e.running && e.runHash != e.want.Hash:
