@@ -1,0 +1,66 @@
+package openapitest_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/sled-agent/sled-agent/internal/openapitest"
+)
+
+// The validator is independent of our types: it takes what the upstream
+// document says and nothing else. A required member missing, a member of
+// the wrong type, a status the operation does not declare and a path that
+// is no operation are each caught.
+func TestCheckCatchesWhatTheDocumentForbids(t *testing.T) {
+	spec := openapitest.Load(t, openapitest.DDM)
+	get := httptest.NewRequest(http.MethodGet, "http://[::1]:8000/originated", nil)
+	json := http.Header{"Content-Type": {"application/json"}}
+	good := openapitest.Exchange{Request: get, Status: 200, Header: json, Body: []byte(`["fd00:1122:3344:101::/64"]`)}
+	if err := spec.Check(good); err != nil {
+		t.Fatalf("a good answer: %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		x    openapitest.Exchange
+		want string
+	}{
+		{"wrong type", openapitest.Exchange{Request: get, Status: 200, Header: json, Body: []byte(`[64]`)}, "answer 200"},
+		{"undeclared status", openapitest.Exchange{Request: get, Status: 302, Header: json, Body: nil}, "302"},
+		{"no such operation", openapitest.Exchange{Request: httptest.NewRequest(http.MethodGet, "http://[::1]:8000/nope", nil), Status: 200}, "not an operation"},
+	} {
+		if err := spec.Check(c.x); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Check = %v, want an error mentioning %q", c.name, err, c.want)
+		}
+	}
+
+	// A required member of an error body missing.
+	sled := openapitest.Load(t, openapitest.SledAgent)
+	zones := httptest.NewRequest(http.MethodGet, "http://[::1]:12345/zones", nil)
+	bad := openapitest.Exchange{Request: zones, Status: 500, Header: json, Body: []byte(`{"message":"boom"}`)}
+	if err := sled.Check(bad); err == nil || !strings.Contains(err.Error(), "request_id") {
+		t.Errorf("an error body without request_id: Check = %v", err)
+	}
+	bad.Body = []byte(`{"message":"boom","request_id":"r1"}`)
+	if err := sled.Check(bad); err != nil {
+		t.Errorf("a good error body: %v", err)
+	}
+
+	// Formats are checked: a rack id that is no UUID, a revision out of
+	// range.
+	ids := httptest.NewRequest(http.MethodGet, "http://[::1]:12345/sled-identifiers", nil)
+	x := openapitest.Exchange{Request: ids, Status: 200, Header: json,
+		Body: []byte(`{"model":"m","rack_id":"0c37a9e5-1df6-4ec5-b2b1-bd2e5f3b8d5c","revision":2,"serial":"s","sled_id":"6d0a9c1e-8b7a-4c2e-9f3d-1a2b3c4d5e6f"}`)}
+	if err := sled.Check(x); err != nil {
+		t.Errorf("good sled identifiers: %v", err)
+	}
+	x.Body = []byte(`{"model":"m","rack_id":"rack-1","revision":2,"serial":"s","sled_id":"6d0a9c1e-8b7a-4c2e-9f3d-1a2b3c4d5e6f"}`)
+	if err := sled.Check(x); err == nil || !strings.Contains(err.Error(), "rack_id") {
+		t.Errorf("a rack id that is no UUID: Check = %v", err)
+	}
+	x.Body = []byte(`{"model":"m","rack_id":"0c37a9e5-1df6-4ec5-b2b1-bd2e5f3b8d5c","revision":4294967296,"serial":"s","sled_id":"6d0a9c1e-8b7a-4c2e-9f3d-1a2b3c4d5e6f"}`)
+	if err := sled.Check(x); err == nil || !strings.Contains(err.Error(), "revision") {
+		t.Errorf("a revision beyond uint32: Check = %v", err)
+	}
+}
