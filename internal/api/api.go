@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sled-agent/sled-agent/internal/configstore"
+	"github.com/sled-agent/sled-agent/internal/hardware"
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
@@ -73,6 +74,10 @@ type Identity struct {
 	SledID  string
 	Address string // sled_agent_address, "[ip]:port"
 	Role    string // "gimlet" or "scrimlet"
+	// RackID is the rack's id ("" when not known).
+	RackID string
+	// Hardware is what the sled is.
+	Hardware hardware.Info
 }
 
 // Deps are what the API serves from.
