@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ddm"
 	"github.com/sled-agent/sled-agent/internal/dns"
+	"github.com/sled-agent/sled-agent/internal/hardware"
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
@@ -60,6 +62,14 @@ type Config struct {
 	Runtime    string   `json:"runtime"`
 	SledID     string   `json:"sled-id"`
 	UnderlayIP string   `json:"underlay-ip"`
+	// RackID is the rack's UUID, reported in inventory; empty: not known.
+	RackID string `json:"rack-id"`
+	// BaseboardPart, BaseboardSerial and BaseboardRevision, if set, are
+	// the sled's baseboard whatever its firmware says (see hardware.Probe
+	// for what is reported when the firmware does not say).
+	BaseboardPart     string  `json:"baseboard-part"`
+	BaseboardSerial   string  `json:"baseboard-serial"`
+	BaseboardRevision *uint32 `json:"baseboard-revision"`
 	// DDMURL is the routing daemon's admin API; empty: the agent manages
 	// no routing prefixes (the run command's default is http://[::1]:8000).
 	DDMURL string `json:"ddm-url"`
@@ -191,6 +201,21 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err != nil {
 		return nil, err
 	}
+	rackID := ""
+	if cfg.RackID != "" {
+		var ok bool
+		if rackID, ok = parseUUID(cfg.RackID); !ok {
+			return nil, fmt.Errorf("rack-id %q is not a UUID", cfg.RackID)
+		}
+	}
+	hw, hwNotes, err := hardware.Probe(hardware.Options{
+		Part:     cfg.BaseboardPart,
+		Serial:   cfg.BaseboardSerial,
+		Revision: cfg.BaseboardRevision,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("probing the sled's hardware: %w", err)
+	}
 	var ddmClient *ddm.Client
 	if cfg.DDMURL != "" {
 		if ddmClient, err = ddm.NewClient(cfg.DDMURL); err != nil {
@@ -224,6 +249,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	cfg.SledID = sledID
 
 	a := &Agent{cfg: cfg, log: log.With("sled_id", sledID), lock: lock}
+	for _, n := range hwNotes {
+		a.log.Info("hardware not read from the host", "component", "hardware", "note", n)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -297,7 +325,19 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	a.ln = ln
-	a.identity = api.Identity{SledID: sledID, Address: ln.Addr().String(), Role: cfg.Role}
+	// Other sleds and the control plane reach the agent at the sled's
+	// underlay address, on the port it listens on.
+	port := ln.Addr().(*net.TCPAddr).Port
+	a.identity = api.Identity{
+		SledID:   sledID,
+		Address:  net.JoinHostPort(underlay.String(), strconv.Itoa(port)),
+		Role:     cfg.Role,
+		RackID:   rackID,
+		Hardware: hw,
+	}
+	a.log.Info("sled identity", "address", a.identity.Address, "rack_id", rackID,
+		"baseboard_part", hw.Baseboard.Part, "baseboard_serial", hw.Baseboard.Serial, "baseboard_revision", hw.Baseboard.Revision,
+		"cpu_family", hw.CPUFamily, "physical_ram", hw.PhysicalRAM, "hardware_threads", hw.HardwareThreads)
 	deps := api.Deps{
 		Identity:   a.identity,
 		Configs:    a.store,
@@ -324,6 +364,9 @@ func (a *Agent) Addr() string { return a.ln.Addr().String() }
 
 // SledID is the sled's id.
 func (a *Agent) SledID() string { return a.cfg.SledID }
+
+// Identity is what the sled is, as inventory reports it.
+func (a *Agent) Identity() api.Identity { return a.identity }
 
 // NAT exposes the NAT reconciler, or nil when the agent manages no NAT
 // entries.

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -95,6 +97,10 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.SledID, "sled-id", "", "this sled's UUID (default: generated once and kept in --data-dir)")
 	f.StringVar(&c.UnderlayIP, "underlay-ip", agent.DefaultUnderlayIP, "this sled's underlay IPv6 address")
 	f.StringVar(&c.Role, "role", agent.DefaultRole, "sled role: gimlet or scrimlet")
+	f.StringVar(&c.RackID, "rack-id", "", "the rack's UUID, reported in inventory (default: not known)")
+	f.StringVar(&c.BaseboardPart, "baseboard-part", "", "the sled's part number (default: from the firmware's DMI, else i86pc)")
+	f.StringVar(&c.BaseboardSerial, "baseboard-serial", "", "the sled's serial number (default: from the firmware's DMI, else the host name)")
+	f.Var(uint32Flag{&c.BaseboardRevision}, "baseboard-revision", "the sled's revision (default: from the firmware's DMI, else 0)")
 	f.StringVar(&c.SimFaults, "sim-faults", "", "fault map file for the sim runtime")
 	f.StringVar(&c.DDMURL, "ddm-url", agent.DefaultDDMURL, `the routing daemon's (DDM) admin API, where the sled's prefixes are kept right ("" for none)`)
 	f.StringVar(&c.BootstrapPrefix, "bootstrap-prefix", "", "the sled's bootstrap /64, advertised in DDM with the underlay /64 (default: none)")
@@ -135,6 +141,12 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	set("sled-id", &c.SledID, flags.SledID)
 	set("underlay-ip", &c.UnderlayIP, flags.UnderlayIP)
 	set("role", &c.Role, flags.Role)
+	set("rack-id", &c.RackID, flags.RackID)
+	set("baseboard-part", &c.BaseboardPart, flags.BaseboardPart)
+	set("baseboard-serial", &c.BaseboardSerial, flags.BaseboardSerial)
+	if cmd.Flags().Changed("baseboard-revision") || c.BaseboardRevision == nil {
+		c.BaseboardRevision = flags.BaseboardRevision
+	}
 	set("sim-faults", &c.SimFaults, flags.SimFaults)
 	set("ddm-url", &c.DDMURL, flags.DDMURL)
 	set("bootstrap-prefix", &c.BootstrapPrefix, flags.BootstrapPrefix)
@@ -156,6 +168,29 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	}
 	return c, nil
 }
+
+// uint32Flag is a number flag that sets *p only when it is given, so that
+// "not given" and 0 differ.
+type uint32Flag struct{ p **uint32 }
+
+func (f uint32Flag) String() string {
+	if f.p == nil || *f.p == nil {
+		return ""
+	}
+	return strconv.FormatUint(uint64(**f.p), 10)
+}
+
+func (f uint32Flag) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return fmt.Errorf("want a number from 0 to %d", uint32(math.MaxUint32))
+	}
+	v := uint32(n)
+	*f.p = &v
+	return nil
+}
+
+func (f uint32Flag) Type() string { return "uint32" }
 
 func defaultDataDir() string {
 	if os.Geteuid() == 0 {
