@@ -33,6 +33,7 @@ const (
 // formats checks the string and integer formats dropshot's documents use,
 // which the validator leaves unchecked unless told.
 var formats = []openapi3.SchemaValidationOption{
+	openapi3.SetSchemaRegexCompiler(compilePattern),
 	openapi3.WithStringFormatValidators(map[string]openapi3.StringFormatValidator{
 		"uuid": openapi3.NewRegexpFormatValidator(openapi3.FormatOfStringForUUIDOfRFC9562),
 		"ipv4": openapi3.NewIPValidator(true),
@@ -127,6 +128,7 @@ func (s *Spec) Check(x Exchange) error {
 		IncludeResponseStatus:   true,
 		MultiError:              true,
 		SchemaValidationOptions: formats,
+		RegexCompiler:           compilePattern,
 	}
 	in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route, Options: opts}
 	var errs []error

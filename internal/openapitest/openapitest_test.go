@@ -2,6 +2,7 @@ package openapitest_test
 
 import (
 	"net/http"
+	"os"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -62,5 +63,29 @@ func TestCheckCatchesWhatTheDocumentForbids(t *testing.T) {
 	x.Body = []byte(`{"model":"m","rack_id":"0c37a9e5-1df6-4ec5-b2b1-bd2e5f3b8d5c","revision":4294967296,"serial":"s","sled_id":"6d0a9c1e-8b7a-4c2e-9f3d-1a2b3c4d5e6f"}`)
 	if err := sled.Check(x); err == nil || !strings.Contains(err.Error(), "revision") {
 		t.Errorf("a revision beyond uint32: Check = %v", err)
+	}
+}
+
+// The real sled config from a rack is a valid request, though its NICs'
+// names are checked with a pattern Go's regexp cannot compile as written.
+func TestExampleSledConfigIsAValidRequest(t *testing.T) {
+	sled := openapitest.Load(t, openapitest.SledAgent)
+	doc, err := os.ReadFile(openapitest.UpstreamPath(t, "example-sled-config-v14.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPut, "http://[::1]:12345/omicron-config", nil)
+	req.Header.Set("Content-Type", "application/json")
+	x := openapitest.Exchange{Request: req, RequestBody: doc, Status: 204}
+	if err := sled.Check(x); err != nil {
+		t.Fatalf("the example config: %v", err)
+	}
+	bad := strings.Replace(string(doc), `"name": "nexus-470fbf4d-0178-45ee-a422-136fa5f4a158"`, `"name": "Nexus-"`, 1)
+	if bad == string(doc) {
+		t.Fatal("the example has no NIC named nexus")
+	}
+	x.RequestBody = []byte(bad)
+	if err := sled.Check(x); err == nil || !strings.Contains(err.Error(), "name") {
+		t.Fatalf("a NIC name the pattern forbids: Check = %v", err)
 	}
 }
