@@ -6,7 +6,6 @@ package api
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"reflect"
@@ -127,7 +126,7 @@ func New(deps Deps) *Server {
 	s := &Server{deps: deps, api: api, metrics: newHTTPMetrics(deps.Registry)}
 	s.register()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
-	s.handler = s.middleware(mux)
+	s.handler = s.middleware(dropshotErrors(mux))
 	return s
 }
 
@@ -348,8 +347,8 @@ func errorCode(status int) string {
 	}
 }
 
-// middleware gives every request an id, refuses API versions newer than ours
-// and counts requests.
+// middleware gives every request an id, applies the api-version rules
+// (version.go) and counts requests.
 func (s *Server) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t0 := time.Now()
@@ -357,65 +356,14 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 		w.Header().Set("x-request-id", id)
 		r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
 		rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-		if v := r.Header.Get("api-version"); v != "" {
-			if err := checkVersion(v); err != nil {
-				writeError(rw, http.StatusBadRequest, id, err.Error())
-				s.metrics.observe(r, "version-check", rw.status, time.Since(t0))
-				return
-			}
+		if err := checkVersionHeader(r.Header); err != nil {
+			writeDropshotError(rw, r, http.StatusBadRequest, err.Error())
+			s.metrics.observe(r, "version-check", rw.status, time.Since(t0))
+			return
 		}
 		next.ServeHTTP(rw, r)
 		s.metrics.observe(r, r.Pattern, rw.status, time.Since(t0))
 	})
-}
-
-// checkVersion refuses a malformed version or one newer than Version.
-func checkVersion(v string) error {
-	want, _ := parseSemver(Version)
-	got, ok := parseSemver(v)
-	if !ok {
-		return fmt.Errorf("api-version %q is not a semantic version like %s", v, Version)
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			if got[i] > want[i] {
-				return fmt.Errorf("api-version %s is newer than the %s this server serves", v, Version)
-			}
-			return nil
-		}
-	}
-	return nil
-}
-
-func parseSemver(v string) ([3]uint64, bool) {
-	var out [3]uint64
-	core, _, _ := strings.Cut(v, "-")
-	core, _, _ = strings.Cut(core, "+")
-	parts := strings.Split(core, ".")
-	if len(parts) != 3 {
-		return out, false
-	}
-	for i, p := range parts {
-		var n uint64
-		if p == "" || len(p) > 9 {
-			return out, false
-		}
-		for _, c := range p {
-			if c < '0' || c > '9' {
-				return out, false
-			}
-			n = n*10 + uint64(c-'0')
-		}
-		out[i] = n
-	}
-	return out, true
-}
-
-func writeError(w http.ResponseWriter, status int, id, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	b, _ := jsonMarshal(&Error{RequestID: id, ErrorCode: errorCode(status), Message: msg})
-	w.Write(b)
 }
 
 type statusWriter struct {

@@ -265,18 +265,6 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	}
 }
 
-func TestAPIVersionHeader(t *testing.T) {
-	s := newSled(t, sim.Options{})
-	for _, v := range []string{"", "48.0.0", "1.0.0", "47.9.3"} {
-		if r := s.do(http.MethodGet, "/zones", nil, "api-version", v); r.status != http.StatusOK {
-			t.Errorf("api-version %q: %d %s", v, r.status, r.body)
-		}
-	}
-	wantError(t, s.do(http.MethodGet, "/zones", nil, "api-version", "48.0.1"), 400, "newer")
-	wantError(t, s.do(http.MethodGet, "/zones", nil, "api-version", "49.0.0"), 400, "newer")
-	wantError(t, s.do(http.MethodGet, "/zones", nil, "api-version", "banana"), 400, "semantic version")
-}
-
 func TestHangingZoneDelaysNeitherPutsNorReads(t *testing.T) {
 	// Inside a bubble, a request that waited on the hanging start would
 	// leave every goroutine blocked, and synctest would fail the test.

@@ -182,10 +182,14 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 		switch {
 		case cfg.Generation < cur.Generation:
 			return fmt.Errorf("%w: generation %d is older than the ledgered generation %d", ErrOldGeneration, cfg.Generation, cur.Generation)
-		case cfg.Generation == cur.Generation && !cfg.SameContent(cur):
+		case cfg.Generation == cur.Generation && !cfg.SameMeaning(cur):
 			return fmt.Errorf("%w: generation %d is already ledgered with different content; a changed config needs a higher generation", ErrGenerationConflict, cfg.Generation)
 		case cfg.Generation == cur.Generation:
-			return nil // already ledgered: nothing to do
+			// Already ledgered, perhaps written otherwise (members left
+			// out that mean null or their default, as upstream compares
+			// decoded values): nothing to do, and the ledgered document
+			// stays as it is.
+			return nil
 		}
 	}
 	rec := ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical()}
