@@ -155,3 +155,9 @@ func structFields(t reflect.Type) func(func(reflect.StructField) bool) {
 		}
 	}
 }
+
+func init() {
+	// A nil slice is sent as [] by our types where upstream's answer has an
+	// array: say so, rather than huma's default of nullable arrays.
+	huma.DefaultArrayNullable = false
+}
