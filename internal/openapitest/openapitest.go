@@ -49,6 +49,7 @@ var formats = []openapi3.SchemaValidationOption{
 		"int32":  openapi3.NewRangeFormatValidator[int64](math.MinInt32, math.MaxInt32),
 		"int64":  openapi3.NewRangeFormatValidator[int64](math.MinInt64, math.MaxInt64),
 	}),
+	openapi3.SetSchemaRegexCompiler(func(expr string) (openapi3.RegexMatcher, error) { return compilePattern(expr) }),
 }
 
 // Spec is one loaded document.
@@ -176,4 +177,10 @@ func (s *Spec) Do(t testing.TB, client *http.Client, req *http.Request, body []b
 	}
 	x := Exchange{Request: req, RequestBody: body, Status: resp.StatusCode, Header: resp.Header, Body: got}
 	return x, s.Check(x)
+}
+
+// ValidateValue checks one decoded JSON value against a schema of the
+// document, with the same formats and patterns as Check.
+func (s *Spec) ValidateValue(schema *openapi3.Schema, v any) error {
+	return schema.VisitJSON(v, formats...)
 }

@@ -64,3 +64,30 @@ func TestCheckCatchesWhatTheDocumentForbids(t *testing.T) {
 		t.Errorf("a revision beyond uint32: Check = %v", err)
 	}
 }
+
+// Upstream's patterns with lookaround are checked as they mean: a Name is
+// no UUID, a Hostname's labels do not end in '-'.
+func TestPatternsWithLookaround(t *testing.T) {
+	sled := openapitest.Load(t, openapitest.SledAgent)
+	schemas := sled.Doc().Components.Schemas
+	for _, c := range []struct {
+		schema, value string
+		ok            bool
+	}{
+		{"Name", "nexus-0", true},
+		{"Name", "a", true},
+		{"Name", "0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e", false},
+		{"Name", "Nexus", false},
+		{"Name", "nexus-", false},
+		{"Hostname", "vm0", true},
+		{"Hostname", "vm-0.example", true},
+		{"Hostname", "vm-", false},
+		{"Hostname", "vm.ex-", false},
+		{"Hostname", "-vm", false},
+	} {
+		err := sled.ValidateValue(schemas[c.schema].Value, c.value)
+		if (err == nil) != c.ok {
+			t.Errorf("%s %q: %v, want ok=%v", c.schema, c.value, err, c.ok)
+		}
+	}
+}
