@@ -115,6 +115,11 @@ func TestVMMBadRequestsChangeNothing(t *testing.T) {
 		{http.MethodPut, "/vmms/" + testVMM, `{"instance_id":"0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e"}`, 400, "local_config, metadata, propolis_addr, vmm_runtime, vmm_spec"},
 		{http.MethodPut, "/vmms/" + testVMM, ensureBody("192.0.2.1:12400"), 400, "propolis_addr"},
 		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"gen":1`, `"gen":9223372036854775808`, 1), 400, "vmm_runtime.gen 9223372036854775808: want an integer between 0 and 9223372036854775807"},
+		// What the document says upstream's types are: objects, and one of
+		// VmmState's values.
+		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"metadata":{"project_id":"a","silo_id":"b"}`, `"metadata":null`, 1), 400, "metadata: want a JSON object (upstream's InstanceMetadata), not null"},
+		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"vmm_spec":{"board":{}}`, `"vmm_spec":[]`, 1), 400, "vmm_spec: want a JSON object (upstream's VmmSpec)"},
+		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"state":"starting"`, `"state":"sideways"`, 1), 400, `vmm_runtime.state \"sideways\": want one of starting, running`},
 		{http.MethodPut, "/vmms/" + testVMM + "/state", `{"state":{"type":"running"}}`, 404, "no such VMM"},
 		{http.MethodDelete, "/vmms/" + testVMM, "", 404, "no such VMM"},
 	} {

@@ -26,6 +26,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
 // Version is the sled-agent API version whose paths and shapes this API
@@ -102,14 +103,18 @@ type Deps struct {
 
 // Server is the HTTP API.
 type Server struct {
-	deps    Deps
+	deps Deps
+	// every registers every route, whatever deps holds: for Document.
+	every   bool
 	api     huma.API
 	handler http.Handler
 	metrics *httpMetrics
 }
 
 // New builds the API.
-func New(deps Deps) *Server {
+func New(deps Deps) *Server { return build(deps, false) }
+
+func build(deps Deps, every bool) *Server {
 	if deps.Log == nil {
 		deps.Log = slog.New(slog.DiscardHandler)
 	}
@@ -123,8 +128,9 @@ func New(deps Deps) *Server {
 	cfg.DocsPath = ""
 	cfg.Components.Schemas = huma.NewMapRegistry("#/components/schemas/", schemaName)
 	api := humago.New(mux, cfg)
-	s := &Server{deps: deps, api: api, metrics: newHTTPMetrics(deps.Registry)}
+	s := &Server{deps: deps, every: every, api: api, metrics: newHTTPMetrics(deps.Registry)}
 	s.register()
+	s.document()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
 	s.handler = s.middleware(dropshotErrors(mux))
 	return s
@@ -147,14 +153,7 @@ func (s *Server) register() {
 		MaxBodyBytes:     MaxConfigBytes,
 		SkipValidateBody: true, // validated by sledconfig.Validate, which keeps unknown fields
 		Errors:           []int{400, 413, 503},
-	}, s.putConfig)
-	// The body is read raw (to keep it lossless and validate it ourselves);
-	// document its real schema.
-	put := s.api.OpenAPI().Paths["/omicron-config"].Put
-	put.RequestBody.Required = true
-	put.RequestBody.Content = map[string]*huma.MediaType{"application/json": {
-		Schema: s.api.OpenAPI().Components.Schemas.Schema(reflect.TypeFor[sledconfig.Config](), true, ""),
-	}}
+	}, s.putConfig) // the body is read raw (to keep it lossless); document() says its schema
 
 	huma.Register(s.api, huma.Operation{
 		OperationID: "inventory",
@@ -188,10 +187,10 @@ func (s *Server) register() {
 		Path:        "/agent/restore",
 		Summary:     "What the agent found at start-up and did about it: zones adopted, repaired, removed; leftovers swept",
 	}, s.agentRestore)
-	if s.deps.VMMs != nil {
+	if s.deps.VMMs != nil || s.every {
 		s.registerVMMs()
 	}
-	if s.deps.Faults != nil {
+	if s.deps.Faults != nil || s.every {
 		s.registerFaults()
 	}
 	// Bad input is answered 400, as upstream does; never 422.
@@ -230,6 +229,7 @@ var upstreamNames = map[reflect.Type]string{
 	reflect.TypeFor[ReconcilerStatus]():       "ConfigReconcilerInventoryStatus",
 	reflect.TypeFor[LastReconciliation]():     "ConfigReconcilerInventory",
 	reflect.TypeFor[ResultStatus]():           "ConfigReconcilerInventoryResult",
+	reflect.TypeFor[vmm.RuntimeState]():       "VmmRuntimeState",
 }
 
 func schemaName(t reflect.Type, hint string) string {

@@ -10,7 +10,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sled-agent/sled-agent/internal/api"
-	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 )
 
 var update = flag.Bool("update", false, "rewrite the committed OpenAPI document from the code")
@@ -24,8 +23,7 @@ const openAPIPath = "../../openapi/sled-agent.json"
 //
 // and commit openapi/sled-agent.json with the change.
 func TestOpenAPIDocumentIsCommitted(t *testing.T) {
-	s := newSled(t, sim.Options{}) // with the sim runtime, so every endpoint is documented
-	doc, err := json.MarshalIndent(s.server.OpenAPI(), "", "  ")
+	doc, err := json.MarshalIndent(api.Document(), "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +53,8 @@ func TestOpenAPIDocumentIsCommitted(t *testing.T) {
 	if v.Info.Version != api.Version {
 		t.Errorf("document version %q, want %q", v.Info.Version, api.Version)
 	}
-	for _, p := range []string{"/omicron-config", "/inventory", "/zones", "/agent/zones/{zone}", "/debug/sim/faults"} {
+	for _, p := range []string{"/omicron-config", "/inventory", "/zones", "/agent/zones/{zone}", "/debug/sim/faults",
+		"/vmms/{propolis_id}", "/vmms/{propolis_id}/state", "/agent/vmms", "/metrics"} {
 		if _, ok := v.Paths[p]; !ok {
 			t.Errorf("document lacks %s", p)
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -47,9 +48,57 @@ type MigrationRuntimeState struct {
 	TimeUpdated time.Time `json:"time_updated"`
 }
 
-// VmmUpdate is upstream's VmmUnregisterResponse and VmmPutStateResponse.
-type VmmUpdate struct {
+// VmmPutStateResponse is upstream's.
+type VmmPutStateResponse struct {
 	UpdatedRuntime *SledVmmState `json:"updated_runtime" doc:"The VMM's state after the request; null when it changed nothing."`
+}
+
+// VmmUnregisterResponse is upstream's.
+type VmmUnregisterResponse struct {
+	UpdatedRuntime *SledVmmState `json:"updated_runtime" doc:"The VMM's state after it was unregistered."`
+}
+
+// InstanceEnsureBody is upstream's, as this agent reads it. The members it
+// does not act on are required JSON objects, kept as sent (GET /agent/vmms);
+// unknown members are accepted and kept too.
+type InstanceEnsureBody struct {
+	_            struct{}          `additionalProperties:"true"`
+	InstanceID   *string           `json:"instance_id" format:"uuid" nullable:"false" doc:"The instance this VMM is created for."`
+	MigrationID  *string           `json:"migration_id,omitempty" format:"uuid" nullable:"true" doc:"Not acted on: this agent does not migrate VMMs."`
+	PropolisAddr *string           `json:"propolis_addr" nullable:"false" doc:"[ipv6]:port on the underlay at which the VMM serves its Propolis API."`
+	VmmRuntime   *vmm.RuntimeState `json:"vmm_runtime" nullable:"false" doc:"The VMM's initial state."`
+	LocalConfig  keptObject        `json:"local_config" doc:"Upstream's InstanceSledLocalConfig: kept as sent, not acted on."`
+	Metadata     keptObject        `json:"metadata" doc:"Upstream's InstanceMetadata: kept as sent, not acted on."`
+	VmmSpec      keptObject        `json:"vmm_spec" doc:"Upstream's VmmSpec: kept as sent, not acted on."`
+}
+
+// VmmPutStateBody is upstream's, as this agent reads it (unknown members
+// are ignored).
+type VmmPutStateBody struct {
+	_     struct{}           `additionalProperties:"true"`
+	State *VmmStateRequested `json:"state" nullable:"false"`
+}
+
+// VmmStateRequested is upstream's, without live migration.
+type VmmStateRequested struct {
+	_    struct{} `additionalProperties:"true"`
+	Type string   `json:"type" enum:"running,stopped,reboot" doc:"Live migration (migration_target) is refused: this agent does not migrate VMMs."`
+}
+
+// keptObject is a JSON value this agent keeps as sent and does not
+// interpret; parseRegistration checks that it is an object.
+type keptObject json.RawMessage
+
+func (k keptObject) MarshalJSON() ([]byte, error) { return json.RawMessage(k).MarshalJSON() }
+
+func (k *keptObject) UnmarshalJSON(b []byte) error {
+	*k = append((*k)[:0], b...)
+	return nil
+}
+
+// Schema documents a kept object: any members.
+func (keptObject) Schema(huma.Registry) *huma.Schema {
+	return &huma.Schema{Type: huma.TypeObject, AdditionalProperties: true}
 }
 
 func sledVmmState(i vmm.Info) SledVmmState { return SledVmmState{VmmState: i.State} }
@@ -109,24 +158,18 @@ type sledVmmStateOutput struct {
 	Body SledVmmState
 }
 
-type vmmUpdateOutput struct {
-	Body VmmUpdate
+type vmmPutStateOutput struct {
+	Body VmmPutStateResponse
 }
 
-// ensureBody is what this agent reads of InstanceEnsureBody.
-type ensureBody struct {
-	InstanceID   *string           `json:"instance_id"`
-	PropolisAddr *string           `json:"propolis_addr"`
-	VmmRuntime   *vmm.RuntimeState `json:"vmm_runtime"`
-	LocalConfig  json.RawMessage   `json:"local_config"`
-	Metadata     json.RawMessage   `json:"metadata"`
-	VmmSpec      json.RawMessage   `json:"vmm_spec"`
+type vmmUnregisterOutput struct {
+	Body VmmUnregisterResponse
 }
 
 // parseRegistration checks a registration body and returns what the
 // manager needs; an error names the problem.
 func parseRegistration(raw []byte) (vmm.Registration, error) {
-	var b ensureBody
+	var b InstanceEnsureBody
 	if err := json.Unmarshal(raw, &b); err != nil {
 		return vmm.Registration{}, fmt.Errorf("body is not an InstanceEnsureBody: %v", err)
 	}
@@ -142,6 +185,14 @@ func parseRegistration(raw []byte) (vmm.Registration, error) {
 	if len(missing) > 0 {
 		return vmm.Registration{}, fmt.Errorf("missing field(s): %s", strings.Join(slices.Sorted(slices.Values(missing)), ", "))
 	}
+	for _, o := range []struct {
+		name, upstream string
+		v              keptObject
+	}{{"local_config", "InstanceSledLocalConfig", b.LocalConfig}, {"metadata", "InstanceMetadata", b.Metadata}, {"vmm_spec", "VmmSpec", b.VmmSpec}} {
+		if o.v[0] != '{' {
+			return vmm.Registration{}, fmt.Errorf("%s: want a JSON object (upstream's %s), not %.40s", o.name, o.upstream, o.v)
+		}
+	}
 	id, err := uuid.Parse(*b.InstanceID)
 	if err != nil || len(*b.InstanceID) != 36 {
 		return vmm.Registration{}, fmt.Errorf("instance_id %q is not a UUID", *b.InstanceID)
@@ -150,6 +201,9 @@ func parseRegistration(raw []byte) (vmm.Registration, error) {
 	if err != nil || !addr.Addr().Is6() || addr.Addr().Is4In6() || addr.Addr().Zone() != "" || !addr.Addr().IsGlobalUnicast() || addr.Port() == 0 {
 		return vmm.Registration{}, fmt.Errorf("propolis_addr %q: want [ipv6]:port on the underlay", *b.PropolisAddr)
 	}
+	if st := b.VmmRuntime.State; !slices.Contains(vmmStates, st) {
+		return vmm.Registration{}, fmt.Errorf("vmm_runtime.state %q: want one of %s", st, strings.Join(vmmStates, ", "))
+	}
 	if g := b.VmmRuntime.Gen; g > vmm.MaxGen {
 		// Upstream's Generation refuses it the same way.
 		return vmm.Registration{}, fmt.Errorf("vmm_runtime.gen %d: want an integer between 0 and %d", g, uint64(vmm.MaxGen))
@@ -157,6 +211,9 @@ func parseRegistration(raw []byte) (vmm.Registration, error) {
 	// A copy: the server reuses the buffer raw lies in.
 	return vmm.Registration{InstanceID: id.String(), PropolisAddr: addr, Initial: *b.VmmRuntime, Body: json.RawMessage(bytes.Clone(raw))}, nil
 }
+
+// vmmStates are upstream's VmmState values (vmm.RuntimeState's enum).
+var vmmStates = strings.Split(reflect.TypeFor[vmm.RuntimeState]().Field(1).Tag.Get("enum"), ",")
 
 // propolisID checks the path's id: it names the VMM's zone.
 func propolisID(ctx context.Context, s string) (string, error) {
@@ -198,7 +255,7 @@ func (s *Server) vmmRegister(ctx context.Context, in *vmmRegisterInput) (*sledVm
 	return &sledVmmStateOutput{Body: sledVmmState(info)}, nil
 }
 
-func (s *Server) vmmUnregister(ctx context.Context, in *vmmPath) (*vmmUpdateOutput, error) {
+func (s *Server) vmmUnregister(ctx context.Context, in *vmmPath) (*vmmUnregisterOutput, error) {
 	id, err := propolisID(ctx, in.PropolisID)
 	if err != nil {
 		return nil, err
@@ -208,7 +265,7 @@ func (s *Server) vmmUnregister(ctx context.Context, in *vmmPath) (*vmmUpdateOutp
 		return nil, s.vmmError(ctx, err)
 	}
 	st := sledVmmState(info)
-	return &vmmUpdateOutput{Body: VmmUpdate{UpdatedRuntime: &st}}, nil
+	return &vmmUnregisterOutput{Body: VmmUnregisterResponse{UpdatedRuntime: &st}}, nil
 }
 
 type vmmPutStateInput struct {
@@ -216,16 +273,12 @@ type vmmPutStateInput struct {
 	RawBody    []byte `contentType:"application/json"`
 }
 
-func (s *Server) vmmPutState(ctx context.Context, in *vmmPutStateInput) (*vmmUpdateOutput, error) {
+func (s *Server) vmmPutState(ctx context.Context, in *vmmPutStateInput) (*vmmPutStateOutput, error) {
 	id, err := propolisID(ctx, in.PropolisID)
 	if err != nil {
 		return nil, err
 	}
-	var b struct {
-		State *struct {
-			Type string `json:"type"`
-		} `json:"state"`
-	}
+	var b VmmPutStateBody
 	if err := json.Unmarshal(in.RawBody, &b); err != nil || b.State == nil {
 		return nil, apiError(ctx, http.StatusBadRequest, `body must be {"state": {"type": "running" | "stopped" | "reboot"}}`)
 	}
@@ -246,7 +299,7 @@ func (s *Server) vmmPutState(ctx context.Context, in *vmmPutStateInput) (*vmmUpd
 	if err != nil {
 		return nil, s.vmmError(ctx, err)
 	}
-	out := &vmmUpdateOutput{}
+	out := &vmmPutStateOutput{}
 	if changed {
 		st := sledVmmState(info)
 		out.Body.UpdatedRuntime = &st

@@ -1,9 +1,10 @@
 package openapitest_test
 
 import (
+	"fmt"
 	"net/http"
-	"os"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -88,4 +89,82 @@ func TestExampleSledConfigIsAValidRequest(t *testing.T) {
 	if err := sled.Check(x); err == nil || !strings.Contains(err.Error(), "name") {
 		t.Fatalf("a NIC name the pattern forbids: Check = %v", err)
 	}
+}
+
+// Upstream's patterns with lookaround are checked as they mean: a Name is
+// no UUID, a Hostname's labels do not end in '-'.
+func TestPatternsWithLookaround(t *testing.T) {
+	sled := openapitest.Load(t, openapitest.SledAgent)
+	schemas := sled.Doc().Components.Schemas
+	for _, c := range []struct {
+		schema, value string
+		ok            bool
+	}{
+		{"Name", "nexus-0", true},
+		{"Name", "a", true},
+		{"Name", "0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e", false},
+		{"Name", "Nexus", false},
+		{"Name", "nexus-", false},
+		{"Hostname", "vm0", true},
+		{"Hostname", "vm-0.example", true},
+		{"Hostname", "vm-", false},
+		{"Hostname", "vm.ex-", false},
+		{"Hostname", "-vm", false},
+	} {
+		err := sled.ValidateValue(schemas[c.schema].Value, c.value)
+		if (err == nil) != c.ok {
+			t.Errorf("%s %q: %v, want ok=%v", c.schema, c.value, err, c.ok)
+		}
+	}
+}
+
+// recorder is a testing.TB that keeps what would fail the test.
+type recorder struct {
+	testing.TB
+	errs []string
+}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// A proxy fails the test on an answer the document forbids, and on a
+// request it forbids unless the request is marked invalid.
+func TestProxyChecksEveryExchange(t *testing.T) {
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPut {
+			w.WriteHeader(http.StatusBadRequest)
+			w.Write([]byte(`{"message":"bad","request_id":"r1"}`))
+			return
+		}
+		w.Write([]byte(`[64]`))
+	}))
+	defer target.Close()
+	rec := &recorder{TB: t}
+	proxy := openapitest.Load(t, openapitest.DDM).Proxy(rec, target.URL)
+	send := func(method string, invalid bool) {
+		req, _ := http.NewRequest(method, proxy.URL+map[string]string{http.MethodGet: "/originated", http.MethodPut: "/prefix"}[method], strings.NewReader(`{}`))
+		if invalid {
+			req.Header.Set(openapitest.InvalidRequest, "1")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	send(http.MethodGet, false)
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "answer 200") {
+		t.Fatalf("a bad answer: %q", rec.errs)
+	}
+	send(http.MethodPut, false)
+	if len(rec.errs) != 2 || !strings.Contains(rec.errs[1], "request") {
+		t.Fatalf("a bad request: %q", rec.errs)
+	}
+	send(http.MethodPut, true)
+	if len(rec.errs) != 2 {
+		t.Fatalf("a bad request marked invalid, with a good answer: %q", rec.errs[2:])
+	}
+	proxy.WantSeen("GET /originated 200", "PUT /prefix 400")
 }
