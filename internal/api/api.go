@@ -148,7 +148,7 @@ func (s *Server) register() {
 		Method:           http.MethodPut,
 		Path:             "/omicron-config",
 		Summary:          "Ledger a new sled config",
-		Description:      "Validates the config, writes it durably to the ledger and answers 204 without waiting for any zone work. An older generation, or the same generation with different content, is refused with 400; the same generation with the same content is a no-op 204.",
+		Description:      "Validates the config, writes it durably to the ledger and answers 204 without waiting for any zone work. An older generation, or the same generation with a different meaning, is refused with 400; the same generation with the same meaning (absent optional members and upstream defaults count as equal) is a no-op 204.",
 		DefaultStatus:    http.StatusNoContent,
 		MaxBodyBytes:     MaxConfigBytes,
 		SkipValidateBody: true, // validated by sledconfig.Validate, which keeps unknown fields
