@@ -258,10 +258,14 @@ func TestRestartKeepsSledIDAndLedgeredConfig(t *testing.T) {
 	if inv.LedgeredSledConfig == nil || inv.LedgeredSledConfig.Generation != 351 {
 		t.Errorf("inventory ledgered_sled_config = %v, want generation 351", inv.LedgeredSledConfig)
 	}
-	if inv.Ledger.Problem != "" {
-		t.Errorf("inventory ledger problem = %q, want none", inv.Ledger.Problem)
+	ours, err := c.AgentInventory(t.Context())
+	if err != nil {
+		t.Fatalf("GET /agent/inventory: %v", err)
 	}
-	for _, cp := range inv.Ledger.Copies {
+	if ours.Ledger.Problem != "" {
+		t.Errorf("inventory ledger problem = %q, want none", ours.Ledger.Problem)
+	}
+	for _, cp := range ours.Ledger.Copies {
 		if cp.State != "ok" || cp.Generation != 351 {
 			t.Errorf("ledger copy %s: %s generation %d, want ok generation 351", cp.Path, cp.State, cp.Generation)
 		}
@@ -425,7 +429,11 @@ func TestCorruptLedgerLeavesZonesAlone(t *testing.T) {
 	if err := json.Unmarshal(raw, &inv); err != nil {
 		t.Fatal(err)
 	}
-	if inv.Ledger.Problem == "" {
+	ours, err := c.AgentInventory(t.Context())
+	if err != nil {
+		t.Fatalf("GET /agent/inventory: %v", err)
+	}
+	if ours.Ledger.Problem == "" {
 		t.Errorf("inventory ledger.problem is empty for a corrupt ledger")
 	}
 	if inv.ReconcilerStatus.Status != "not_yet_run" {
@@ -434,7 +442,7 @@ func TestCorruptLedgerLeavesZonesAlone(t *testing.T) {
 	if inv.LastReconciliation != nil {
 		t.Errorf("last_reconciliation = %+v, want null", inv.LastReconciliation)
 	}
-	for _, cp := range inv.Ledger.Copies {
+	for _, cp := range ours.Ledger.Copies {
 		if cp.State != "corrupt" {
 			t.Errorf("ledger copy %s state %q, want corrupt", cp.Path, cp.State)
 		}
@@ -446,15 +454,15 @@ func TestCorruptLedgerLeavesZonesAlone(t *testing.T) {
 		t.Fatalf("PUT /omicron-config after a corrupt ledger: %v", err)
 	}
 	waitStates(t, c, allRunning(cfg))
-	inv2, err := c.Inventory(t.Context())
+	inv2, err := c.AgentInventory(t.Context())
 	if err != nil {
-		t.Fatalf("GET /inventory: %v", err)
+		t.Fatalf("GET /agent/inventory: %v", err)
 	}
 	if inv2.Ledger.Problem != "" {
 		t.Errorf("ledger problem after a successful PUT = %q, want none", inv2.Ledger.Problem)
 	}
-	if inv2.LedgeredSledConfig == nil || inv2.LedgeredSledConfig.Generation != 351 {
-		t.Errorf("ledgered config after PUT = %v, want generation 351", inv2.LedgeredSledConfig)
+	if inv2.LedgeredConfig == nil || inv2.LedgeredConfig.Generation != 351 {
+		t.Errorf("ledgered config after PUT = %v, want generation 351", inv2.LedgeredConfig)
 	}
 	for _, cp := range inv2.Ledger.Copies {
 		if cp.State != "ok" || cp.Generation != 351 {
@@ -513,8 +521,12 @@ func TestHangingZoneStartDoesNotBlockOthers(t *testing.T) {
 	if inv.ReconcilerStatus.Status != "running" {
 		t.Errorf("reconciler status = %q, want running (a start is in flight)", inv.ReconcilerStatus.Status)
 	}
+	ours, err := c.AgentInventory(t.Context())
+	if err != nil {
+		t.Fatalf("GET /agent/inventory beside a hanging start: %v", err)
+	}
 	got := map[string]string{}
-	for _, z := range inv.ZoneStates {
+	for _, z := range ours.ZoneStates {
 		got[z.Name] = z.State
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -33,7 +33,7 @@ func TestDeletedLedgerCopyIsRewritten(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		inv, err := c.Inventory(t.Context())
+		inv, err := c.AgentInventory(t.Context())
 		if err != nil {
 			return false, err.Error()
 		}

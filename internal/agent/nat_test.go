@@ -110,7 +110,7 @@ func TestOneSwitchReachableZonesStartAndItIsProgrammed(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEntries(t, s.dpd[1], nexusEntry)
-	inv, err := c.Inventory(t.Context())
+	inv, err := c.AgentInventory(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestSwitchesAppearingOrReplacedAreProgrammed(t *testing.T) {
 	s.publish(s.dpd[0], replacement)
 	waitEntries(t, replacement, nexusEntry)
 	waitFor(t, "the replaced switch gone from inventory", func() (bool, string) {
-		inv, err := c.Inventory(t.Context())
+		inv, err := c.AgentInventory(t.Context())
 		if err != nil || inv.NAT == nil {
 			return false, fmt.Sprint(err)
 		}
@@ -177,7 +177,7 @@ func TestFallbackSwitchesWhenDNSIsUnreachable(t *testing.T) {
 	_, c := start(t, cfg)
 	putZones(t, c, 1, nexusZone)
 	waitEntries(t, s.dpd[0], nexusEntry)
-	inv, err := c.Inventory(t.Context())
+	inv, err := c.AgentInventory(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestAnotherSledsEntryIsReportedNotOverwritten(t *testing.T) {
 	_, c := start(t, s.config(t.TempDir()))
 	putZones(t, c, 1, nexusZone)
 	waitFor(t, "the conflict reported", func() (bool, string) {
-		inv, err := c.Inventory(t.Context())
+		inv, err := c.AgentInventory(t.Context())
 		if err != nil || inv.NAT == nil || len(inv.NAT.Switches) == 0 {
 			return false, fmt.Sprint(err)
 		}

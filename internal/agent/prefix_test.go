@@ -84,7 +84,7 @@ func TestRemovedDNSZoneIsWithdrawnAtOnce(t *testing.T) {
 	putZones(t, c, 2, crucible)
 	took := waitOriginated(t, d, testBootstrap, testUnderlay)
 	t.Logf("withdrawn %s after the PUT", took.Round(time.Millisecond))
-	inv, err := c.Inventory(t.Context())
+	inv, err := c.AgentInventory(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestRestartKeepsTheLiveDNSPrefix(t *testing.T) {
 	run(t, second)
 	c := newClient(t, second)
 	waitFor(t, "the restarted agent's first prefix pass", func() (bool, string) {
-		inv, err := c.Inventory(t.Context())
+		inv, err := c.AgentInventory(t.Context())
 		if err != nil || inv.DDM == nil {
 			return false, fmt.Sprint(err)
 		}
@@ -180,7 +180,7 @@ func TestRestartKeepsThePrefixOfADNSZoneSlowToAnswer(t *testing.T) {
 	run(t, second)
 	c := newClient(t, second)
 	waitFor(t, "the restarted agent's first prefix pass, with the DNS zone not answering", func() (bool, string) {
-		inv, err := c.Inventory(t.Context())
+		inv, err := c.AgentInventory(t.Context())
 		if err != nil || inv.DDM == nil {
 			return false, fmt.Sprint(err)
 		}
@@ -213,7 +213,7 @@ func TestDDMDownThenBackConverges(t *testing.T) {
 	putZones(t, c, 1, sledconfigtest.InternalDNS(0))
 	waitStates(t, c, map[string]string{sledconfigtest.InternalDNS(0).Name(): "running"})
 	waitFor(t, "the failure reported", func() (bool, string) {
-		inv, err := c.Inventory(t.Context())
+		inv, err := c.AgentInventory(t.Context())
 		if err != nil || inv.DDM == nil {
 			return false, fmt.Sprint(err)
 		}
@@ -226,7 +226,7 @@ func TestDDMDownThenBackConverges(t *testing.T) {
 	waitOriginated(t, d, testBootstrap, testUnderlay, dnsPrefix)
 	t.Logf("converged %s after DDM came back", time.Since(back).Round(time.Millisecond))
 	waitFor(t, "the error cleared", func() (bool, string) {
-		inv, err := c.Inventory(t.Context())
+		inv, err := c.AgentInventory(t.Context())
 		if err != nil || inv.DDM == nil {
 			return false, fmt.Sprint(err)
 		}
@@ -253,7 +253,7 @@ func TestForeignPrefixIsWithdrawnAndReported(t *testing.T) {
 	// The report follows the withdrawal, by as little as the reconciler
 	// takes to note it.
 	waitFor(t, "the foreign prefix's withdrawal reported", func() (bool, string) {
-		inv, err := c.Inventory(t.Context())
+		inv, err := c.AgentInventory(t.Context())
 		if err != nil || inv.DDM == nil {
 			return false, fmt.Sprint(err)
 		}

@@ -152,7 +152,7 @@ func TestVanishedVMMZoneIsReportedFailed(t *testing.T) {
 		t.Fatal("no VMM zone in the sim")
 	}
 	failed := waitVMM(t, a, "failed")
-	for _, path := range []string{"/agent/vmms", "/inventory"} {
+	for _, path := range []string{"/agent/vmms", "/agent/inventory"} {
 		code, b := call(t, a, http.MethodGet, path, "")
 		if code != http.StatusOK || !bytes.Contains(b, []byte("zone vanished while the guest was running")) {
 			t.Fatalf("GET %s after the zone vanished: %d %s (state %+v)", path, code, b, failed)

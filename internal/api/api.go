@@ -49,6 +49,7 @@ type Configs interface {
 type Reconciler interface {
 	Status() reconciler.Status
 	Zones() []reconciler.ZoneStatus
+	ZonesWhere(keep func(reconciler.ZoneStatus) bool) []reconciler.ZoneStatus
 	Zone(nameOrID string) (reconciler.ZoneStatus, bool)
 	RunningZones() []string
 	Restore() reconciler.RestoreStatus
@@ -109,6 +110,8 @@ type Server struct {
 	api     huma.API
 	handler http.Handler
 	metrics *httpMetrics
+	// inv holds the parts of /inventory encoded once.
+	inv inventoryCache
 }
 
 // New builds the API.
@@ -160,8 +163,26 @@ func (s *Server) register() {
 		Method:      http.MethodGet,
 		Path:        "/inventory",
 		Summary:     "Fetch basic information about this sled",
-		Description: "Served from published snapshots: never waits for reconciliation.",
+		Description: "Exactly upstream's Inventory, served from published snapshots: never waits for reconciliation. Our own richer view is GET /agent/inventory.",
 	}, s.inventory)
+	// The body is encoded by hand from cached parts; document its schema.
+	s.api.OpenAPI().Paths["/inventory"].Get.Responses["200"].Content = map[string]*huma.MediaType{"application/json": {
+		Schema: s.api.OpenAPI().Components.Schemas.Schema(reflect.TypeFor[Inventory](), true, ""),
+	}}
+	huma.Register(s.api, huma.Operation{
+		OperationID: "sled_identifiers",
+		Method:      http.MethodGet,
+		Path:        "/sled-identifiers",
+		Summary:     "Fetch sled identifiers",
+		Description: "503 until the agent knows its rack id.",
+		Errors:      []int{503},
+	}, s.sledIdentifiers)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "agent_inventory",
+		Method:      http.MethodGet,
+		Path:        "/agent/inventory",
+		Summary:     "This agent's own view: ledger copies, every zone's state, VMMs, NAT, DDM, restore, and when the last reconciliation completed",
+	}, s.agentInventory)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "zones_list",
 		Method:      http.MethodGet,
@@ -227,7 +248,7 @@ var upstreamNames = map[reflect.Type]string{
 	reflect.TypeFor[sledconfig.IPConfig]():    "PrivateIpConfig",
 	reflect.TypeFor[sledconfig.SNAT]():        "SourceNatConfigGeneric",
 	reflect.TypeFor[ReconcilerStatus]():       "ConfigReconcilerInventoryStatus",
-	reflect.TypeFor[LastReconciliation]():     "ConfigReconcilerInventory",
+	reflect.TypeFor[BaseboardID]():            "BaseboardId",
 	reflect.TypeFor[ResultStatus]():           "ConfigReconcilerInventoryResult",
 	reflect.TypeFor[vmm.RuntimeState]():       "VmmRuntimeState",
 }

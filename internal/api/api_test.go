@@ -41,7 +41,7 @@ type sled struct {
 	server *api.Server
 }
 
-func newSled(t testing.TB, simOpts sim.Options) *sled {
+func newSled(t testing.TB, simOpts sim.Options, with ...func(*api.Deps)) *sled {
 	t.Helper()
 	base := t.TempDir()
 	s := &sled{t: t, dirs: []string{filepath.Join(base, "a"), filepath.Join(base, "b")}}
@@ -53,12 +53,16 @@ func newSled(t testing.TB, simOpts sim.Options) *sled {
 	s.rec = reconciler.New(s.rt, nil, reconciler.Options{StartTimeout: time.Hour})
 	s.rt.SetNotify(s.rec.Poke)
 	s.store = configstore.Open(l, nil, s.rec.Update, configstore.Options{})
-	s.server = api.New(api.Deps{
+	deps := api.Deps{
 		Identity:   api.Identity{SledID: sledID, Address: "[::1]:12345", Role: "gimlet"},
 		Configs:    s.store,
 		Reconciler: s.rec,
 		Faults:     s.rt,
-	})
+	}
+	for _, f := range with {
+		f(&deps)
+	}
+	s.server = api.New(deps)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.rec.Run(ctx); close(done) }()
@@ -85,11 +89,16 @@ func (s *sled) do(method, path string, body []byte, header ...string) response {
 
 func (s *sled) put(doc []byte) response { return s.do(http.MethodPut, "/omicron-config", doc) }
 
-func (s *sled) inventory() map[string]any {
+func (s *sled) inventory() map[string]any { return s.getObject("/inventory") }
+
+// agentInventory is our own view, GET /agent/inventory.
+func (s *sled) agentInventory() map[string]any { return s.getObject("/agent/inventory") }
+
+func (s *sled) getObject(path string) map[string]any {
 	s.t.Helper()
-	r := s.do(http.MethodGet, "/inventory", nil)
+	r := s.do(http.MethodGet, path, nil)
 	if r.status != http.StatusOK {
-		s.t.Fatalf("GET /inventory: %d %s", r.status, r.body)
+		s.t.Fatalf("GET %s: %d %s", path, r.status, r.body)
 	}
 	var inv map[string]any
 	if err := json.Unmarshal(r.body, &inv); err != nil {
@@ -288,7 +297,7 @@ func TestHangingZoneDelaysNeitherPutsNorReads(t *testing.T) {
 			t.Fatalf("reconciler_status %v while a start hangs", st)
 		}
 		states := map[string]string{}
-		for _, z := range inv["zone_states"].([]any) {
+		for _, z := range s.agentInventory()["zone_states"].([]any) {
 			z := z.(map[string]any)
 			states[z["id"].(string)] = z["state"].(string)
 		}

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -14,23 +13,6 @@ import (
 )
 
 var jsonMarshal = json.Marshal
-
-// Inventory is upstream's Inventory (the fields this agent reports) plus our
-// own status: the ledger's copies and every zone's state.
-type Inventory struct {
-	SledID             string              `json:"sled_id"`
-	SledAgentAddress   string              `json:"sled_agent_address"`
-	SledRole           string              `json:"sled_role" enum:"gimlet,scrimlet"`
-	LedgeredSledConfig *sledconfig.Config  `json:"ledgered_sled_config" doc:"The ledgered config; null when there is none."`
-	ReconcilerStatus   ReconcilerStatus    `json:"reconciler_status"`
-	LastReconciliation *LastReconciliation `json:"last_reconciliation" doc:"The last completed pass; null before the first."`
-
-	Ledger     LedgerStatus  `json:"ledger" doc:"State of every ledger copy (ours)."`
-	ZoneStates []ZoneSummary `json:"zone_states" doc:"Every zone the agent manages, sorted by name (ours)."`
-	VMMs       []VMMSummary  `json:"vmms" doc:"Every VMM: its zone, state and what last happened to it (ours; details in GET /agent/vmms)."`
-	NAT        *nat.Status   `json:"nat" doc:"This sled's NAT entries on every switch: how the switches were found, each switch's slot, last success and error, entries wanted and present, conflicts (ours); null when the agent manages none."`
-	DDM        *DDMStatus    `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes (ours); null when the agent manages none."`
-}
 
 // ReconcilerStatus is upstream ConfigReconcilerInventoryStatus.
 type ReconcilerStatus struct {
@@ -51,17 +33,6 @@ type Duration struct {
 func duration(d time.Duration) *Duration {
 	d = max(d, 0)
 	return &Duration{Secs: uint64(d / time.Second), Nanos: uint32(d % time.Second)}
-}
-
-// LastReconciliation is upstream ConfigReconcilerInventory (the parts this
-// agent manages; disks and datasets are not, so their maps are empty).
-type LastReconciliation struct {
-	LastReconciledConfig *sledconfig.Config      `json:"last_reconciled_config"`
-	Zones                map[string]ResultStatus `json:"zones"`
-	ExternalDisks        map[string]ResultStatus `json:"external_disks"`
-	Datasets             map[string]ResultStatus `json:"datasets"`
-	OrphanedDatasets     []json.RawMessage       `json:"orphaned_datasets"`
-	CompletedAt          time.Time               `json:"completed_at" doc:"When the pass completed (ours)."`
 }
 
 // ResultStatus is upstream ConfigReconcilerInventoryResult.
@@ -131,76 +102,6 @@ func summary(zs reconciler.ZoneStatus) ZoneSummary {
 		Since: zs.Since, ConfigHash: zs.ConfigHash, Attempts: zs.Attempts, LastError: zs.LastError,
 		NextRetry: zs.NextRetry, Incidents: zs.Incidents, Activity: zs.Activity, Health: zs.Health,
 	}
-}
-
-type inventoryOutput struct {
-	Body *Inventory
-}
-
-func (s *Server) inventory(context.Context, *struct{}) (*inventoryOutput, error) {
-	inv := &Inventory{
-		SledID:             s.deps.Identity.SledID,
-		SledAgentAddress:   s.deps.Identity.Address,
-		SledRole:           s.deps.Identity.Role,
-		LedgeredSledConfig: s.deps.Configs.Current(),
-		Ledger:             LedgerStatus{Problem: s.deps.Configs.LoadProblem(), Copies: []LedgerCopy{}},
-		ZoneStates:         []ZoneSummary{},
-	}
-	inv.VMMs = []VMMSummary{}
-	if s.deps.VMMs != nil {
-		for _, v := range s.deps.VMMs.List() {
-			sum := VMMSummary{ID: v.ID, Zone: v.Zone, State: v.State, Detail: v.Detail}
-			if n := len(v.History); n > 0 {
-				sum.LastEvent = &v.History[n-1]
-			}
-			inv.VMMs = append(inv.VMMs, sum)
-		}
-	}
-	if s.deps.NAT != nil {
-		st := s.deps.NAT.Status()
-		inv.NAT = &st
-	}
-	if s.deps.Prefixes != nil {
-		inv.DDM = &DDMStatus{URL: s.deps.DDMURL, Status: s.deps.Prefixes.Status()}
-	}
-	for _, c := range s.deps.Configs.CopyStatus() {
-		inv.Ledger.Copies = append(inv.Ledger.Copies, LedgerCopy{Path: c.Path, State: string(c.State), Generation: c.Generation, Error: c.Err})
-	}
-	st := s.deps.Reconciler.Status()
-	inv.ReconcilerStatus.Status = string(st.Phase)
-	switch st.Phase {
-	case reconciler.PhaseRunning:
-		t := st.StartedAt
-		inv.ReconcilerStatus.Config = st.Config
-		inv.ReconcilerStatus.StartedAt = &t
-		inv.ReconcilerStatus.RunningFor = duration(time.Since(t))
-	case reconciler.PhaseIdle:
-		t := st.CompletedAt
-		inv.ReconcilerStatus.CompletedAt = &t
-		inv.ReconcilerStatus.RanFor = duration(st.RanFor)
-	}
-	if last := st.Last; last != nil {
-		lr := &LastReconciliation{
-			LastReconciledConfig: last.Config,
-			Zones:                make(map[string]ResultStatus, len(last.Zones)),
-			ExternalDisks:        map[string]ResultStatus{},
-			Datasets:             map[string]ResultStatus{},
-			OrphanedDatasets:     []json.RawMessage{},
-			CompletedAt:          last.CompletedAt,
-		}
-		for id, res := range last.Zones {
-			if res.OK {
-				lr.Zones[id] = ResultStatus{Result: "ok"}
-			} else {
-				lr.Zones[id] = ResultStatus{Result: "err", Message: res.Message}
-			}
-		}
-		inv.LastReconciliation = lr
-	}
-	for _, zs := range s.deps.Reconciler.Zones() {
-		inv.ZoneStates = append(inv.ZoneStates, summary(zs))
-	}
-	return &inventoryOutput{Body: inv}, nil
 }
 
 type zonesOutput struct {

@@ -31,7 +31,7 @@ func TestPutWithOneLedgerCopyUnwritable(t *testing.T) {
 	if r := s.put(doc); r.status != http.StatusNoContent {
 		t.Fatalf("PUT with one copy writable: %d %s", r.status, r.body)
 	}
-	copies := s.inventory()["ledger"].(map[string]any)["copies"].([]any)
+	copies := s.agentInventory()["ledger"].(map[string]any)["copies"].([]any)
 	if len(copies) != 2 {
 		t.Fatalf("copies %v", copies)
 	}
@@ -81,7 +81,7 @@ func TestUnrealisableConfigIsRefused(t *testing.T) {
 	if g := s.store.Current().Generation; g != 1 {
 		t.Fatalf("current generation %d, want 1", g)
 	}
-	for _, cp := range s.inventory()["ledger"].(map[string]any)["copies"].([]any) {
+	for _, cp := range s.agentInventory()["ledger"].(map[string]any)["copies"].([]any) {
 		if cp := cp.(map[string]any); cp["generation"] != 1.0 {
 			t.Errorf("ledger copy %v, want generation 1", cp)
 		}

@@ -247,15 +247,32 @@ func TestOperatorCommands(t *testing.T) {
 
 	t.Run("inventory json", func(t *testing.T) {
 		r := sledAt(t, a.url, "inventory", "-o", "json").ok(t)
-		var inv api.Inventory
+		var inv api.AgentInventory
 		if err := json.Unmarshal([]byte(r.stdout), &inv); err != nil {
 			t.Fatalf("inventory -o json is not JSON: %v\n%s", err, r.stdout)
 		}
 		if inv.SledID != a.SledID() {
 			t.Errorf("sled_id = %q, want %q", inv.SledID, a.SledID())
 		}
+		if inv.LedgeredConfig == nil || inv.LedgeredConfig.Generation != 351 || len(inv.ZoneStates) != 13 {
+			t.Errorf("ledgered_config = %v and %d zone states, want generation 351 and 13", inv.LedgeredConfig, len(inv.ZoneStates))
+		}
+	})
+
+	t.Run("inventory upstream", func(t *testing.T) {
+		r := sledAt(t, a.url, "inventory", "--upstream").ok(t)
+		var inv api.Inventory
+		if err := json.Unmarshal([]byte(r.stdout), &inv); err != nil {
+			t.Fatalf("inventory --upstream is not JSON: %v\n%s", err, r.stdout)
+		}
+		if inv.SledID != a.SledID() {
+			t.Errorf("sled_id = %q, want %q", inv.SledID, a.SledID())
+		}
 		if inv.LedgeredSledConfig == nil || inv.LedgeredSledConfig.Generation != 351 {
 			t.Errorf("ledgered_sled_config = %v, want generation 351", inv.LedgeredSledConfig)
+		}
+		if strings.Contains(r.stdout, "zone_states") {
+			t.Errorf("upstream's inventory has our zone_states")
 		}
 	})
 

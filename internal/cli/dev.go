@@ -257,7 +257,7 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 				"  go run ./cmd/sled-agent zones\n"+
 				"  go run ./cmd/sled-agent inventory\n"+
 				"  go run ./cmd/sled-agent zone show <zone name or id>\n"+
-				"  curl -s %s/inventory | head -c 600\n"+
+				"  curl -s %s/agent/inventory | head -c 600\n"+
 				"Ctrl-C stops it (zones are simulated, so they go with it).\n", url)
 			if exitWhenDone {
 				cancel()

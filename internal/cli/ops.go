@@ -59,38 +59,45 @@ func newConfigCmd(g *globals) *cobra.Command {
 }
 
 func newInventoryCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var upstream bool
+	cmd := &cobra.Command{
 		Use:   "inventory",
-		Short: "Show the sled's inventory",
+		Short: "Show the sled's inventory: the agent's own view (GET /agent/inventory), or with --upstream upstream's Inventory (GET /inventory) as JSON",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, asJSON, err := g.setup()
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				raw, err := c.InventoryRaw(cmd.Context())
+			if asJSON || upstream {
+				get := c.AgentInventoryRaw
+				if upstream {
+					get = c.InventoryRaw
+				}
+				raw, err := get(cmd.Context())
 				if err != nil {
 					return err
 				}
 				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", raw)
 				return err
 			}
-			inv, err := c.Inventory(cmd.Context())
+			inv, err := c.AgentInventory(cmd.Context())
 			if err != nil {
 				return err
 			}
 			return printInventory(cmd.OutOrStdout(), inv)
 		},
 	}
+	cmd.Flags().BoolVar(&upstream, "upstream", false, "print upstream's Inventory, what the control plane reads (GET /inventory), as JSON")
+	return cmd
 }
 
-func printInventory(w io.Writer, inv *api.Inventory) error {
+func printInventory(w io.Writer, inv *api.AgentInventory) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "sled\t%s (%s)\n", inv.SledID, inv.SledRole)
 	fmt.Fprintf(tw, "agent address\t%s\n", inv.SledAgentAddress)
-	if cfg := inv.LedgeredSledConfig; cfg != nil {
-		fmt.Fprintf(tw, "ledgered config\tgeneration %d, %d zones\n", cfg.Generation, len(cfg.Zones))
+	if cfg := inv.LedgeredConfig; cfg != nil {
+		fmt.Fprintf(tw, "ledgered config\tgeneration %d, %d zones\n", cfg.Generation, cfg.Zones)
 	} else {
 		fmt.Fprintf(tw, "ledgered config\tnone\n")
 	}
@@ -110,7 +117,7 @@ func printInventory(w io.Writer, inv *api.Inventory) error {
 	rs := inv.ReconcilerStatus
 	switch rs.Status {
 	case "running":
-		fmt.Fprintf(tw, "reconciler\trunning for %s\n", seconds(rs.RunningFor))
+		fmt.Fprintf(tw, "reconciler\trunning for %s (generation %d)\n", seconds(rs.RunningFor), rs.Generation)
 	case "idle":
 		fmt.Fprintf(tw, "reconciler\tidle; last pass took %s, completed %s\n", seconds(rs.RanFor), rs.CompletedAt.Local().Format(time.DateTime))
 	default:
@@ -123,7 +130,7 @@ func printInventory(w io.Writer, inv *api.Inventory) error {
 				ok++
 			}
 		}
-		fmt.Fprintf(tw, "last reconciliation\tgeneration %d: %d/%d zones ok\n", lr.LastReconciledConfig.Generation, ok, len(lr.Zones))
+		fmt.Fprintf(tw, "last reconciliation\tgeneration %d: %d/%d zones ok, completed %s\n", lr.Generation, ok, len(lr.Zones), lr.CompletedAt.Local().Format(time.DateTime))
 		for _, id := range slices.Sorted(maps.Keys(lr.Zones)) {
 			if r := lr.Zones[id]; r.Result != "ok" {
 				fmt.Fprintf(tw, "  zone %s\t%s\n", id, r.Message)

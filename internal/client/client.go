@@ -70,7 +70,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	data, err := readBody(resp)
 	if err != nil {
 		return fmt.Errorf("%s %s: reading answer: %w", method, path, err)
 	}
@@ -81,6 +81,10 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		}
 		return e
 	}
+	if raw, ok := out.(*rawBody); ok {
+		*raw = data
+		return nil
+	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
 			return fmt.Errorf("%s %s: decoding answer: %w", method, path, err)
@@ -89,21 +93,61 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	return nil
 }
 
+// rawBody receives an answer's bytes as they came, without decoding (for
+// documents of a megabyte, decoding into a json.RawMessage would scan them).
+type rawBody []byte
+
+// maxAnswerBytes bounds an answer read into memory.
+const maxAnswerBytes = 256 << 20
+
+// readBody reads an answer, into one buffer of its announced length when it
+// has one (a large sled's inventory is a megabyte).
+func readBody(resp *http.Response) ([]byte, error) {
+	body := io.LimitReader(resp.Body, maxAnswerBytes)
+	if n := resp.ContentLength; n > 0 && n <= maxAnswerBytes {
+		var buf bytes.Buffer
+		buf.Grow(int(n) + 1) // +1: ReadFrom wants room to see the end
+		_, err := buf.ReadFrom(body)
+		return buf.Bytes(), err
+	}
+	return io.ReadAll(body)
+}
+
 // PutConfig puts a sled config document.
 func (c *Client) PutConfig(ctx context.Context, doc []byte) error {
 	return c.do(ctx, http.MethodPut, "/omicron-config", doc, nil)
 }
 
-// Inventory fetches the inventory.
+// Inventory fetches upstream's inventory (GET /inventory).
 func (c *Client) Inventory(ctx context.Context) (*api.Inventory, error) {
 	var inv api.Inventory
 	return &inv, c.do(ctx, http.MethodGet, "/inventory", nil, &inv)
 }
 
-// InventoryRaw fetches the inventory as the agent sent it.
+// InventoryRaw fetches upstream's inventory as the agent sent it, undecoded.
 func (c *Client) InventoryRaw(ctx context.Context) (json.RawMessage, error) {
-	var raw json.RawMessage
-	return raw, c.do(ctx, http.MethodGet, "/inventory", nil, &raw)
+	var raw rawBody
+	return json.RawMessage(raw), c.do(ctx, http.MethodGet, "/inventory", nil, &raw)
+}
+
+// AgentInventory fetches the agent's own view (GET /agent/inventory): ledger
+// copies, every zone's state, VMMs, NAT, DDM, restore.
+func (c *Client) AgentInventory(ctx context.Context) (*api.AgentInventory, error) {
+	var inv api.AgentInventory
+	return &inv, c.do(ctx, http.MethodGet, "/agent/inventory", nil, &inv)
+}
+
+// AgentInventoryRaw fetches the agent's own view as the agent sent it,
+// undecoded.
+func (c *Client) AgentInventoryRaw(ctx context.Context) (json.RawMessage, error) {
+	var raw rawBody
+	return json.RawMessage(raw), c.do(ctx, http.MethodGet, "/agent/inventory", nil, &raw)
+}
+
+// SledIdentifiers fetches the sled's identifiers (GET /sled-identifiers).
+func (c *Client) SledIdentifiers(ctx context.Context) (*api.SledIdentifiers, error) {
+	var ids api.SledIdentifiers
+	return &ids, c.do(ctx, http.MethodGet, "/sled-identifiers", nil, &ids)
 }
 
 // Zones lists the running zones.

@@ -146,15 +146,15 @@ func (r *run) pid(name string) int {
 // generation in every copy.
 func (r *run) ledgerProblem(ctx context.Context) string {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	inv, err := r.c.Inventory(cctx)
+	inv, err := r.c.AgentInventory(cctx)
 	cancel()
 	switch {
 	case err != nil:
 		return "inventory: " + err.Error()
-	case inv.LedgeredSledConfig == nil:
+	case inv.LedgeredConfig == nil:
 		return "no ledgered config"
-	case inv.LedgeredSledConfig.Generation != r.gen:
-		return fmt.Sprintf("ledgered generation %d, acknowledged %d", inv.LedgeredSledConfig.Generation, r.gen)
+	case inv.LedgeredConfig.Generation != r.gen:
+		return fmt.Sprintf("ledgered generation %d, acknowledged %d", inv.LedgeredConfig.Generation, r.gen)
 	case inv.Ledger.Problem != "":
 		return "ledger: " + inv.Ledger.Problem
 	}

@@ -244,6 +244,7 @@ func (r *Reconciler) publishZone(e *entry) {
 		Incidents: e.incidents,
 		Activity:  e.activity(now),
 		Health:    e.health,
+		Exists:    e.exists || e.busy && e.op == opStart,
 		History:   slices.Clone(e.history),
 	}
 	if zs.Health.State == "" {

@@ -64,7 +64,10 @@ type ZoneStatus struct {
 	// Progress is what the runtime last said the call in flight waits for.
 	Progress string `json:"progress,omitempty"`
 	// Health is what the periodic health checks of the running zone found.
-	Health  Health  `json:"health"`
+	Health Health `json:"health"`
+	// Exists says that something of the zone exists in the runtime: it is
+	// being created, runs, was adopted, or a failed start left part of it.
+	Exists  bool    `json:"exists"`
 	History []Event `json:"history"`
 }
 
@@ -184,6 +187,22 @@ func (r *Reconciler) Zones() []ZoneStatus {
 		}
 		return 0
 	})
+	return out
+}
+
+// ZonesWhere returns, sorted by name, the status of the zones for which keep
+// is true. keep is called with the store locked: it must only look at the
+// status. Cheaper than Zones when few match.
+func (r *Reconciler) ZonesWhere(keep func(ZoneStatus) bool) []ZoneStatus {
+	var out []ZoneStatus
+	r.store.mu.Lock()
+	for _, zs := range r.store.zones {
+		if keep(zs) {
+			out = append(out, zs)
+		}
+	}
+	r.store.mu.Unlock()
+	slices.SortFunc(out, func(a, b ZoneStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

@@ -1,0 +1,119 @@
+package api
+
+import (
+	"context"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/nat"
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+)
+
+// AgentInventory is this agent's own view of the sled, at GET
+// /agent/inventory: what upstream's Inventory has no room for (the ledger's
+// copies, every zone's state, VMMs, NAT, DDM, what the restore found) and
+// short forms of the configs and reconciliations, with when the last one
+// completed.
+type AgentInventory struct {
+	SledID             string                   `json:"sled_id"`
+	SledAgentAddress   string                   `json:"sled_agent_address"`
+	SledRole           string                   `json:"sled_role" enum:"gimlet,scrimlet"`
+	LedgeredConfig     *ConfigSummary           `json:"ledgered_config" doc:"The ledgered config's generation and zone count; null when there is none."`
+	Ledger             LedgerStatus             `json:"ledger" doc:"State of every ledger copy."`
+	ReconcilerStatus   AgentReconcilerStatus    `json:"reconciler_status"`
+	LastReconciliation *ReconciliationSummary   `json:"last_reconciliation" doc:"The last completed pass; null before the first."`
+	ZoneStates         []ZoneSummary            `json:"zone_states" doc:"Every zone the agent manages, sorted by name."`
+	VMMs               []VMMSummary             `json:"vmms" doc:"Every VMM: its zone, state and what last happened to it (details in GET /agent/vmms)."`
+	NAT                *nat.Status              `json:"nat" doc:"This sled's NAT entries on every switch: how the switches were found, each switch's slot, last success and error, entries wanted and present, conflicts; null when the agent manages none."`
+	DDM                *DDMStatus               `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes; null when the agent manages none."`
+	Restore            reconciler.RestoreStatus `json:"restore" doc:"What the agent found at start-up and did about it (as GET /agent/restore)."`
+}
+
+// ConfigSummary names a config by its generation and size.
+type ConfigSummary struct {
+	Generation uint64 `json:"generation"`
+	Zones      int    `json:"zones"`
+}
+
+// AgentReconcilerStatus is the reconciler's phase and timings, naming the
+// config being realised by its generation.
+type AgentReconcilerStatus struct {
+	Status      string     `json:"status" enum:"not_yet_run,running,idle"`
+	Generation  uint64     `json:"generation,omitempty" doc:"Generation of the config being realised (running)."`
+	StartedAt   *time.Time `json:"started_at,omitempty"`
+	RunningFor  *Duration  `json:"running_for,omitempty"`
+	CompletedAt *time.Time `json:"completed_at,omitempty"`
+	RanFor      *Duration  `json:"ran_for,omitempty"`
+	Passes      uint64     `json:"passes" doc:"Passes completed since the agent started."`
+}
+
+// ReconciliationSummary is the last completed pass: the generation it
+// realised, when it completed, and every zone's result (as upstream's
+// last_reconciliation.zones).
+type ReconciliationSummary struct {
+	Generation  uint64                  `json:"generation"`
+	CompletedAt time.Time               `json:"completed_at" doc:"When the pass completed."`
+	Zones       map[string]ResultStatus `json:"zones"`
+}
+
+type agentInventoryOutput struct {
+	Body *AgentInventory
+}
+
+func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutput, error) {
+	now := time.Now()
+	id := s.deps.Identity
+	inv := &AgentInventory{
+		SledID:           id.SledID,
+		SledAgentAddress: id.Address,
+		SledRole:         id.Role,
+		Ledger:           LedgerStatus{Problem: s.deps.Configs.LoadProblem(), Copies: []LedgerCopy{}},
+		ZoneStates:       []ZoneSummary{},
+		VMMs:             []VMMSummary{},
+		Restore:          s.deps.Reconciler.Restore(),
+	}
+	if cfg := s.deps.Configs.Current(); cfg != nil {
+		inv.LedgeredConfig = &ConfigSummary{Generation: cfg.Generation, Zones: len(cfg.Zones)}
+	}
+	for _, c := range s.deps.Configs.CopyStatus() {
+		inv.Ledger.Copies = append(inv.Ledger.Copies, LedgerCopy{Path: c.Path, State: string(c.State), Generation: c.Generation, Error: c.Err})
+	}
+	st := s.deps.Reconciler.Status()
+	rs := reconcilerStatus(st, now)
+	inv.ReconcilerStatus = AgentReconcilerStatus{
+		Status: rs.Status, StartedAt: rs.StartedAt, RunningFor: rs.RunningFor,
+		CompletedAt: rs.CompletedAt, RanFor: rs.RanFor, Passes: st.Passes,
+	}
+	if st.Config != nil && st.Phase == reconciler.PhaseRunning {
+		inv.ReconcilerStatus.Generation = st.Config.Generation
+	}
+	if st.Last != nil {
+		sum := &ReconciliationSummary{CompletedAt: st.Last.CompletedAt, Zones: map[string]ResultStatus{}}
+		if lr, _, err := s.lastReconciliation(st.Last); err == nil {
+			sum.Zones = lr.Zones
+		}
+		if st.Last.Config != nil {
+			sum.Generation = st.Last.Config.Generation
+		}
+		inv.LastReconciliation = sum
+	}
+	if s.deps.VMMs != nil {
+		for _, v := range s.deps.VMMs.List() {
+			sum := VMMSummary{ID: v.ID, Zone: v.Zone, State: v.State, Detail: v.Detail}
+			if n := len(v.History); n > 0 {
+				sum.LastEvent = &v.History[n-1]
+			}
+			inv.VMMs = append(inv.VMMs, sum)
+		}
+	}
+	if s.deps.NAT != nil {
+		st := s.deps.NAT.Status()
+		inv.NAT = &st
+	}
+	if s.deps.Prefixes != nil {
+		inv.DDM = &DDMStatus{URL: s.deps.DDMURL, Status: s.deps.Prefixes.Status()}
+	}
+	for _, zs := range s.deps.Reconciler.Zones() {
+		inv.ZoneStates = append(inv.ZoneStates, summary(zs))
+	}
+	return &agentInventoryOutput{Body: inv}, nil
+}

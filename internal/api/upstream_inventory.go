@@ -1,0 +1,341 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/danielgtaylor/huma/v2"
+
+	"github.com/sled-agent/sled-agent/internal/hardware"
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+)
+
+// What this platform cannot have, said in upstream's error variants with
+// the reason. Upstream's own messages come first ("boot disk not found",
+// "no disk found in this slot", as its boot partition reader reports them).
+const (
+	noBootDisks      = "this sled has no M.2 boot disks"
+	bootDiskNotFound = "boot disk not found: " + noBootDisks
+	noDiskInSlot     = "no disk found in this slot: " + noBootDisks
+	noZoneManifest   = bootDiskNotFound + ", so no install dataset and no zone manifest; zones run the agent's own zone image"
+	noMeasurements   = bootDiskNotFound + ", so no measurement manifest"
+	noMupdate        = bootDiskNotFound + ", so no mupdate override file"
+	noFMD            = "no fault management daemon on Linux"
+)
+
+// boot is the boot partition contents this sled reports: it has no M.2 boot
+// disks (upstream's sled agent cannot run without one; this one runs from
+// the host's own disk).
+var boot = BootPartitionContents{
+	BootDisk: M2SlotResult{Err: ptr(bootDiskNotFound)},
+	SlotA:    BootPartitionResult{Err: ptr(noDiskInSlot)},
+	SlotB:    BootPartitionResult{Err: ptr(noDiskInSlot)},
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// fileSourceResolver is what this sled reports of the manifests and the
+// mupdate override, which live on M.2 boot disks it does not have.
+func fileSourceResolver() OmicronFileSourceResolverInventory {
+	return OmicronFileSourceResolverInventory{
+		ZoneManifest: ManifestInventory{
+			BootInventory: ManifestBootResult{Err: ptr(noZoneManifest)},
+			NonBootStatus: []ManifestNonBootInventory{},
+		},
+		MeasurementManifest: ManifestInventory{
+			BootInventory: ManifestBootResult{Err: ptr(noMeasurements)},
+			NonBootStatus: []ManifestNonBootInventory{},
+		},
+		MupdateOverride: MupdateOverrideInventory{
+			BootOverride:  MupdateOverrideBootResult{Err: ptr(noMupdate)},
+			NonBootStatus: []MupdateOverrideNonBootInventory{},
+		},
+	}
+}
+
+// zoneFMRI names a zone's one supervised service in SMF's FMRI form, as
+// upstream's svcs reports the services of a zone.
+func zoneFMRI(kind string) string { return "svc:/oxide/" + kind + ":default" }
+
+// notOnlineState says how a zone's supervised service stands if the zone
+// is wanted and exists but is not up, in svcs' words: a zone being started
+// is offline, one whose start or run failed is in maintenance, and a running
+// zone failing its health checks is degraded. "" for any other zone.
+func notOnlineState(z *reconciler.ZoneStatus) string {
+	if !z.Wanted || !z.Exists {
+		return ""
+	}
+	switch {
+	case z.State == reconciler.StateStarting:
+		return "offline"
+	case z.State == reconciler.StateFailed:
+		return "maintenance"
+	case z.State == reconciler.StateRunning && z.Health.State == reconciler.HealthFailing:
+		return "degraded"
+	}
+	return ""
+}
+
+// servicesNotOnline lists the supervised services of the zones that should
+// be up and are not. From published status only: inventory never waits for
+// the runtime.
+func servicesNotOnline(zones []reconciler.ZoneStatus) []SvcEnabledNotOnline {
+	out := []SvcEnabledNotOnline{}
+	for i := range zones {
+		z := &zones[i]
+		if state := notOnlineState(z); state != "" {
+			out = append(out, SvcEnabledNotOnline{FMRI: zoneFMRI(z.Kind), Zone: z.Name, State: state})
+		}
+	}
+	return out
+}
+
+// inventoryIdentity builds the members of Inventory that never change while
+// the agent runs: all the small ones but smf_services_enabled_not_online.
+func (s *Server) inventoryIdentity() InventoryIdentity {
+	id := s.deps.Identity
+	hw := id.Hardware
+	cpu := hw.CPUFamily
+	if cpu == "" {
+		cpu = hardware.CPUUnknown // not determined
+	}
+	return InventoryIdentity{
+		SledID:                id.SledID,
+		SledAgentAddress:      id.Address,
+		SledRole:              id.Role,
+		BaseboardID:           BaseboardID{PartNumber: hw.Baseboard.Part, SerialNumber: hw.Baseboard.Serial},
+		UsableHardwareThreads: hw.HardwareThreads,
+		UsablePhysicalRAM:     hw.PhysicalRAM,
+		CPUFamily:             string(cpu),
+		ReservoirSize:         0, // this agent reserves no memory for VMMs
+		// Storage is not yet managed: no disks, pools, datasets or
+		// measurements to report.
+		Disks:                 []InventoryDisk{},
+		Zpools:                []InventoryZpool{},
+		Datasets:              []InventoryDataset{},
+		FileSourceResolver:    fileSourceResolver(),
+		ReferenceMeasurements: []SingleMeasurementInventory{},
+		FMD:                   FmdResult{Err: &FmdInventoryError{Kind: "fmd_error", Message: noFMD}},
+	}
+}
+
+// servicesResult is smf_services_enabled_not_online as of now.
+func (s *Server) servicesResult(now time.Time) SvcsEnabledNotOnlineResult {
+	zones := s.deps.Reconciler.ZonesWhere(func(z reconciler.ZoneStatus) bool { return notOnlineState(&z) != "" })
+	return SvcsEnabledNotOnlineResult{
+		Type: "svcs_enabled_not_online",
+		Value: &SvcsEnabledNotOnline{
+			Services:     servicesNotOnline(zones),
+			Errors:       []string{},
+			TimeOfStatus: now.UTC().Format(time.RFC3339Nano),
+		},
+	}
+}
+
+// reconcilerStatus is upstream's reconciler status, as of now.
+func reconcilerStatus(st reconciler.Status, now time.Time) ReconcilerStatus {
+	rs := ReconcilerStatus{Status: string(st.Phase)}
+	switch st.Phase {
+	case reconciler.PhaseRunning:
+		t := st.StartedAt
+		rs.Config = st.Config
+		rs.StartedAt = &t
+		rs.RunningFor = duration(now.Sub(t))
+	case reconciler.PhaseIdle:
+		t := st.CompletedAt
+		rs.CompletedAt = &t
+		rs.RanFor = duration(st.RanFor)
+	}
+	return rs
+}
+
+// toUpstreamReconciliation converts the reconciler's last reconciliation into
+// upstream's shape.
+func toUpstreamReconciliation(last *reconciler.Reconciliation) *ConfigReconcilerInventory {
+	lr := &ConfigReconcilerInventory{
+		LastReconciledConfig: last.Config,
+		Zones:                make(map[string]ResultStatus, len(last.Zones)),
+		ExternalDisks:        map[string]ResultStatus{},
+		Datasets:             map[string]ResultStatus{},
+		OrphanedDatasets:     []OrphanedDataset{},
+		BootPartitions:       boot,
+	}
+	for id, res := range last.Zones {
+		if res.OK {
+			lr.Zones[id] = ResultStatus{Result: "ok"}
+		} else {
+			lr.Zones[id] = ResultStatus{Result: "err", Message: res.Message}
+		}
+	}
+	if last.Config != nil && last.Config.RemoveMupdateOverride != nil {
+		// Asked to remove an override: there is none this sled could hold.
+		lr.RemoveMupdateOverride = &RemoveMupdateOverrideInventory{
+			BootDiskResult: RemoveMupdateOverrideBootResult{Err: ptr(noMupdate)},
+			NonBootMessage: noBootDisks,
+		}
+	}
+	return lr
+}
+
+// inventoryCache holds the parts of the inventory encoded once: the members
+// that never change, and the last reconciliation of the last published
+// snapshot (converted and encoded once per snapshot). The configs carry
+// their canonical bytes themselves.
+type inventoryCache struct {
+	headOnce sync.Once
+	head     []byte // every constant member, without the closing brace
+
+	mu sync.Mutex
+	// key is the reconciler's snapshot; last and encoded are derived from
+	// it. Guarded by mu; never mutated once stored.
+	key     *reconciler.Reconciliation
+	last    *ConfigReconcilerInventory
+	encoded []byte
+}
+
+// head returns the encoded constant members.
+func (s *Server) head() []byte {
+	c := &s.inv
+	c.headOnce.Do(func() {
+		id := s.inventoryIdentity()
+		// Everything but the services, which change with the zones.
+		b, err := appendMembers(nil, struct {
+			*InventoryIdentity
+			SMF struct{} `json:"smf_services_enabled_not_online,omitzero"`
+		}{InventoryIdentity: &id})
+		if err != nil {
+			panic("encoding the inventory's constant members: " + err.Error())
+		}
+		c.head = b
+	})
+	return c.head
+}
+
+// lastReconciliation returns the converted and encoded form of last,
+// computing it outside the lock when it is not the cached snapshot.
+func (s *Server) lastReconciliation(last *reconciler.Reconciliation) (*ConfigReconcilerInventory, []byte, error) {
+	c := &s.inv
+	c.mu.Lock()
+	if c.key == last {
+		v, b := c.last, c.encoded
+		c.mu.Unlock()
+		return v, b, nil
+	}
+	c.mu.Unlock()
+	v := toUpstreamReconciliation(last)
+	b, err := appendLastReconciliation(nil, v)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.mu.Lock()
+	c.key, c.last, c.encoded = last, v, b
+	c.mu.Unlock()
+	return v, b, nil
+}
+
+// configJSON is a config's canonical JSON, or null.
+func configJSON(cfg *sledconfig.Config) []byte {
+	if cfg == nil {
+		return []byte("null")
+	}
+	return cfg.Canonical()
+}
+
+// appendMembers appends the JSON of v, an object with at least one member,
+// without its closing brace.
+func appendMembers(b []byte, v any) ([]byte, error) {
+	enc, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, enc[:len(enc)-1]...), nil
+}
+
+// appendLastReconciliation encodes lr as json.Marshal would, with the
+// config's canonical bytes copied in rather than re-encoded.
+func appendLastReconciliation(b []byte, lr *ConfigReconcilerInventory) ([]byte, error) {
+	b, err := appendMembers(b, struct {
+		*ConfigReconcilerInventory
+		Config struct{} `json:"last_reconciled_config,omitzero"`
+	}{ConfigReconcilerInventory: lr})
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, `,"last_reconciled_config":`...)
+	b = append(b, configJSON(lr.LastReconciledConfig)...)
+	return append(b, '}'), nil
+}
+
+// inventory encodes upstream's inventory from published snapshots, as of
+// now, as segments to be written in order: the constant members and the
+// last reconciliation encoded once, the configs' canonical bytes, and only
+// what changes with time (the services, the reconciler's timings) encoded
+// per request.
+func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
+	st := s.deps.Reconciler.Status()
+	smf, err := json.Marshal(s.servicesResult(now))
+	if err != nil {
+		return nil, err
+	}
+	rs := reconcilerStatus(st, now)
+	cfg := rs.Config
+	rs.Config = nil
+	status, err := appendMembers(nil, rs)
+	if err != nil {
+		return nil, err
+	}
+	segs := [][]byte{
+		s.head(),
+		[]byte(`,"smf_services_enabled_not_online":`), smf,
+		[]byte(`,"ledgered_sled_config":`), configJSON(s.deps.Configs.Current()),
+		[]byte(`,"reconciler_status":`), status,
+	}
+	if cfg != nil {
+		segs = append(segs, []byte(`,"config":`), cfg.Canonical())
+	}
+	segs = append(segs, []byte(`},"last_reconciliation":`))
+	if st.Last == nil {
+		segs = append(segs, []byte("null"))
+	} else {
+		_, last, err := s.lastReconciliation(st.Last)
+		if err != nil {
+			return nil, err
+		}
+		segs = append(segs, last)
+	}
+	return append(segs, []byte("}")), nil
+}
+
+type inventoryOutput struct {
+	Body func(huma.Context)
+}
+
+// inventory writes the segments straight to the connection, with their
+// length: the megabyte of a large sled's inventory is never copied into one
+// buffer.
+func (s *Server) inventory(ctx context.Context, _ *struct{}) (*inventoryOutput, error) {
+	segs, err := s.inventorySegments(time.Now())
+	if err != nil {
+		return nil, apiError(ctx, http.StatusInternalServerError, "encoding the inventory: "+err.Error())
+	}
+	return &inventoryOutput{Body: func(hc huma.Context) {
+		n := 0
+		for _, b := range segs {
+			n += len(b)
+		}
+		hc.SetHeader("Content-Type", "application/json")
+		hc.SetHeader("Content-Length", strconv.Itoa(n))
+		hc.SetStatus(http.StatusOK)
+		w := hc.BodyWriter()
+		for _, b := range segs {
+			if _, err := w.Write(b); err != nil {
+				return // the client went away
+			}
+		}
+	}}, nil
+}
