@@ -20,7 +20,7 @@ type sledIdentifiersOutput struct {
 }
 
 // errNoRackID is why GET /sled-identifiers has no answer yet.
-const errNoRackID = "the rack id is not configured: this sled is not yet part of a rack"
+const errNoRackID = "the rack id is not configured (--rack-id): this sled is not yet part of a rack"
 
 // sledIdentifiers answers from Identity. Upstream's sled agent serves this
 // API only once the sled has joined a rack, so it always knows its rack id;
