@@ -98,7 +98,11 @@ type entry struct {
 	runningSince time.Time
 	incidents    int
 	health       Health
-	history      []Event
+	// storageWait: the last start was held back because the zone's storage
+	// was not ready; opStorage is where it is for the start dispatched.
+	storageWait bool
+	opStorage   zone.Storage
+	history     []Event
 }
 
 type opKind int
@@ -300,6 +304,15 @@ func (r *Reconciler) evaluate(ctx context.Context, e *entry, now time.Time) {
 		}
 		return
 	}
+	st, err := r.zoneStorage(e.want)
+	if err != nil {
+		// Retried on the normal backoff, and at once when the storage
+		// reconciler says something changed.
+		e.storageWait = true
+		r.fail(e, now, err, "start held back")
+		return
+	}
+	e.storageWait, e.opStorage = false, st
 	r.dispatch(ctx, e, opStart, "")
 }
 
@@ -348,6 +361,7 @@ func (r *Reconciler) dispatch(ctx context.Context, e *entry, kind opKind, why st
 		timeout = r.opts.StartTimeout
 		state = StateStarting
 		spec = *e.want
+		spec.Storage = e.opStorage
 		e.opHash = spec.Hash
 	}
 	cleanup := e.cleanup && kind == opStart

@@ -70,6 +70,9 @@ type Options struct {
 	// OnPresentChange, if set, is called whenever PresentSpecs changes, in
 	// the same way as OnRunningChange.
 	OnPresentChange func()
+	// Storage, if set, says whether a zone's storage is ready; a zone
+	// starts only when it is (see storage.go).
+	Storage Storage
 }
 
 func (o *Options) setDefaults() {
@@ -101,6 +104,8 @@ type Reconciler struct {
 	update chan struct{}
 	// poke asks for a relist soon (runtime events use it).
 	poke chan struct{}
+	// storageChanged says storage readiness may have changed.
+	storageChanged chan struct{}
 
 	// results and listed carry finished runtime calls back to the loop.
 	results chan opResult
@@ -125,16 +130,17 @@ func New(rt Runtime, log *slog.Logger, opts Options) *Reconciler {
 		log = slog.New(slog.DiscardHandler)
 	}
 	r := &Reconciler{
-		rt:       rt,
-		log:      log,
-		opts:     opts,
-		update:   make(chan struct{}, 1),
-		poke:     make(chan struct{}, 1),
-		results:  make(chan opResult),
-		listed:   make(chan listResult),
-		health:   make(chan healthResult),
-		done:     make(chan struct{}),
-		restored: make(chan struct{}),
+		rt:             rt,
+		log:            log,
+		opts:           opts,
+		update:         make(chan struct{}, 1),
+		poke:           make(chan struct{}, 1),
+		storageChanged: make(chan struct{}, 1),
+		results:        make(chan opResult),
+		listed:         make(chan listResult),
+		health:         make(chan healthResult),
+		done:           make(chan struct{}),
+		restored:       make(chan struct{}),
 	}
 	r.store.zones = map[string]ZoneStatus{}
 	r.store.running = map[string]*zone.Spec{}
@@ -211,6 +217,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			r.startList(ctx)
 		case <-r.poke:
 			r.startList(ctx)
+		case <-r.storageChanged:
+			r.retryStorageWaiters()
 		case <-healthTick:
 			r.startHealthRound(ctx)
 		case hr := <-r.health:

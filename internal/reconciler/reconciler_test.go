@@ -35,6 +35,8 @@ type recorder struct {
 	listFailures int
 	// unhealthy zones fail their health check.
 	unhealthy map[string]bool
+	// specs is the spec of each zone's last Ensure.
+	specs map[string]zone.Spec
 }
 
 func (c *recorder) Healthy(ctx context.Context, s zone.Spec) error {
@@ -62,7 +64,20 @@ func (c *recorder) log(op, name string) {
 
 func (c *recorder) Ensure(ctx context.Context, s zone.Spec) error {
 	c.log("ensure", s.Name)
+	c.mu.Lock()
+	if c.specs == nil {
+		c.specs = map[string]zone.Spec{}
+	}
+	c.specs[s.Name] = s
+	c.mu.Unlock()
 	return c.Runtime.Ensure(ctx, s)
+}
+
+// lastSpec is the spec of the last Ensure of the named zone.
+func (c *recorder) lastSpec(name string) zone.Spec {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.specs[name]
 }
 
 func (c *recorder) Destroy(ctx context.Context, name string) error {

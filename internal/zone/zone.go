@@ -23,6 +23,17 @@ type Spec struct {
 	Hash string
 	// Config is the zone's config as ledgered.
 	Config sledconfig.Zone
+	// Storage is where the zone's datasets are, when the agent manages
+	// storage; set for each start, not part of Hash.
+	Storage Storage
+}
+
+// Storage is where a zone's datasets are mounted.
+type Storage struct {
+	// Root is the zone's transient root dataset (zone/<zone name>).
+	Root string
+	// Data is its durable dataset, "" when the zone has none.
+	Data string
 }
 
 // VMM zones (oxz_propolis-server_<propolis id>) belong to the VMM manager,

@@ -1,0 +1,70 @@
+package reconciler_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/runtime/sim"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/zone"
+)
+
+// fakeStorage is the storage reconciler as the zone reconciler sees it:
+// zones whose id is in missing have no storage yet.
+type fakeStorage struct {
+	mu      sync.Mutex
+	missing map[string]string
+}
+
+func (f *fakeStorage) ZoneStorage(z *sledconfig.Zone) (zone.Storage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if why, ok := f.missing[z.ID]; ok {
+		return zone.Storage{}, errors.New(why)
+	}
+	return zone.Storage{Root: "/pools/" + z.Name()}, nil
+}
+
+func (f *fakeStorage) ready(id string) {
+	f.mu.Lock()
+	delete(f.missing, id)
+	f.mu.Unlock()
+}
+
+// A zone whose storage is not ready is not started: it is err naming what
+// is missing, retried on the backoff, and started at once when storage
+// says it changed, with its storage's paths; other zones start meanwhile.
+func TestZoneWaitsForItsStorage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		zones := sledconfigtest.Crucibles(2)
+		st := &fakeStorage{missing: map[string]string{zones[0].ID: "dataset oxp_x/crypt/zone/" + zones[0].Name() + " not yet ensured"}}
+		h := start(t, reconciler.Options{Storage: st, Backoff: reconciler.Backoff{Initial: time.Minute, Max: time.Hour}}, sim.Options{})
+		h.r.Update(sledconfigtest.Config(1, zones...))
+		synctest.Wait()
+		h.wantState(zones[1], reconciler.StateRunning)
+		zs, _ := h.r.Zone(zones[0].Name())
+		if zs.State != reconciler.StateFailed || !strings.Contains(zs.LastError, "storage not ready: dataset oxp_x/crypt/zone/") {
+			t.Fatalf("zone without storage: %+v", zs)
+		}
+		if n := len(h.rec.times("ensure", zones[0].Name())); n != 0 {
+			t.Fatalf("zone without storage started %d times", n)
+		}
+		if res := h.r.Status().Last.Zones[zones[0].ID]; res.OK || !strings.Contains(res.Message, "storage not ready") {
+			t.Fatalf("result %+v", res)
+		}
+		time.Sleep(10 * time.Second)
+		st.ready(zones[0].ID)
+		h.r.StorageChanged()
+		synctest.Wait()
+		h.wantState(zones[0], reconciler.StateRunning)
+		if got := h.rec.lastSpec(zones[0].Name()); got.Storage.Root != "/pools/"+zones[0].Name() {
+			t.Fatalf("zone started with storage %+v", got.Storage)
+		}
+	})
+}
