@@ -350,6 +350,7 @@ func TestValidateStorageRejects(t *testing.T) {
 			doc["disks"].(map[string]any)["disk-1"] = d
 			delete(doc["disks"].(map[string]any), exampleDiskID)
 		}, `disks["disk-1"].id`, `"disk-1" is not a UUID`, 0, false},
+		{"disk with null id", disk("id", nil), dp + ".id", "is required", 0, false},
 		{"disk without identity", delDisk("identity"), dp + ".identity", "is required", 0, false},
 		{"disk with null identity", disk("identity", nil), dp + ".identity", "is required", 0, false},
 		{"disk identity a string", disk("identity", "1b96/WUS4C6432DSP3X3/A084A5E3"), dp + ".identity", `"1b96/WUS4C6432DSP3X3/A084A5E3" is not an object`, 0, false},

@@ -102,8 +102,8 @@ func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, o
 	if it.caseErr != nil {
 		v.add(path+"."+it.caseErr.path, "%s", it.caseErr.message())
 	}
-	switch raw, present := it.members["id"]; {
-	case !present:
+	switch raw := it.members["id"]; {
+	case !present(it.members, "id"):
 		v.add(path+".id", "is required")
 	default:
 		var id string
