@@ -353,16 +353,37 @@ var (
 		},
 	}
 
+	// diskConfig is OmicronPhysicalDiskConfig. Its identity is free text.
 	diskConfig = object{
-		"id":       {shape: uuidText},
-		"identity": {shape: anyValue},
-		"pool_id":  {shape: uuidText},
+		"id": {shape: uuidText},
+		"identity": {shape: object{
+			"vendor": {shape: anyValue},
+			"model":  {shape: anyValue},
+			"serial": {shape: anyValue},
+		}},
+		"pool_id": {shape: uuidText},
 	}
 
+	// datasetConfig is DatasetConfig. Its pool name is compared as written,
+	// as a zone's filesystem_pool is (Validate takes only the lowercase
+	// form), and so is its kind (upstream writes DatasetKind back as it
+	// parses it). A level on a compression type without one is a member
+	// upstream does not know.
 	datasetConfig = object{
-		"id":          {shape: uuidText},
-		"name":        {shape: anyValue},
-		"compression": {shape: anyValue},
+		"id": {shape: uuidText},
+		"name": {shape: object{
+			"pool_name": {shape: anyValue},
+			"kind":      {shape: anyValue},
+		}},
+		"compression": {shape: tagged{tag: "type", variants: map[string]object{
+			"on":     {"type": {shape: anyValue}},
+			"off":    {"type": {shape: anyValue}},
+			"gzip":   {"type": {shape: anyValue}},
+			"gzip_n": {"type": {shape: anyValue}, "level": {shape: anyValue}},
+			"lz4":    {"type": {shape: anyValue}},
+			"lzjb":   {"type": {shape: anyValue}},
+			"zle":    {"type": {shape: anyValue}},
+		}}},
 		"quota":       {shape: anyValue, optional: true},
 		"reservation": {shape: anyValue, optional: true},
 	}

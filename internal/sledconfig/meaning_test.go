@@ -3,6 +3,7 @@ package sledconfig
 import (
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -105,6 +106,29 @@ var sameMeaningCases = []struct {
 			at(d, "zones", internalNTPID, "zone_type")["address"] = "[FD00:1122:3344:103::45]:123"
 		}, true},
 
+	{"dataset reservation left out", nil, func(d map[string]any) { delete(at(d, "datasets", exampleDebugID), "reservation") }, true},
+	{"letter case of disk and dataset ids",
+		nil,
+		func(d map[string]any) {
+			disks, datasets := d["disks"].(map[string]any), d["datasets"].(map[string]any)
+			disk := at(d, "disks", exampleDiskID)
+			delete(disks, exampleDiskID)
+			disk["id"] = strings.ToUpper(exampleDiskID)
+			disk["pool_id"] = "6340805E-C5AF-418D-8BD1-FC0085667F33"
+			disks[strings.ToUpper(exampleDiskID)] = disk
+			ds := at(d, "datasets", exampleDebugID)
+			delete(datasets, exampleDebugID)
+			ds["id"] = strings.ToUpper(exampleDebugID)
+			datasets[strings.ToUpper(exampleDebugID)] = ds
+		}, true},
+	{"another disk serial", nil, func(d map[string]any) { at(d, "disks", exampleDiskID, "identity")["serial"] = "A084A5E4" }, false},
+	{"another pool for a disk", nil, func(d map[string]any) { at(d, "disks", exampleDiskID)["pool_id"] = unusedZoneUUID }, false},
+	{"another dataset kind", nil, func(d map[string]any) {
+		at(d, "datasets", exampleLocalID, "name")["kind"] = "local_storage_unencrypted"
+	}, false},
+	{"another gzip level", nil, func(d map[string]any) { at(d, "datasets", exampleDebugID, "compression")["level"] = json.Number("8") }, false},
+	{"a level on compression off", nil, func(d map[string]any) { at(d, "datasets", exampleDsetID, "compression")["level"] = json.Number("8") }, false},
+	{"a reservation", nil, func(d map[string]any) { at(d, "datasets", exampleDebugID)["reservation"] = json.Number("1") }, false},
 	{"lockstep_port other than the default", nil, func(d map[string]any) { nexusType(d)["lockstep_port"] = json.Number("12233") }, false},
 	{"image_source left out is not an artifact", nil, func(d map[string]any) { delete(at(d, "zones", crucibleID), "image_source") }, false},
 	{"host_phase_2 left out is not an artifact", nil, func(d map[string]any) { delete(d, "host_phase_2") }, false},

@@ -72,6 +72,8 @@ func Parse(data []byte) (*Config, error) {
 		cfg.Zones[key] = z
 	}
 	cfg.canonical = canonical
+	cfg.disks = decodeItems[DiskConfig](cfg.Disks, doc["disks"])
+	cfg.datasets = decodeItems[DatasetConfig](cfg.Datasets, doc["datasets"])
 	for _, f := range []string{"datasets", "disks", "generation", "measurements", "zones"} {
 		if doc[f] == nil {
 			cfg.missing = append(cfg.missing, f)
@@ -308,7 +310,7 @@ func checkFieldNames(v any, t reflect.Type, path string, sorted bool) error {
 			}
 			for name := range fields {
 				if strings.EqualFold(name, key) {
-					return fmt.Errorf("field %s: unknown field; field names are case-sensitive (did you mean %q?)", sub, name)
+					return &caseError{path: sub, want: name}
 				}
 			}
 		}
@@ -334,6 +336,18 @@ func checkFieldNames(v any, t reflect.Type, path string, sorted bool) error {
 		}
 	}
 	return nil
+}
+
+// caseError is a key that differs from the field name want only in letter
+// case.
+type caseError struct{ path, want string }
+
+func (e *caseError) Error() string {
+	return fmt.Sprintf("field %s: %s", e.path, e.message())
+}
+
+func (e *caseError) message() string {
+	return fmt.Sprintf("unknown field; field names are case-sensitive (did you mean %q?)", e.want)
 }
 
 func keys(obj map[string]any, sorted bool) iter.Seq[string] {

@@ -1,5 +1,6 @@
-// Package sledconfig holds the upstream sled config types (OmicronSledConfig and its
-// zones), decodes them without loss, validates them and names zones.
+// Package sledconfig holds the upstream sled config types (OmicronSledConfig, its
+// zones, disks and datasets), decodes them without loss, validates them and names
+// zones and datasets.
 package sledconfig
 
 import (
@@ -8,9 +9,12 @@ import (
 
 // Config is the desired state of one sled (upstream OmicronSledConfig).
 //
-// Parts this agent does not manage (disks, datasets, measurements, host phase 2,
-// mupdate override) are kept as raw JSON. A Config produced by Parse remembers
-// the canonical form of the document it came from and marshals back to exactly
+// Parts this agent does not manage (measurements, host phase 2, mupdate
+// override) are kept as raw JSON. Disks and datasets are kept as raw JSON too
+// (what the API document describes), with typed views, decoded by Parse:
+// DiskConfigs, DatasetConfigs, and in the storage reconciler's vocabulary
+// StorageDisks and StorageDatasets. A Config produced by Parse remembers the
+// canonical form of the document it came from and marshals back to exactly
 // that, so nothing the control plane sent is ever lost, including fields this
 // version of the agent does not know about.
 type Config struct {
@@ -28,6 +32,50 @@ type Config struct {
 	// missing lists the required top-level members that the parsed document
 	// lacks or has as null (Validate reports them).
 	missing []string
+	// disks and datasets are the typed views of Disks and Datasets, set by
+	// Parse (a config built in code decodes them when asked).
+	disks    map[string]item[DiskConfig]
+	datasets map[string]item[DatasetConfig]
+}
+
+// DiskConfig is upstream OmicronPhysicalDiskConfig: the disk found by
+// Identity is to carry the pool PoolID.
+type DiskConfig struct {
+	ID       string       `json:"id"`
+	Identity DiskIdentity `json:"identity"`
+	PoolID   string       `json:"pool_id"`
+}
+
+// DiskIdentity is upstream DiskIdentity: how a disk is found.
+type DiskIdentity struct {
+	Vendor string `json:"vendor"`
+	Model  string `json:"model"`
+	Serial string `json:"serial"`
+}
+
+// DatasetConfig is upstream DatasetConfig: one dataset, named by pool and
+// kind, with its properties.
+type DatasetConfig struct {
+	ID          string               `json:"id"`
+	Name        DatasetName          `json:"name"`
+	Compression CompressionAlgorithm `json:"compression"`
+	Quota       *uint64              `json:"quota"`
+	Reservation *uint64              `json:"reservation"`
+}
+
+// DatasetName is upstream DatasetName: the pool ("oxp_<uuid>") and the
+// kind (upstream DatasetKind as it writes it: "crucible", "zone",
+// "zone/<zone name>", "debug", ...).
+type DatasetName struct {
+	PoolName string `json:"pool_name"`
+	Kind     string `json:"kind"`
+}
+
+// CompressionAlgorithm is upstream CompressionAlgorithm, tagged by type: on,
+// off, gzip, gzip_n (with level), lz4, lzjb or zle.
+type CompressionAlgorithm struct {
+	Type  string `json:"type"`
+	Level *uint8 `json:"level,omitempty"`
 }
 
 // Zone is one Omicron zone (upstream OmicronZoneConfig).

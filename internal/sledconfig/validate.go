@@ -2,7 +2,6 @@ package sledconfig
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"math"
@@ -87,7 +86,8 @@ func Validate(c *Config) error { return ValidateWith(c, ValidateOptions{}) }
 // ValidateWith checks what a config means, as far as this agent can tell
 // without looking at the sled beyond opts: ids, the generation, zone types
 // and their fields, addresses (which must be ones a zone can hold, not shared
-// and not the sled's), NICs, pool names, image sources. It returns nil or a
+// and not the sled's), NICs, pool names, image sources, disks and datasets
+// (see validate_storage.go). It returns nil or a
 // *ValidationError listing every problem found, in a stable order.
 func ValidateWith(c *Config, opts ValidateOptions) error {
 	var v validator
@@ -97,8 +97,8 @@ func ValidateWith(c *Config, opts ValidateOptions) error {
 	}
 	v.requiredTopLevel(c)
 	v.generation(c.Generation)
-	v.keyedObjects("disks", c.Disks)
-	v.keyedObjects("datasets", c.Datasets)
+	v.disks(c.diskItems())
+	v.datasets(c.datasetItems())
 	keys := slices.Sorted(maps.Keys(c.Zones))
 	for _, key := range keys {
 		z := c.Zones[key]
@@ -160,32 +160,6 @@ func zonePath(key string) string { return fmt.Sprintf("zones[%q]", key) }
 func (v *validator) requiredTopLevel(c *Config) {
 	for _, f := range c.missing {
 		v.add(f, "is required")
-	}
-}
-
-// keyedObjects checks that each object of an id-keyed map (disks, datasets)
-// has an "id" equal to its key.
-func (v *validator) keyedObjects(field string, m map[string]json.RawMessage) {
-	for _, key := range slices.Sorted(maps.Keys(m)) {
-		path := fmt.Sprintf("%s[%q]", field, key)
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(m[key], &obj); err != nil || obj == nil {
-			v.add(path, "is not a JSON object")
-			continue
-		}
-		raw, ok := obj["id"]
-		if !ok {
-			v.add(path+".id", "is required")
-			continue
-		}
-		var id string
-		if err := json.Unmarshal(raw, &id); err != nil {
-			v.add(path+".id", "%s is not a string", raw)
-			continue
-		}
-		if id != key {
-			v.add(path+".id", "%q does not match its key %q", id, key)
-		}
 	}
 }
 

@@ -1,0 +1,232 @@
+package sledconfig
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/sled-agent/sled-agent/internal/storage"
+)
+
+// item is one member of an id-keyed map (disks, datasets), decoded.
+type item[T any] struct {
+	val T
+	// members are the object's members; nil if it is not a JSON object.
+	members map[string]json.RawMessage
+	// err is the first member of the wrong JSON type (encoding/json decodes
+	// the rest as best it can).
+	err error
+	// caseErr is the first key that differs from a field name only in
+	// letter case: upstream ignores it as unknown, encoding/json would
+	// decode it into the field.
+	caseErr *caseError
+}
+
+// decodeItems decodes each object of an id-keyed map. docs, if not nil, is
+// the same map as decoded by decodeDocument (Parse has it at hand).
+func decodeItems[T any](raw map[string]json.RawMessage, docs any) map[string]item[T] {
+	decoded, _ := docs.(map[string]any)
+	out := make(map[string]item[T], len(raw))
+	for key, r := range raw {
+		var it item[T]
+		if err := json.Unmarshal(r, &it.members); err != nil || it.members == nil {
+			out[key] = item[T]{}
+			continue
+		}
+		doc, ok := decoded[key]
+		if !ok {
+			doc, _ = decodeDocument(r)
+		}
+		if err := checkFieldNames(doc, reflect.TypeFor[T](), "", true); err != nil {
+			errors.As(err, &it.caseErr)
+		}
+		it.err = json.Unmarshal(r, &it.val)
+		out[key] = it
+	}
+	return out
+}
+
+func (c *Config) diskItems() map[string]item[DiskConfig] {
+	if c.disks != nil || c.canonical != nil {
+		return c.disks
+	}
+	return decodeItems[DiskConfig](c.Disks, nil) // built in code
+}
+
+func (c *Config) datasetItems() map[string]item[DatasetConfig] {
+	if c.datasets != nil || c.canonical != nil {
+		return c.datasets
+	}
+	return decodeItems[DatasetConfig](c.Datasets, nil)
+}
+
+// DiskConfigs returns the typed view of Disks, keyed as Disks is: every
+// disk that is a JSON object, decoded as far as it decodes (Validate says
+// what is wrong with the others).
+func (c *Config) DiskConfigs() map[string]DiskConfig {
+	return values(c.diskItems())
+}
+
+// DatasetConfigs returns the typed view of Datasets, keyed as Datasets is,
+// as DiskConfigs does.
+func (c *Config) DatasetConfigs() map[string]DatasetConfig {
+	return values(c.datasetItems())
+}
+
+func values[T any](items map[string]item[T]) map[string]T {
+	out := make(map[string]T, len(items))
+	for k, it := range items {
+		if it.members != nil {
+			out[k] = it.val
+		}
+	}
+	return out
+}
+
+// StorageDisks returns the configured disks in the storage reconciler's
+// vocabulary, sorted by id; ids are lowercase. For a config that passed
+// Validate, that is every disk; otherwise the disks that decode.
+func (c *Config) StorageDisks() []storage.DiskConfig {
+	var out []storage.DiskConfig
+	for _, it := range c.diskItems() {
+		d := it.val
+		if it.members == nil || it.err != nil || !isUUID(d.ID) || !isUUID(d.PoolID) {
+			continue
+		}
+		out = append(out, storage.DiskConfig{
+			ID: strings.ToLower(d.ID),
+			Identity: storage.DiskIdentity{
+				Vendor: d.Identity.Vendor,
+				Model:  d.Identity.Model,
+				Serial: d.Identity.Serial,
+			},
+			PoolID: strings.ToLower(d.PoolID),
+		})
+	}
+	slices.SortFunc(out, func(a, b storage.DiskConfig) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// StorageDatasets returns the configured datasets in the storage
+// reconciler's vocabulary, sorted by id; ids are lowercase. For a config
+// that passed Validate, that is every dataset; otherwise the datasets that
+// decode, are on an external pool and have a kind this agent knows (the
+// kind becomes part of a path on the sled, so no other is ever passed on).
+func (c *Config) StorageDatasets() []storage.DatasetConfig {
+	var out []storage.DatasetConfig
+	for _, it := range c.datasetItems() {
+		d := it.val
+		if it.members == nil || it.err != nil || !isUUID(d.ID) {
+			continue
+		}
+		pool, ok := externalPoolID(d.Name.PoolName)
+		if !ok || checkDatasetKind(d.Name.Kind) != "" {
+			continue
+		}
+		sd := storage.DatasetConfig{
+			ID:          strings.ToLower(d.ID),
+			PoolID:      pool,
+			Kind:        d.Name.Kind,
+			Quota:       copyPtr(d.Quota),
+			Reservation: copyPtr(d.Reservation),
+			Compression: storage.Compression{Type: d.Compression.Type},
+		}
+		if d.Compression.Level != nil {
+			sd.Compression.Level = int(*d.Compression.Level)
+		}
+		out = append(out, sd)
+	}
+	slices.SortFunc(out, func(a, b storage.DatasetConfig) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+func copyPtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
+// externalPoolID is the id in an external pool's name, "oxp_<id>", if the
+// name is one Validate accepts.
+func externalPoolID(name string) (string, bool) {
+	if !zpoolPattern.MatchString(name) {
+		return "", false
+	}
+	return storage.PoolIDFromName(name)
+}
+
+// String is the dataset's full name, as upstream names it:
+// "oxp_<pool>/crypt/<kind>", or "oxp_<pool>/<kind>" for the kinds that are
+// not encrypted (storage.DatasetName).
+func (n DatasetName) String() string {
+	// storage.DatasetName knows which kinds are encrypted; put this name's
+	// pool (external or not) in front of what it puts after the pool.
+	within := strings.TrimPrefix(storage.DatasetName("", n.Kind), storage.PoolName(""))
+	return n.PoolName + within
+}
+
+// durableKinds maps each zone type with a durable dataset to that dataset's
+// kind (upstream OmicronZoneType::durable_dataset).
+var durableKinds = map[string]string{
+	"clickhouse":        "clickhouse",
+	"clickhouse_keeper": "clickhouse_keeper",
+	"clickhouse_server": "clickhouse_server",
+	"cockroach_db":      "cockroachdb",
+	"crucible":          "crucible",
+	"external_dns":      "external_dns",
+	"internal_dns":      "internal_dns",
+}
+
+// RootDataset is the name of the zone's transient root dataset: kind
+// "zone/<zone name>" on its filesystem_pool. ok is false for a zone without a
+// filesystem_pool (upstream's reconciler fails such a zone: "zone config is
+// missing a filesystem pool").
+func (z Zone) RootDataset() (DatasetName, bool) {
+	if z.FilesystemPool == nil {
+		return DatasetName{}, false
+	}
+	return DatasetName{PoolName: *z.FilesystemPool, Kind: "zone/" + z.Name()}, true
+}
+
+// DurableDataset is the name of the zone's durable dataset: the durable kind
+// of its zone type on zone_type.dataset.pool_name. ok is false for a zone type
+// without one.
+func (z Zone) DurableDataset() (DatasetName, bool) {
+	kind, ok := durableKinds[z.ZoneType.Type]
+	if !ok || z.ZoneType.Dataset == nil {
+		return DatasetName{}, false
+	}
+	return DatasetName{PoolName: z.ZoneType.Dataset.PoolName, Kind: kind}, true
+}
+
+// MissingZoneDatasets lists the datasets zone z needs (its transient root,
+// its durable dataset if its type has one) that c does not configure, in
+// that order. Validate accepts a config that lacks them, as upstream's sled
+// agent does: upstream ledgers such a config and fails the zone when it
+// reconciles it ("zone's transient root dataset is not available"), and so
+// should the agent.
+func (c *Config) MissingZoneDatasets(z Zone) []DatasetName {
+	names := make(map[DatasetName]bool)
+	for _, it := range c.datasetItems() {
+		if it.members != nil {
+			names[it.val.Name] = true
+		}
+	}
+	var missing []DatasetName
+	if n, ok := z.RootDataset(); ok && !names[n] {
+		missing = append(missing, n)
+	}
+	if n, ok := z.DurableDataset(); ok && !names[n] {
+		missing = append(missing, n)
+	}
+	return missing
+}
+
+// sortedKeys returns a map's keys in order.
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }

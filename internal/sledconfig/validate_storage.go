@@ -1,0 +1,363 @@
+package sledconfig
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// The rules for disks and datasets are upstream's (sled-agent API 48.0.0,
+// omicron-common's DatasetKind, the sled-agent types' CompressionAlgorithm
+// and ByteCount), what upstream's decoder refuses counting as malformed;
+// and, as unrealisable, what no sled can carry out: two disks with one
+// identity or one pool, two datasets with one name (so at most one durable
+// dataset of a kind per pool), a reservation above the quota, a gzip level
+// outside 1 to 9.
+//
+// What upstream's sled agent accepts and then fails at reconciliation is
+// accepted here too, and left to the reconcilers to report:
+//   - a zone whose transient root (zone/<zone name> on its filesystem_pool)
+//     or durable dataset is not in the config (upstream ledgers it and
+//     fails the zone: "zone's transient root dataset is not available");
+//     MissingZoneDatasets names them. Refusing them would refuse configs
+//     upstream takes (and Nexus does send the datasets with the zones);
+//   - a dataset on a pool that is not one of the config's disks' pools
+//     (upstream: "configured dataset on zpool we're not managing", err);
+//   - a zone/<zone name> dataset without a zone dataset on its pool.
+//
+// Where this agent is stricter than upstream's decoder, the comment at the
+// check says why.
+
+// maxByteCount is the largest quota or reservation upstream takes: its
+// ByteCount is kept in a signed 64-bit database column.
+const maxByteCount = math.MaxInt64
+
+// datasetKinds are upstream's DatasetKinds other than zone/<zone name>, as
+// it writes them, and whether each is a zone's durable dataset (upstream
+// DatasetKind::zoned: delegated to the zone, destroyed when orphaned).
+var datasetKinds = map[string]bool{
+	"cockroachdb":               true,
+	"crucible":                  true,
+	"clickhouse":                true,
+	"clickhouse_keeper":         true,
+	"clickhouse_server":         true,
+	"external_dns":              true,
+	"internal_dns":              true,
+	"zone":                      false,
+	"debug":                     false,
+	"local_storage":             false,
+	"local_storage_unencrypted": false,
+}
+
+// zoneNamePattern matches the zone names this agent gives (Zone.Name):
+// oxz_<kind prefix>_<lowercase zone id>.
+var zoneNamePattern = func() *regexp.Regexp {
+	var prefixes []string
+	for _, p := range zoneKinds {
+		prefixes = append(prefixes, regexp.QuoteMeta(p))
+	}
+	slices.Sort(prefixes)
+	prefixes = slices.Compact(prefixes)
+	return regexp.MustCompile(`^` + ZoneNamePrefix + `(` + strings.Join(prefixes, "|") +
+		`)_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+}()
+
+// checkDatasetKind says what is wrong with a dataset kind, or returns "".
+func checkDatasetKind(kind string) string {
+	if _, ok := datasetKinds[kind]; ok {
+		return ""
+	}
+	name, ok := strings.CutPrefix(kind, "zone/")
+	if !ok {
+		return fmt.Sprintf("%q is not a dataset kind (want one of %s, or zone/<zone name>)",
+			kind, strings.Join(sortedKeys(datasetKinds), ", "))
+	}
+	// Upstream takes any name after "zone/". The name becomes a path on the
+	// sled, and names the agent puts on the sled come only from validated
+	// UUIDs: so only the names of zones, as upstream and this agent name
+	// them, are taken.
+	if !zoneNamePattern.MatchString(name) {
+		return fmt.Sprintf("%q: the name after zone/ must be a zone name, oxz_<zone kind>_<lowercase zone id>", kind)
+	}
+	return ""
+}
+
+// compressionTypes are upstream's CompressionAlgorithm variants.
+var compressionTypes = []string{"on", "off", "gzip", "gzip_n", "lz4", "lzjb", "zle"}
+
+// itemStart checks what every member of an id-keyed map must be: a JSON
+// object, its id its key and a UUID, its members of the right JSON types.
+// It reports false when the object is not one (nothing more can be said),
+// and returns the field (dotted, within the object) whose value has the
+// wrong type, so the caller says nothing more about it.
+func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, ok bool) {
+	if it.members == nil {
+		v.add(path, "is not a JSON object")
+		return "", false
+	}
+	if it.caseErr != nil {
+		v.add(path+"."+it.caseErr.path, "%s", it.caseErr.message())
+	}
+	switch raw := it.members["id"]; {
+	case !present(it.members, "id"):
+		v.add(path+".id", "is required")
+	default:
+		var id string
+		if err := json.Unmarshal(raw, &id); err != nil {
+			v.add(path+".id", "%s is not a string", raw)
+			break
+		}
+		switch {
+		case !isUUID(id):
+			v.add(path+".id", "%q is not a UUID (want the 36-character hyphenated form)", id)
+		case id != key:
+			v.add(path+".id", "%q does not match its key %q", id, key)
+		}
+	}
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case it.err == nil:
+	case errors.As(it.err, &typeErr):
+		bad = typeErr.Field
+		if bad != "id" { // said above
+			v.add(path+"."+bad, "%s is not %s", literalAt(it.members, bad), describeType(typeErr.Type))
+		}
+	default:
+		v.add(path, "does not decode: %v", it.err)
+		bad = "."
+	}
+	return bad, true
+}
+
+// literalAt is the JSON at a dotted path of member names below members.
+func literalAt(members map[string]json.RawMessage, path string) string {
+	first, rest, nested := strings.Cut(path, ".")
+	raw, ok := members[first]
+	if !ok {
+		return "the value"
+	}
+	if !nested {
+		return string(raw)
+	}
+	var sub map[string]json.RawMessage
+	if json.Unmarshal(raw, &sub) != nil {
+		return string(raw)
+	}
+	return literalAt(sub, rest)
+}
+
+// under reports whether field is bad or inside it.
+func under(field, bad string) bool {
+	return bad != "" && (field == bad || strings.HasPrefix(field, bad+".") || bad == ".")
+}
+
+// present reports whether an object has a member, not null.
+func present(members map[string]json.RawMessage, name string) bool {
+	raw, ok := members[name]
+	return ok && string(raw) != "null"
+}
+
+// subMembers are the members of an object member, nil if it is not one.
+func subMembers(members map[string]json.RawMessage, name string) map[string]json.RawMessage {
+	var sub map[string]json.RawMessage
+	if json.Unmarshal(members[name], &sub) != nil {
+		return nil
+	}
+	return sub
+}
+
+// idCaseDuplicates reports keys that differ only in letter case: upstream
+// parses both into one id, so the document names the thing twice.
+func (v *validator) idCaseDuplicates(field, what string, keys []string) {
+	first := make(map[string]string, len(keys))
+	for _, key := range keys {
+		lower := strings.ToLower(key)
+		if prev, ok := first[lower]; ok {
+			v.add(fmt.Sprintf("%s[%q]", field, key), "%s id differs from %s %q only in letter case", what, what, prev)
+			continue
+		}
+		first[lower] = key
+	}
+}
+
+// disks checks the configured disks: an identity of three strings and a
+// pool id, a UUID; no two with one identity or one pool.
+func (v *validator) disks(items map[string]item[DiskConfig]) {
+	keys := sortedKeys(items)
+	identities := make(map[DiskIdentity]string)
+	pools := make(map[string]string)
+	for _, key := range keys {
+		it := items[key]
+		path := fmt.Sprintf("disks[%q]", key)
+		bad, ok := itemStart(v, path, key, it)
+		if !ok {
+			continue
+		}
+		d := &it.val
+		idOK := true
+		switch {
+		case under("identity", bad):
+			idOK = false
+		case !present(it.members, "identity"):
+			v.add(path+".identity", "is required")
+			idOK = false
+		default:
+			sub := subMembers(it.members, "identity")
+			for _, f := range []struct{ name, value string }{
+				{"vendor", d.Identity.Vendor}, {"model", d.Identity.Model}, {"serial", d.Identity.Serial},
+			} {
+				switch {
+				case under("identity."+f.name, bad):
+					idOK = false
+				case !present(sub, f.name):
+					v.add(path+".identity."+f.name, "is required")
+					idOK = false
+				case strings.TrimSpace(f.value) == "":
+					// Upstream takes an empty string; no disk is found by one.
+					v.unrealisable(path+".identity."+f.name, "is empty; a disk is found by its vendor, model and serial")
+					idOK = false
+				}
+			}
+		}
+		if idOK {
+			if prev, dup := identities[d.Identity]; dup {
+				v.unrealisable(path+".identity", "%s/%s/%s is also the identity of disk %q",
+					d.Identity.Vendor, d.Identity.Model, d.Identity.Serial, prev)
+			} else {
+				identities[d.Identity] = key
+			}
+		}
+		switch {
+		case under("pool_id", bad):
+			continue
+		case !present(it.members, "pool_id"):
+			v.add(path+".pool_id", "is required")
+			continue
+		}
+		v.uuid(path+".pool_id", d.PoolID)
+		if isUUID(d.PoolID) {
+			pool := strings.ToLower(d.PoolID)
+			if prev, dup := pools[pool]; dup {
+				v.unrealisable(path+".pool_id", "pool %s is also the pool of disk %q", pool, prev)
+			} else {
+				pools[pool] = key
+			}
+		}
+	}
+	v.idCaseDuplicates("disks", "disk", keys)
+}
+
+// datasets checks the configured datasets: a name of an external pool and
+// a kind upstream knows, a compression algorithm, a quota and reservation
+// upstream can hold, the reservation within the quota; no two with one name.
+func (v *validator) datasets(items map[string]item[DatasetConfig]) {
+	keys := sortedKeys(items)
+	names := make(map[DatasetName]string)
+	for _, key := range keys {
+		it := items[key]
+		path := fmt.Sprintf("datasets[%q]", key)
+		bad, ok := itemStart(v, path, key, it)
+		if !ok {
+			continue
+		}
+		d := &it.val
+		if v.datasetName(path, &it, bad) {
+			n := d.Name
+			switch prev, dup := names[n]; {
+			case dup && datasetKinds[n.Kind]:
+				v.unrealisable(path+".name", "pool %s already has a %s dataset, %q: a pool holds at most one durable dataset of a kind",
+					n.PoolName, n.Kind, prev)
+			case dup:
+				v.unrealisable(path+".name", "%s is also the name of dataset %q", n, prev)
+			default:
+				names[n] = key
+			}
+		}
+		v.compression(path, &it, bad)
+		for _, f := range []struct {
+			name  string
+			value *uint64
+		}{{"quota", d.Quota}, {"reservation", d.Reservation}} {
+			if f.value != nil && *f.value > maxByteCount && !under(f.name, bad) {
+				v.add(path+"."+f.name, "%d is larger than the largest byte count, %d (upstream keeps byte counts in a signed 64-bit integer)",
+					*f.value, uint64(maxByteCount))
+			}
+		}
+		if q, r := d.Quota, d.Reservation; q != nil && r != nil && *r > *q && *q <= maxByteCount {
+			v.unrealisable(path+".reservation", "%d is more than the quota, %d", *r, *q)
+		}
+	}
+	v.idCaseDuplicates("datasets", "dataset", keys)
+}
+
+// datasetName checks a dataset's name and reports whether it is one.
+func (v *validator) datasetName(path string, it *item[DatasetConfig], bad string) bool {
+	if under("name", bad) {
+		return false
+	}
+	if !present(it.members, "name") {
+		v.add(path+".name", "is required")
+		return false
+	}
+	n := &it.val.Name
+	sub := subMembers(it.members, "name")
+	ok := true
+	switch {
+	case under("name.pool_name", bad):
+		ok = false
+	case !present(sub, "pool_name"):
+		v.add(path+".name.pool_name", "is required")
+		ok = false
+	case !zpoolPattern.MatchString(n.PoolName):
+		v.add(path+".name.pool_name", "%q is not a zpool name like oxp_<uuid> (lowercase version-4 UUID)", n.PoolName)
+		ok = false
+	case !strings.HasPrefix(n.PoolName, "oxp_"):
+		// Upstream decodes it, and fails the dataset: it manages datasets
+		// on the pools of the config's disks, which are external.
+		v.unrealisable(path+".name.pool_name", "%s is an internal pool; a sled config's datasets are on the external pools of its disks (oxp_<uuid>)", n.PoolName)
+		ok = false
+	}
+	switch {
+	case under("name.kind", bad):
+		ok = false
+	case !present(sub, "kind"):
+		v.add(path+".name.kind", "is required")
+		ok = false
+	default:
+		if msg := checkDatasetKind(n.Kind); msg != "" {
+			v.add(path+".name.kind", "%s", msg)
+			ok = false
+		}
+	}
+	return ok
+}
+
+func (v *validator) compression(path string, it *item[DatasetConfig], bad string) {
+	if under("compression", bad) {
+		return
+	}
+	if !present(it.members, "compression") {
+		v.add(path+".compression", "is required")
+		return
+	}
+	c := &it.val.Compression
+	switch {
+	case under("compression.type", bad):
+	case c.Type == "":
+		v.add(path+".compression.type", "is required")
+	case !slices.Contains(compressionTypes, c.Type):
+		v.add(path+".compression.type", "unknown compression algorithm %q (want one of %s)", c.Type, strings.Join(compressionTypes, ", "))
+	case c.Type == "gzip_n" && under("compression.level", bad):
+	case c.Type == "gzip_n" && c.Level == nil:
+		v.add(path+".compression.level", "is required for compression type gzip_n")
+	case c.Type == "gzip_n" && (*c.Level < 1 || *c.Level > 9):
+		// Upstream decodes any u8, and cannot set it: gzip levels are 1 to 9.
+		v.unrealisable(path+".compression.level", "%d is not a gzip level, 1 to 9", *c.Level)
+	}
+	// A level on another type is a member upstream does not know: kept, as
+	// unknown members are.
+}
