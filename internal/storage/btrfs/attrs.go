@@ -42,9 +42,11 @@ const tmpPrefix = ".oxide-new-"
 
 // attrs is what a path is, as far as datasets go.
 type attrs struct {
-	subvol                                          bool   // the root of a subvolume
-	subvolID                                        uint64 // its id (its qgroup is 0/<id>)
-	id, parent, reservation, compression, btrfsComp string
+	subvol   bool   // the root of a subvolume
+	subvolID uint64 // its id (its qgroup is 0/<id>)
+	// The xattrs above, "" where unset.
+	id, parent, reservation string
+	compression, btrfsComp  string
 }
 
 // readAttrs reads path's kind and xattrs; an error wrapping
