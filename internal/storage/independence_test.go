@@ -87,6 +87,36 @@ func TestHungDiskDelaysNothing(t *testing.T) {
 	})
 }
 
+// A disk dropped from the config while its call hangs: the call is
+// abandoned at once, not waited for.
+func TestRemovingAHungDiskAbandonsItsCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newFake()
+		dead := diskCfg("dead")
+		b.addDisk(dead.Identity.Serial)
+		b.setHang(dead.Identity.Serial, true)
+		h := start(t, b, storage.Options{})
+		defer h.stop()
+		h.update([]storage.DiskConfig{dead}, nil)
+		t0 := time.Now()
+		h.update(nil, nil)
+		if time.Since(t0) != 0 || len(h.r.Status().Disks) != 0 {
+			t.Errorf("after %s: %+v", time.Since(t0), h.r.Status().Disks)
+		}
+		if got := b.transcript(0); has(got, "close_pool oxp_pool-dead") {
+			t.Errorf("a pool never made was closed: %q", got)
+		}
+		// Back, and answering: adopted at once, not after the abandoned
+		// call's deadline.
+		b.setHang(dead.Identity.Serial, false)
+		h.update([]storage.DiskConfig{dead}, nil)
+		wantResult(t, "dead, back", h.disk(dead.ID).Result, "")
+		if time.Since(t0) != 0 {
+			t.Errorf("re-adding waited %s", time.Since(t0))
+		}
+	})
+}
+
 // A pool that stops answering in the middle of a pass costs one deadline,
 // not one per dataset: the rest of its datasets are not attempted.
 func TestHungPoolCostsOneDeadline(t *testing.T) {
