@@ -336,7 +336,7 @@ func (r *Reconciler) releaseUnconfigured() {
 // dispatch hands e's worker a pass (or, for a disk no longer configured, a
 // close of its pool).
 func (r *Reconciler) dispatch(ctx context.Context, e *entry) {
-	j := job{open: e.open, at: r.loop.seq}
+	j := job{open: e.open}
 	if e.cfg != nil {
 		cfg := *e.cfg
 		j.disk = &cfg

@@ -28,7 +28,6 @@ type job struct {
 	datasets []DatasetConfig
 	// open is the pool open on the disk, as far as the loop knows.
 	open string
-	at   uint64
 }
 
 type outcome struct {
