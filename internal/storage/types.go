@@ -171,7 +171,8 @@ type Backend interface {
 	// nothing on it is formatted or wiped.
 	OpenPool(ctx context.Context, disk DiskIdentity, poolID string) (Pool, error)
 	// ClosePool stops using a pool that is no longer managed. It destroys
-	// nothing.
+	// nothing. A pool that is not open is not an error (the reconciler
+	// closes, once, the pools it finds on disks the config does not name).
 	ClosePool(ctx context.Context, poolID string) error
 	// Datasets lists the datasets of an open pool.
 	Datasets(ctx context.Context, poolID string) ([]Dataset, error)

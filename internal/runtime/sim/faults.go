@@ -17,16 +17,30 @@ import (
 //	{"zones": {"<zone uuid>": {"start": "hang" | "fail" | "<Go duration>",
 //	                           "stop": "hang" | "fail" | "<Go duration>",
 //	                           "vanish_after": "<Go duration>",
-//	                           "health": "fail" | "hang"}}}
+//	                           "health": "fail" | "hang"}},
+//	 "disks": {"<disk serial>": {"ensure": "hang" | "fail" | "<Go duration>",
+//	                             "present": false}}}
 //
 // "hang" blocks until the call's context ends; "fail" fails every time; a
 // duration delays and then succeeds; vanish_after makes a running zone
 // disappear that long after it started; health makes a running zone's health
 // checks fail at once ("fail") or not answer until their deadline ("hang"),
-// as a service that is alive but stopped or deadlocked would. Zones not in the
-// map behave normally.
+// as a service that is alive but stopped or deadlocked would. A disk's
+// ensure applies to every call on it, its pool or its datasets (making,
+// opening, closing the pool; listing, ensuring, destroying datasets), as a
+// dying disk would; present false pulls the disk out of the machine (its
+// pool and datasets come back with it). Zones and disks not in the map
+// behave normally.
 type Faults struct {
 	Zones map[string]ZoneFaults `json:"zones"`
+	Disks map[string]DiskFaults `json:"disks,omitempty"`
+}
+
+// DiskFaults are the faults of one disk, by serial.
+type DiskFaults struct {
+	Ensure string `json:"ensure,omitempty"`
+	// Present false: the disk is not in the machine. Absent: it is.
+	Present *bool `json:"present,omitempty"`
 }
 
 // ZoneFaults are the faults of one zone.
@@ -47,6 +61,17 @@ type zoneFaults struct {
 	start, stop behavior
 	vanishAfter time.Duration
 	health      behavior
+}
+
+type diskFaults struct {
+	ensure behavior
+	absent bool
+}
+
+// compiled is a checked fault map: zones by id, disks by serial.
+type compiled struct {
+	zones map[string]zoneFaults
+	disks map[string]diskFaults
 }
 
 // ParseFaults decodes and checks a fault map. Errors name the zone and field.
@@ -74,7 +99,38 @@ func LoadFaults(path string) (Faults, error) {
 	return f, nil
 }
 
-func (f Faults) compile() (map[string]zoneFaults, error) {
+func (f Faults) compile() (compiled, error) {
+	zones, zerr := f.compileZones()
+	disks, derr := f.compileDisks()
+	return compiled{zones: zones, disks: disks}, errors.Join(zerr, derr)
+}
+
+func (f Faults) compileDisks() (map[string]diskFaults, error) {
+	out := make(map[string]diskFaults, len(f.Disks))
+	var errs []error
+	serials := make([]string, 0, len(f.Disks))
+	for serial := range f.Disks {
+		serials = append(serials, serial)
+	}
+	slices.Sort(serials)
+	for _, serial := range serials {
+		df := f.Disks[serial]
+		if strings.TrimSpace(serial) == "" {
+			errs = append(errs, fmt.Errorf("disks[%q]: not a disk serial", serial))
+			continue
+		}
+		var c diskFaults
+		var err error
+		if c.ensure, err = parseBehavior(df.Ensure); err != nil {
+			errs = append(errs, fmt.Errorf("disks[%q].ensure: %w", serial, err))
+		}
+		c.absent = df.Present != nil && !*df.Present
+		out[serial] = c
+	}
+	return out, errors.Join(errs...)
+}
+
+func (f Faults) compileZones() (map[string]zoneFaults, error) {
 	out := make(map[string]zoneFaults, len(f.Zones))
 	var errs []error
 	ids := make([]string, 0, len(f.Zones))

@@ -1,7 +1,9 @@
 // Package sim is an in-memory zone runtime with fault injection, for tests and
 // the development mode. Zones are records in a map; starting one takes a
 // configurable time; faults make starts or stops hang, fail or take long, and
-// make running zones vanish as if deleted behind the agent's back.
+// make running zones vanish as if deleted behind the agent's back. It is also
+// the storage reconciler's simulated machine (storage.go): disks, their pools
+// and datasets, with faults of their own.
 package sim
 
 import (
@@ -13,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -21,8 +24,10 @@ var ErrInjected = errors.New("injected fault")
 
 // Call is one runtime call, as recorded.
 type Call struct {
-	Op   string // "ensure", "destroy", "list"
-	Zone string // zone name; empty for list
+	Op   string // "ensure", "destroy", "list"; storage's: "disks", "create_pool", …
+	Zone string // zone name; empty for list and storage calls
+	// Target is what a storage call is about: a pool or dataset name.
+	Target string
 }
 
 // Options tune the runtime.
@@ -43,13 +48,16 @@ type Runtime struct {
 	opts Options
 
 	mu          sync.Mutex
-	zones       map[string]*simZone   // guarded by mu; by zone name
-	faults      map[string]zoneFaults // guarded by mu; by zone id
-	calls       []Call                // guarded by mu
-	notify      func()                // guarded by mu
-	incarnation uint64                // guarded by mu
-	leftovers   []Leftover            // guarded by mu
-	version     uint64                // guarded by mu; counts changes to zones and leftovers
+	zones       map[string]*simZone               // guarded by mu; by zone name
+	faults      map[string]zoneFaults             // guarded by mu; by zone id
+	diskFaults  map[string]diskFaults             // guarded by mu; by disk serial
+	disks       map[storage.DiskIdentity]*simDisk // guarded by mu
+	pools       map[string]*simPool               // guarded by mu; by pool id
+	calls       []Call                            // guarded by mu
+	notify      func()                            // guarded by mu
+	incarnation uint64                            // guarded by mu
+	leftovers   []Leftover                        // guarded by mu
+	version     uint64                            // guarded by mu; counts changes to what is saved
 
 	saveMu sync.Mutex // orders writes of the state file
 	saved  uint64     // guarded by saveMu; the version last written
@@ -67,7 +75,8 @@ type simZone struct {
 // New returns an empty simulated runtime that keeps no state file (Open
 // reads and keeps one).
 func New(opts Options) *Runtime {
-	return &Runtime{opts: opts, zones: map[string]*simZone{}, faults: map[string]zoneFaults{}}
+	return &Runtime{opts: opts, zones: map[string]*simZone{}, faults: map[string]zoneFaults{},
+		diskFaults: map[string]diskFaults{}, disks: map[storage.DiskIdentity]*simDisk{}, pools: map[string]*simPool{}}
 }
 
 // SetFaults replaces the whole fault map. An invalid map changes nothing.
@@ -78,7 +87,7 @@ func (r *Runtime) SetFaults(f Faults) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.faults = c
+	r.faults, r.diskFaults = c.zones, c.disks
 	// Running zones follow the new map too: a zone running for longer than
 	// its new vanish_after vanishes now.
 	for _, z := range r.zones {
@@ -86,7 +95,7 @@ func (r *Runtime) SetFaults(f Faults) error {
 			z.vanish.Stop()
 			z.vanish = nil
 		}
-		if f := c[z.id]; z.running && f.vanishAfter > 0 {
+		if f := c.zones[z.id]; z.running && f.vanishAfter > 0 {
 			r.scheduleVanishLocked(z, f.vanishAfter)
 		}
 	}

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,13 +9,16 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/atomicfile"
+	"github.com/sled-agent/sled-agent/internal/storage"
 )
 
 // The simulated OS outlives the agent, as a real one does: with
-// Options.StateFile set, every change to the zones (and to leftovers) is
+// Options.StateFile set, every change to the zones (and to leftovers, disks,
+// pools and datasets) is
 // written to that file before the call that made it returns, and Open reads
 // it back. A zone whose start was in progress when the agent died is kept
 // half-made (not running), as a real zone could be.
@@ -24,6 +28,8 @@ type stateFile struct {
 	Incarnation uint64       `json:"incarnation"`
 	Zones       []zoneRecord `json:"zones"`
 	Leftovers   []Leftover   `json:"leftovers,omitempty"`
+	Disks       []diskRecord `json:"disks,omitempty"`
+	Pools       []poolRecord `json:"pools,omitempty"`
 	SavedAt     time.Time    `json:"saved_at"`
 	Version     uint64       `json:"version"`
 }
@@ -35,6 +41,28 @@ type zoneRecord struct {
 	Running     bool      `json:"running"`
 	StartedAt   time.Time `json:"started_at,omitzero"`
 	Incarnation uint64    `json:"incarnation"`
+}
+
+type diskRecord struct {
+	Identity storage.DiskIdentity `json:"identity"`
+	Slot     int64                `json:"slot"`
+}
+
+// poolRecord is a pool with its datasets. Open survives the agent, as a
+// mounted filesystem does.
+type poolRecord struct {
+	ID       string               `json:"id"`
+	Disk     storage.DiskIdentity `json:"disk"`
+	Open     bool                 `json:"open"`
+	Datasets []datasetRecord      `json:"datasets"`
+}
+
+type datasetRecord struct {
+	Name        string              `json:"name"`
+	ID          string              `json:"id"`
+	Quota       *uint64             `json:"quota,omitempty"`
+	Reservation *uint64             `json:"reservation,omitempty"`
+	Compression storage.Compression `json:"compression"`
 }
 
 // Leftover is a part of a zone that outlived it in the simulated OS (a link,
@@ -75,6 +103,19 @@ func Open(opts Options) (*Runtime, error) {
 		r.zones[z.Name] = &simZone{name: z.Name, id: z.ID, hash: z.Hash, running: z.Running, startedAt: z.StartedAt, incarnation: z.Incarnation, gone: make(chan struct{})}
 	}
 	r.leftovers = st.Leftovers
+	for _, d := range st.Disks {
+		r.disks[d.Identity] = &simDisk{id: d.Identity, slot: d.Slot}
+	}
+	for _, p := range st.Pools {
+		if p.ID == "" {
+			return nil, fmt.Errorf("sim state %s: a pool without id", opts.StateFile)
+		}
+		sp := &simPool{id: p.ID, disk: p.Disk, open: p.Open, datasets: map[string]*simDataset{}}
+		for _, d := range p.Datasets {
+			sp.datasets[d.Name] = &simDataset{name: d.Name, id: d.ID, quota: d.Quota, reservation: d.Reservation, compression: d.Compression}
+		}
+		r.pools[p.ID] = sp
+	}
 	return r, nil
 }
 
@@ -114,6 +155,19 @@ func (r *Runtime) snapshotLocked() stateFile {
 	for _, z := range r.zones {
 		st.Zones = append(st.Zones, zoneRecord{Name: z.name, ID: z.id, Hash: z.hash, Running: z.running, StartedAt: z.startedAt, Incarnation: z.incarnation})
 	}
+	for _, d := range r.disks {
+		st.Disks = append(st.Disks, diskRecord{Identity: d.id, Slot: d.slot})
+	}
+	slices.SortFunc(st.Disks, func(a, b diskRecord) int { return cmp.Compare(a.Slot, b.Slot) })
+	for _, p := range r.pools {
+		pr := poolRecord{ID: p.id, Disk: p.disk, Open: p.open}
+		for _, d := range p.datasets {
+			pr.Datasets = append(pr.Datasets, datasetRecord{Name: d.name, ID: d.id, Quota: clonePtr(d.quota), Reservation: clonePtr(d.reservation), Compression: d.compression})
+		}
+		slices.SortFunc(pr.Datasets, func(a, b datasetRecord) int { return strings.Compare(a.Name, b.Name) })
+		st.Pools = append(st.Pools, pr)
+	}
+	slices.SortFunc(st.Pools, func(a, b poolRecord) int { return strings.Compare(a.ID, b.ID) })
 	slices.SortFunc(st.Zones, func(a, b zoneRecord) int {
 		switch {
 		case a.Name < b.Name:

@@ -1,0 +1,408 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// loopState is owned by the Run goroutine; nothing else touches it.
+type loopState struct {
+	haveConfig bool
+	// datasets is the configured datasets, all of them (status reports
+	// those on pools no disk carries).
+	datasets []DatasetConfig
+	// conflicts are configured disks given no work because another
+	// configured disk has the same identity or pool id, by disk id.
+	conflicts map[string]conflict
+	// entries are the disks being worked on, by identity: configured ones,
+	// and unconfigured ones holding a pool that is to be closed.
+	entries map[DiskIdentity]*entry
+	// released are unconfigured disks whose pool was closed (or found
+	// closed) once; they are left alone from then on.
+	released map[DiskIdentity]bool
+
+	// seq orders wants and listings: a listing started at seq s can serve
+	// a pass wanted at seq ≤ s.
+	seq uint64
+	// The last good listing of the disks, by identity.
+	disks    map[DiskIdentity]Disk
+	haveList bool
+	listedAt time.Time
+	// listSeq is the seq of the newest listing that returned (good, or
+	// failed while an older good one is kept).
+	listSeq uint64
+	listErr error
+	// listing is a listing in flight, started at listingSeq.
+	listing    bool
+	listingSeq uint64
+	listAgain  bool
+}
+
+type conflict struct {
+	cfg DiskConfig
+	why string
+}
+
+func (l *loopState) init() {
+	l.conflicts = map[string]conflict{}
+	l.entries = map[DiskIdentity]*entry{}
+	l.released = map[DiskIdentity]bool{}
+	l.disks = map[DiskIdentity]Disk{}
+}
+
+// entry is the loop's record of one disk.
+type entry struct {
+	identity DiskIdentity
+	// cfg is the disk's config; nil: no longer configured, its pool is to
+	// be closed and the entry forgotten.
+	cfg      *DiskConfig
+	datasets []DatasetConfig // configured on cfg's pool
+	worker   *worker
+
+	busy    bool
+	cancel  context.CancelFunc
+	jobPool string // configured pool id of the pass in flight ("" for a close)
+	// dirty: the config changed while a pass was in flight.
+	dirty bool
+
+	wantPass bool
+	needSeq  uint64 // a pass wants a listing started at or after this
+	retryAt  time.Time
+	attempts int
+
+	// open is the pool this reconciler has open on the disk, as far as
+	// it knows ("" none).
+	open string
+	// The last pass.
+	last *passResult
+	// destroyed are the orphans this pool's passes destroyed, newest last.
+	destroyed []Orphan
+}
+
+// want asks for a pass of e after a fresh listing.
+func (r *Reconciler) want(e *entry) {
+	r.loop.seq++
+	e.wantPass, e.needSeq = true, r.loop.seq
+}
+
+// setDesired makes d the desired storage and asks every disk for a pass.
+func (r *Reconciler) setDesired(d *desired) {
+	l := &r.loop
+	l.haveConfig = true
+	l.datasets = d.datasets
+	clear(l.conflicts)
+
+	byPool := map[string][]DatasetConfig{}
+	for _, ds := range d.datasets {
+		byPool[ds.PoolID] = append(byPool[ds.PoolID], ds)
+	}
+	disks := slices.Clone(d.disks)
+	slices.SortFunc(disks, func(a, b DiskConfig) int { return cmpStrings(a.ID, b.ID) })
+	configured := map[DiskIdentity]bool{}
+	poolOwner := map[string]string{}
+	for _, cfg := range disks {
+		if configured[cfg.Identity] {
+			l.conflicts[cfg.ID] = conflict{cfg, fmt.Sprintf("disk %s is configured more than once; only the first is managed", cfg.Identity)}
+			continue
+		}
+		if other, ok := poolOwner[cfg.PoolID]; ok {
+			l.conflicts[cfg.ID] = conflict{cfg, fmt.Sprintf("pool %s is configured on disk %s too; only that one is managed", PoolName(cfg.PoolID), other)}
+			continue
+		}
+		configured[cfg.Identity], poolOwner[cfg.PoolID] = true, cfg.ID
+		e := r.entry(cfg.Identity)
+		cfg := cfg
+		changed := e.cfg == nil || *e.cfg != cfg || !sameDatasets(e.datasets, byPool[cfg.PoolID])
+		if e.busy && (e.jobPool != cfg.PoolID) {
+			e.cancel() // the pass in flight works for a pool no longer wanted
+		}
+		e.cfg, e.datasets = &cfg, byPool[cfg.PoolID]
+		if changed {
+			e.attempts, e.retryAt, e.dirty = 0, time.Time{}, e.busy
+		}
+		if e.retryAt.IsZero() {
+			r.want(e)
+		}
+	}
+	for id, e := range l.entries {
+		if configured[id] {
+			continue
+		}
+		if e.cfg != nil {
+			r.log.Info("disk removed from the config: its pool stops being managed and is not destroyed", "disk", id.String(), "pool", e.open)
+		}
+		wasConfigured := e.cfg != nil
+		e.cfg, e.datasets = nil, nil
+		if e.busy && e.jobPool != "" {
+			e.cancel()
+		}
+		if wasConfigured {
+			e.attempts, e.retryAt, e.dirty = 0, time.Time{}, e.busy
+		}
+		if !e.busy && e.open == "" {
+			r.forget(e)
+			continue
+		}
+		if e.retryAt.IsZero() {
+			r.want(e)
+		}
+	}
+	r.publish()
+}
+
+// entry returns the entry of a disk, making it (and its worker) if needed.
+func (r *Reconciler) entry(id DiskIdentity) *entry {
+	if e, ok := r.loop.entries[id]; ok {
+		return e
+	}
+	e := &entry{identity: id}
+	e.worker = r.startWorker(id)
+	r.loop.entries[id] = e
+	return e
+}
+
+// forget drops an entry that is neither configured nor holding an open pool.
+func (r *Reconciler) forget(e *entry) {
+	e.worker.stop()
+	delete(r.loop.entries, e.identity)
+}
+
+func sameDatasets(a, b []DatasetConfig) bool {
+	return slices.EqualFunc(a, b, sameDataset)
+}
+
+func sameDataset(a, b DatasetConfig) bool {
+	return a.ID == b.ID && a.PoolID == b.PoolID && a.Kind == b.Kind &&
+		samePtr(a.Quota, b.Quota) && samePtr(a.Reservation, b.Reservation) && a.Compression == b.Compression
+}
+
+func samePtr(a, b *uint64) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// periodic asks every disk not waiting out a backoff for a pass.
+func (r *Reconciler) periodic(ctx context.Context) {
+	r.startList(ctx)
+	for _, e := range r.loop.entries {
+		if e.retryAt.IsZero() && !e.wantPass {
+			r.want(e)
+		}
+	}
+}
+
+// step starts the passes that can start: wanted, not busy, with a listing
+// at least as new as the want. It starts a listing if one is needed.
+func (r *Reconciler) step(ctx context.Context, now time.Time) {
+	l := &r.loop
+	needList := false
+	for _, e := range l.entries {
+		if !e.wantPass && !e.retryAt.IsZero() && !now.Before(e.retryAt) {
+			e.retryAt = time.Time{}
+			r.want(e)
+		}
+		if !e.wantPass || e.busy {
+			continue
+		}
+		if l.haveList && l.listSeq >= e.needSeq {
+			r.dispatch(ctx, e)
+			continue
+		}
+		needList = true
+	}
+	if needList {
+		r.startList(ctx)
+	}
+}
+
+// nextRetryIn returns how long until the earliest retry.
+func (l *loopState) nextRetryIn(now time.Time) (time.Duration, bool) {
+	var earliest time.Time
+	for _, e := range l.entries {
+		if !e.retryAt.IsZero() && (earliest.IsZero() || e.retryAt.Before(earliest)) {
+			earliest = e.retryAt
+		}
+	}
+	if earliest.IsZero() {
+		return 0, false
+	}
+	return max(earliest.Sub(now), 0), true
+}
+
+type listResult struct {
+	disks []Disk
+	err   error
+	seq   uint64
+	at    time.Time
+}
+
+// startList lists the disks in the background, unless a listing is in
+// flight (then another follows it if this one would be too old).
+func (r *Reconciler) startList(ctx context.Context) {
+	l := &r.loop
+	if l.listing {
+		if l.listingSeq < l.seq {
+			l.listAgain = true
+		}
+		return
+	}
+	l.listing, l.listAgain, l.listingSeq = true, false, l.seq
+	seq := l.seq
+	r.wg.Go(func() {
+		lctx, cancel := context.WithTimeout(ctx, r.opts.ListTimeout)
+		defer cancel()
+		disks, err := r.backend.Disks(lctx)
+		if err != nil && lctx.Err() == context.DeadlineExceeded {
+			err = fmt.Errorf("listing disks: no answer within %s: %w", r.opts.ListTimeout, err)
+		} else if err != nil {
+			err = fmt.Errorf("listing disks: %w", err)
+		}
+		select {
+		case r.listed <- listResult{disks: disks, err: err, seq: seq, at: time.Now()}:
+		case <-r.done:
+		}
+	})
+}
+
+// handleList takes a listing of the disks.
+func (r *Reconciler) handleList(ctx context.Context, lr listResult) {
+	l := &r.loop
+	l.listing = false
+	switch {
+	case lr.err == nil:
+		clear(l.disks)
+		for _, d := range lr.disks {
+			l.disks[d.Identity] = d
+		}
+		l.haveList, l.listedAt, l.listErr, l.listSeq = true, lr.at, nil, lr.seq
+	case l.haveList:
+		// Keep the older listing and go on with it: a disk whose pool
+		// is open needs no listing to be worked on, and CreatePool
+		// refuses a disk that is not blank.
+		r.log.Warn("listing disks failed; going on with the last listing", "err", lr.err, "listed_at", l.listedAt)
+		l.listErr, l.listSeq = lr.err, lr.seq
+	default:
+		r.log.Warn("listing disks failed", "err", lr.err)
+		l.listErr = lr.err
+		r.failUnlisted(lr)
+	}
+	if l.listAgain {
+		r.startList(ctx)
+	}
+	if l.haveList && l.haveConfig {
+		r.releaseUnconfigured()
+	}
+	r.publish()
+}
+
+// failUnlisted records, for every disk waiting for a listing, that the
+// disks could not be listed, and schedules a retry.
+func (r *Reconciler) failUnlisted(lr listResult) {
+	now := time.Now()
+	for _, e := range r.loop.entries {
+		if !e.wantPass || e.busy || e.needSeq > lr.seq {
+			continue
+		}
+		e.wantPass = false
+		e.last = &passResult{key: e.identity, at: now, open: e.open, disk: outcome{err: lr.err, retryable: true}}
+		e.attempts++
+		e.retryAt = now.Add(r.opts.Backoff.Delay(e.attempts))
+	}
+}
+
+// releaseUnconfigured closes, once, the pools of disks the config does not
+// name: a disk removed from the config while the agent was down has its
+// pool closed (never destroyed), as if it had been removed while it ran.
+func (r *Reconciler) releaseUnconfigured() {
+	l := &r.loop
+	for id, d := range l.disks {
+		if d.Content != ContentPool || l.released[id] {
+			continue
+		}
+		if _, ok := l.entries[id]; ok {
+			continue
+		}
+		e := r.entry(id)
+		e.open = d.PoolID
+		r.log.Info("closing a pool whose disk is not in the config", "disk", id.String(), "pool", PoolName(d.PoolID))
+		r.want(e)
+	}
+}
+
+// dispatch hands e's worker a pass (or, for a disk no longer configured, a
+// close of its pool).
+func (r *Reconciler) dispatch(ctx context.Context, e *entry) {
+	j := job{open: e.open}
+	if e.cfg != nil {
+		cfg := *e.cfg
+		j.disk = &cfg
+		j.datasets = slices.Clone(e.datasets)
+		if d, ok := r.loop.disks[e.identity]; ok {
+			j.observed = &d
+		}
+		e.jobPool = cfg.PoolID
+	} else {
+		e.jobPool = ""
+	}
+	jctx, cancel := context.WithCancel(ctx)
+	j.ctx = jctx
+	e.busy, e.cancel, e.wantPass, e.dirty = true, cancel, false, false
+	e.worker.jobs <- j // capacity 1, and the worker is idle: never blocks
+}
+
+// handleResult takes a finished pass.
+func (r *Reconciler) handleResult(res passResult) {
+	l := &r.loop
+	e, ok := l.entries[res.key]
+	if !ok {
+		return
+	}
+	e.cancel()
+	e.busy, e.cancel = false, nil
+	l.seq++
+	e.open = res.open
+	now := time.Now()
+	if res.close {
+		if res.disk.err == nil && e.cfg == nil {
+			l.released[e.identity] = true
+			r.forget(e)
+			r.publish()
+			return
+		}
+	} else {
+		e.last = &res
+		e.destroyed = append(e.destroyed, res.destroyed...)
+		if n := len(e.destroyed) - r.opts.OrphanHistory; n > 0 {
+			e.destroyed = slices.Delete(e.destroyed, 0, n)
+		}
+	}
+	if res.retryable() && !e.dirty {
+		// A pass wanted meanwhile waits for the retry too.
+		e.wantPass = false
+		e.attempts++
+		e.retryAt = now.Add(r.opts.Backoff.Delay(e.attempts))
+		r.log.Warn("storage pass of a disk failed; will retry", "disk", e.identity.String(), "err", res.firstErr(), "attempt", e.attempts, "retry_in", e.retryAt.Sub(now))
+	} else {
+		e.attempts, e.retryAt = 0, time.Time{}
+	}
+	if e.dirty || (e.cfg == nil) != res.close {
+		// The config changed meanwhile: a pass for the new one, now.
+		e.attempts, e.retryAt, e.dirty = 0, time.Time{}, false
+		r.want(e)
+	}
+	r.publish()
+}
+
+func cmpStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,342 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Result is the outcome of one configured disk or dataset: ok, or the error
+// that says what is wrong.
+type Result struct {
+	OK      bool   `json:"ok"`
+	Message string `json:"message,omitempty"`
+}
+
+func resultOf(err error) Result {
+	if err == nil {
+		return Result{OK: true}
+	}
+	return Result{Message: err.Error()}
+}
+
+// Status is a snapshot of the reconciler for readers.
+type Status struct {
+	// Configured is false until the first Update.
+	Configured bool `json:"configured"`
+	// ListedAt is when the disks were last listed; ListError why the
+	// newest listing failed, if it did.
+	ListedAt  *time.Time `json:"listed_at,omitempty"`
+	ListError string     `json:"list_error,omitempty"`
+	// Disks and Datasets are the configured ones, by id and by name.
+	Disks    []DiskStatus    `json:"disks"`
+	Datasets []DatasetStatus `json:"datasets"`
+	Observed Observed        `json:"observed"`
+	// Orphans are datasets on managed pools that the config no longer
+	// names: those kept (with why), and the last ones destroyed.
+	Orphans []Orphan `json:"orphans"`
+}
+
+// DiskStatus is one configured disk.
+type DiskStatus struct {
+	ID       string       `json:"id"`
+	Identity DiskIdentity `json:"identity"`
+	PoolID   string       `json:"pool_id"`
+	Result   Result       `json:"result"`
+	// Attempts counts failed passes in a row; NextRetry is the next one.
+	Attempts  int        `json:"attempts"`
+	NextRetry *time.Time `json:"next_retry,omitempty"`
+	CheckedAt *time.Time `json:"checked_at,omitempty"`
+	// Activity is the backend call in flight on this disk, if any: what,
+	// for how long, and its deadline.
+	Activity string `json:"activity,omitempty"`
+}
+
+// DatasetStatus is one configured dataset.
+type DatasetStatus struct {
+	ID        string     `json:"id"`
+	Name      string     `json:"name"`
+	Result    Result     `json:"result"`
+	CheckedAt *time.Time `json:"checked_at,omitempty"`
+}
+
+// Observed is what the backend last showed.
+type Observed struct {
+	Disks []Disk `json:"disks"`
+	// Pools are the managed pools, as opened.
+	Pools []Pool `json:"pools"`
+	// Datasets are the managed pools' datasets as last read.
+	Datasets []ObservedDataset `json:"datasets"`
+}
+
+// ObservedDataset is one dataset as read at ReadAt.
+type ObservedDataset struct {
+	PoolID  string    `json:"pool_id"`
+	Dataset Dataset   `json:"dataset"`
+	ReadAt  time.Time `json:"read_at"`
+}
+
+// Orphan is a dataset of one of our kinds on a managed pool that the config
+// no longer names.
+type Orphan struct {
+	Name   string `json:"name"`
+	ID     string `json:"id,omitempty"`
+	Kind   string `json:"kind"`
+	PoolID string `json:"pool_id"`
+	// Reason says why it is kept, or that it was destroyed.
+	Reason    string    `json:"reason"`
+	Destroyed bool      `json:"destroyed"`
+	At        time.Time `json:"at"`
+	// Dataset is the dataset as found.
+	Dataset Dataset `json:"dataset"`
+}
+
+// ErrNotReady is what ZoneStorage's errors wrap.
+var ErrNotReady = errors.New("storage not ready")
+
+// NotReadyError says what storage a zone waits for.
+type NotReadyError struct{ Reason string }
+
+func (e *NotReadyError) Error() string        { return e.Reason }
+func (e *NotReadyError) Is(target error) bool { return target == ErrNotReady }
+
+// ZonePaths are where a zone's storage is.
+type ZonePaths struct {
+	// Root is the zone's transient root dataset's path.
+	Root string
+	// Durable is its durable dataset's path ("" if it has none).
+	Durable string
+}
+
+// store holds what readers see. It is written by the loop and read by
+// anyone; the lock is never held across anything that can block.
+type store struct {
+	mu   sync.Mutex
+	snap *snapshot // guarded by mu; replaced, never modified
+}
+
+type snapshot struct {
+	status Status
+	// activity is each configured disk's call in flight, by disk id.
+	activity map[string]*atomic.Pointer[activity]
+	ready    readiness
+}
+
+// readiness is what ZoneStorage answers from.
+type readiness struct {
+	configured bool
+	// pools are the configured pools, by id: "" if managed, else why not.
+	pools map[string]poolReady
+	// datasets are the configured datasets, by name.
+	datasets map[string]datasetReady
+}
+
+type poolReady struct {
+	managed bool
+	why     string
+}
+
+type datasetReady struct {
+	ok   bool
+	path string
+	why  string
+}
+
+func (a readiness) same(b readiness) bool {
+	return a.configured == b.configured &&
+		maps.EqualFunc(a.pools, b.pools, func(x, y poolReady) bool { return x.managed == y.managed }) &&
+		maps.EqualFunc(a.datasets, b.datasets, func(x, y datasetReady) bool { return x.ok == y.ok && x.path == y.path })
+}
+
+// Status returns a snapshot of the reconciler. It never waits on a backend
+// call.
+func (r *Reconciler) Status() Status {
+	r.store.mu.Lock()
+	snap := r.store.snap
+	r.store.mu.Unlock()
+	s := snap.status
+	s.Disks = slices.Clone(s.Disks)
+	for i := range s.Disks {
+		if p := snap.activity[s.Disks[i].ID]; p != nil {
+			if a := p.Load(); a != nil {
+				s.Disks[i].Activity = a.String()
+			}
+		}
+	}
+	s.Datasets = slices.Clone(s.Datasets)
+	s.Orphans = slices.Clone(s.Orphans)
+	s.Observed.Disks = slices.Clone(s.Observed.Disks)
+	s.Observed.Pools = slices.Clone(s.Observed.Pools)
+	s.Observed.Datasets = slices.Clone(s.Observed.Datasets)
+	return s
+}
+
+// ZoneStorage says whether a zone's storage is ready, from the published
+// state (it never waits on a backend call): its filesystem pool
+// ("oxp_<id>") is managed, its transient root dataset
+// "oxp_<id>/crypt/zone/<zone name>" is ensured, and so is its durable
+// dataset (a full name, "" if it has none). The error, wrapping
+// ErrNotReady, names what is missing.
+func (r *Reconciler) ZoneStorage(filesystemPool, zoneName, durable string) (ZonePaths, error) {
+	r.store.mu.Lock()
+	rd := r.store.snap.ready
+	r.store.mu.Unlock()
+	notReady := func(format string, args ...any) (ZonePaths, error) {
+		return ZonePaths{}, &NotReadyError{Reason: fmt.Sprintf(format, args...)}
+	}
+	poolID, ok := PoolIDFromName(filesystemPool)
+	if !ok {
+		return notReady("filesystem pool %q is not an external pool (oxp_<id>)", filesystemPool)
+	}
+	if !rd.configured {
+		return notReady("pool %s is not managed: no storage config yet", filesystemPool)
+	}
+	if p, ok := rd.pools[poolID]; !ok {
+		return notReady("pool %s is not managed: no disk in the config carries it", filesystemPool)
+	} else if !p.managed {
+		return notReady("pool %s is not managed: %s", filesystemPool, p.why)
+	}
+	dataset := func(name string) (string, error) {
+		d, ok := rd.datasets[name]
+		switch {
+		case !ok:
+			return "", &NotReadyError{Reason: fmt.Sprintf("dataset %s is not in the config", name)}
+		case !d.ok:
+			return "", &NotReadyError{Reason: fmt.Sprintf("dataset %s not yet ensured: %s", name, d.why)}
+		}
+		return d.path, nil
+	}
+	var paths ZonePaths
+	var err error
+	if paths.Root, err = dataset(DatasetName(poolID, zoneRootPrefix+zoneName)); err != nil {
+		return ZonePaths{}, err
+	}
+	if durable != "" {
+		if paths.Durable, err = dataset(durable); err != nil {
+			return ZonePaths{}, err
+		}
+	}
+	return paths, nil
+}
+
+// publish builds a new snapshot from the loop's state and hands it to
+// readers; it calls OnReadyChange if ZoneStorage's answers may change.
+func (r *Reconciler) publish() {
+	l := &r.loop
+	snap := &snapshot{
+		activity: map[string]*atomic.Pointer[activity]{},
+		ready:    readiness{configured: l.haveConfig, pools: map[string]poolReady{}, datasets: map[string]datasetReady{}},
+	}
+	st := &snap.status
+	st.Configured = l.haveConfig
+	if l.haveList {
+		t := l.listedAt
+		st.ListedAt = &t
+	}
+	if l.listErr != nil {
+		st.ListError = l.listErr.Error()
+	}
+	for _, d := range l.disks {
+		st.Observed.Disks = append(st.Observed.Disks, d)
+	}
+	slices.SortFunc(st.Observed.Disks, func(a, b Disk) int { return strings.Compare(a.Identity.String(), b.Identity.String()) })
+
+	byPool := map[string]*entry{}
+	for _, e := range l.entries {
+		if e.cfg == nil {
+			continue
+		}
+		byPool[e.cfg.PoolID] = e
+		snap.activity[e.cfg.ID] = &e.worker.act
+		ds := DiskStatus{ID: e.cfg.ID, Identity: e.identity, PoolID: e.cfg.PoolID, Attempts: e.attempts}
+		if !e.retryAt.IsZero() {
+			t := e.retryAt
+			ds.NextRetry = &t
+		}
+		managed := false
+		switch {
+		case e.last == nil:
+			ds.Result = Result{Message: "not yet managed: its first pass has not finished"}
+		case e.last.disk.err != nil:
+			ds.Result = resultOf(e.last.disk.err)
+		case e.open != e.cfg.PoolID:
+			ds.Result = Result{Message: "not yet managed: the config changed since its last pass"}
+		default:
+			ds.Result, managed = Result{OK: true}, true
+		}
+		if e.last != nil {
+			t := e.last.at
+			ds.CheckedAt = &t
+		}
+		st.Disks = append(st.Disks, ds)
+		snap.ready.pools[e.cfg.PoolID] = poolReady{managed: managed, why: fmt.Sprintf("disk %s: %s", e.cfg.ID, ds.Result.Message)}
+		if e.last == nil || !managed {
+			continue
+		}
+		if e.last.pool != nil {
+			st.Observed.Pools = append(st.Observed.Pools, *e.last.pool)
+		}
+		for _, d := range e.last.observed {
+			st.Observed.Datasets = append(st.Observed.Datasets, ObservedDataset{PoolID: e.cfg.PoolID, Dataset: d, ReadAt: e.last.readAt})
+		}
+		st.Orphans = append(st.Orphans, e.last.orphans...)
+	}
+	for _, e := range l.entries {
+		st.Orphans = append(st.Orphans, e.destroyed...)
+	}
+	for _, c := range l.conflicts {
+		st.Disks = append(st.Disks, DiskStatus{ID: c.cfg.ID, Identity: c.cfg.Identity, PoolID: c.cfg.PoolID, Result: Result{Message: c.why}})
+		if _, ok := snap.ready.pools[c.cfg.PoolID]; !ok {
+			snap.ready.pools[c.cfg.PoolID] = poolReady{why: fmt.Sprintf("disk %s: %s", c.cfg.ID, c.why)}
+		}
+	}
+	slices.SortFunc(st.Disks, func(a, b DiskStatus) int { return strings.Compare(a.ID, b.ID) })
+
+	for _, ds := range l.datasets {
+		name := ds.Name()
+		s := DatasetStatus{ID: ds.ID, Name: name}
+		e := byPool[ds.PoolID]
+		var o datasetOutcome
+		var have bool
+		if e != nil && e.last != nil {
+			o, have = e.last.datasets[ds.ID]
+			t := e.last.at
+			s.CheckedAt = &t
+		}
+		switch {
+		case e == nil:
+			why := "no disk in the config carries it"
+			if p, ok := snap.ready.pools[ds.PoolID]; ok {
+				why = p.why
+			}
+			s.Result = Result{Message: fmt.Sprintf("pool %s is not managed: %s", PoolName(ds.PoolID), why)}
+		case !have || o.err == nil && (o.dataset == nil || o.dataset.Name != name):
+			s.Result = Result{Message: fmt.Sprintf("dataset %s not yet ensured: its pool's pass has not reached it", name)}
+		default:
+			s.Result = resultOf(o.err)
+		}
+		st.Datasets = append(st.Datasets, s)
+		dr := datasetReady{ok: s.Result.OK, why: s.Result.Message}
+		if dr.ok {
+			dr.path = o.dataset.Path
+		}
+		snap.ready.datasets[name] = dr
+	}
+	slices.SortFunc(st.Datasets, func(a, b DatasetStatus) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(st.Orphans, func(a, b Orphan) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(st.Observed.Pools, func(a, b Pool) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(st.Observed.Datasets, func(a, b ObservedDataset) int { return strings.Compare(a.Dataset.Name, b.Dataset.Name) })
+
+	r.store.mu.Lock()
+	old := r.store.snap
+	r.store.snap = snap
+	r.store.mu.Unlock()
+	if !old.ready.same(snap.ready) && r.opts.OnReadyChange != nil {
+		r.opts.OnReadyChange()
+	}
+}
