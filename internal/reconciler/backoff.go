@@ -1,27 +1,7 @@
 package reconciler
 
-import "time"
+import "github.com/sled-agent/sled-agent/internal/backoff"
 
 // Backoff chooses the delay before a zone's next attempt after consecutive
-// failures. The delay doubles from Initial and never exceeds Max. It has no
-// jitter: zones fail for their own reasons, at their own times, and a
-// deterministic schedule is one an operator can read off the status.
-type Backoff struct {
-	Initial time.Duration
-	Max     time.Duration
-}
-
-// Delay returns the wait after the n-th consecutive failure (n ≥ 1).
-func (b Backoff) Delay(n int) time.Duration {
-	if n < 1 {
-		return 0
-	}
-	d := b.Initial
-	for i := 1; i < n; i++ {
-		if d >= b.Max/2 {
-			return b.Max
-		}
-		d *= 2
-	}
-	return min(d, b.Max)
-}
+// failures (internal/backoff).
+type Backoff = backoff.Backoff

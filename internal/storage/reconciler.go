@@ -27,6 +27,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/backoff"
 )
 
 // Options tune the reconciler. Zero values take the defaults.
@@ -87,26 +89,8 @@ func (o *Options) setDefaults() {
 }
 
 // Backoff chooses the delay before a disk's next pass after consecutive
-// failed passes: it doubles from Initial and never exceeds Max.
-type Backoff struct {
-	Initial time.Duration
-	Max     time.Duration
-}
-
-// Delay returns the wait after the n-th consecutive failure (n ≥ 1).
-func (b Backoff) Delay(n int) time.Duration {
-	if n < 1 {
-		return 0
-	}
-	d := b.Initial
-	for i := 1; i < n; i++ {
-		if d >= b.Max/2 {
-			return b.Max
-		}
-		d *= 2
-	}
-	return min(d, b.Max)
-}
+// failed passes (internal/backoff).
+type Backoff = backoff.Backoff
 
 // desired is one Update's storage config.
 type desired struct {
