@@ -37,6 +37,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
@@ -158,6 +159,9 @@ type Agent struct {
 	nat *nat.Reconciler
 	// vmms hosts the VMMs.
 	vmms *vmm.Manager
+	// storage, if set, realises the config's disks and datasets (sim
+	// runtime; storage.go).
+	storage *storage.Reconciler
 }
 
 // New prepares an agent: it loads the ledger, binds the listener and builds
@@ -314,7 +318,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening ledger: %w", err)
 	}
-	a.store = configstore.Open(l, a.log.With("component", "configstore"), a.rec.Update, configstore.Options{
+	a.storage = newStorage(a.sim, a.rec, a.log.With("component", "storage"))
+	a.store = configstore.Open(l, a.log.With("component", "configstore"), func(cfg *sledconfig.Config) {
+		a.storageConfig(cfg)
+		a.rec.Update(cfg)
+	}, configstore.Options{
 		CheckPeriod:  cfg.LedgerCheckPeriod,
 		SledUnderlay: underlay,
 	})
@@ -371,6 +379,10 @@ func (a *Agent) Identity() api.Identity { return a.identity }
 // NAT exposes the NAT reconciler, or nil when the agent manages no NAT
 // entries.
 func (a *Agent) NAT() *nat.Reconciler { return a.nat }
+
+// Storage exposes the storage reconciler, or nil when the agent manages no
+// storage.
+func (a *Agent) Storage() *storage.Reconciler { return a.storage }
 
 // natOptions builds the NAT reconciler's options from cfg, or nil when no
 // switch can be found (no DNS server, no fallback switch).
@@ -458,6 +470,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.nat != nil {
 		wg.Go(func() { a.nat.Run(ctx) })
+	}
+	if a.storage != nil {
+		wg.Go(func() { a.runStorage(ctx) })
 	}
 	if a.watch != nil {
 		wg.Go(func() {
