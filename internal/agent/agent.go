@@ -363,6 +363,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		deps.NAT = a.nat
 	}
 	deps.VMMs = a.vmms
+	if a.storage != nil {
+		deps.Storage = a.storage
+	}
 	a.server = api.New(deps)
 	return a, nil
 }

@@ -1,7 +1,9 @@
 package agent_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"testing"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
@@ -45,6 +47,32 @@ func TestSimRealisesTheExampleStorage(t *testing.T) {
 	ids := map[string]string{}
 	for _, d := range st.Observed.Datasets {
 		ids[d.Dataset.Name] = d.Dataset.ID
+	}
+	// As a client generated from upstream's document reads it.
+	x := newWire(t, a).do(http.MethodGet, "/inventory", nil, http.StatusOK)
+	var inv struct {
+		Disks    []json.RawMessage `json:"disks"`
+		Zpools   []json.RawMessage `json:"zpools"`
+		Datasets []json.RawMessage `json:"datasets"`
+		Last     struct {
+			ExternalDisks map[string]struct{ Result string } `json:"external_disks"`
+			Datasets      map[string]struct{ Result string } `json:"datasets"`
+		} `json:"last_reconciliation"`
+	}
+	if err := json.Unmarshal(x.Body, &inv); err != nil {
+		t.Fatal(err)
+	}
+	okCount := func(m map[string]struct{ Result string }) (n int) {
+		for _, r := range m {
+			if r.Result == "ok" {
+				n++
+			}
+		}
+		return n
+	}
+	if len(inv.Disks) != 10 || len(inv.Zpools) != 10 || len(inv.Datasets) != 54 || okCount(inv.Last.ExternalDisks) != 10 || okCount(inv.Last.Datasets) != 54 {
+		t.Fatalf("inventory: %d disks, %d zpools, %d datasets, %d/%d disks ok, %d/%d datasets ok", len(inv.Disks), len(inv.Zpools), len(inv.Datasets),
+			okCount(inv.Last.ExternalDisks), len(inv.Last.ExternalDisks), okCount(inv.Last.Datasets), len(inv.Last.Datasets))
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/storage"
 )
 
 // AgentInventory is this agent's own view of the sled, at GET
@@ -26,6 +27,7 @@ type AgentInventory struct {
 	NAT                *nat.Status              `json:"nat" doc:"This sled's NAT entries on every switch: how the switches were found, each switch's slot, last success and error, entries wanted and present, conflicts; null when the agent manages none."`
 	DDM                *DDMStatus               `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes; null when the agent manages none."`
 	Restore            reconciler.RestoreStatus `json:"restore" doc:"What the agent found at start-up and did about it (as GET /agent/restore)."`
+	Storage            *storage.Status          `json:"storage" doc:"The storage reconciler's status: every configured disk's and dataset's result, attempts, next retry and call in flight; the disks, pools and datasets last observed; the orphaned datasets kept (with why) and the last destroyed; null when the agent manages no storage."`
 }
 
 // ConfigSummary names a config by its generation and size.
@@ -88,7 +90,8 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 	}
 	if st.Last != nil {
 		sum := &ReconciliationSummary{CompletedAt: st.Last.CompletedAt, Zones: map[string]ResultStatus{}}
-		if lr, _, err := s.lastReconciliation(st.Last); err == nil {
+		sst := s.storageStatus()
+		if lr, _, err := s.lastReconciliation(st.Last, &sst); err == nil {
 			sum.Zones = lr.Zones
 		}
 		if st.Last.Config != nil {
@@ -108,6 +111,10 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 	if s.deps.NAT != nil {
 		st := s.deps.NAT.Status()
 		inv.NAT = &st
+	}
+	if s.deps.Storage != nil {
+		st := s.deps.Storage.Status()
+		inv.Storage = &st
 	}
 	if s.deps.Prefixes != nil {
 		inv.DDM = &DDMStatus{URL: s.deps.DDMURL, Status: s.deps.Prefixes.Status()}

@@ -26,6 +26,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
@@ -97,7 +98,10 @@ type Deps struct {
 	NAT NAT
 	// VMMs, if set, is the VMM manager, behind /vmms.
 	VMMs VMMs
-	Log  *slog.Logger
+	// Storage, if set, is the storage reconciler, reported in inventory;
+	// nil: the agent manages no storage (no disks, pools or datasets).
+	Storage Storage
+	Log     *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
 }
@@ -253,12 +257,19 @@ var upstreamNames = map[reflect.Type]string{
 	reflect.TypeFor[vmm.RuntimeState]():       "VmmRuntimeState",
 }
 
+var storagePkg = reflect.TypeFor[storage.Status]().PkgPath()
+
 func schemaName(t reflect.Type, hint string) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	if n, ok := upstreamNames[t]; ok {
 		return n
+	}
+	if t.PkgPath() == storagePkg && t.Name() != "" {
+		// The storage reconciler's types share names with upstream's
+		// (DiskIdentity, Dataset) and with other packages' (Status).
+		return "Storage" + huma.DefaultSchemaNamer(t, hint)
 	}
 	return huma.DefaultSchemaNamer(t, hint)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/hardware"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/storage"
 )
 
 // What this platform cannot have, said in upstream's error variants with
@@ -96,7 +97,8 @@ func servicesNotOnline(zones []reconciler.ZoneStatus) []SvcEnabledNotOnline {
 }
 
 // inventoryIdentity builds the members of Inventory that never change while
-// the agent runs: all the small ones but smf_services_enabled_not_online.
+// the agent runs: all the small ones but smf_services_enabled_not_online
+// and the storage ones (disks, zpools, datasets).
 func (s *Server) inventoryIdentity() InventoryIdentity {
 	id := s.deps.Identity
 	hw := id.Hardware
@@ -113,11 +115,6 @@ func (s *Server) inventoryIdentity() InventoryIdentity {
 		UsablePhysicalRAM:     hw.PhysicalRAM,
 		CPUFamily:             string(cpu),
 		ReservoirSize:         0, // this agent reserves no memory for VMMs
-		// Storage is not yet managed: no disks, pools, datasets or
-		// measurements to report.
-		Disks:                 []InventoryDisk{},
-		Zpools:                []InventoryZpool{},
-		Datasets:              []InventoryDataset{},
 		FileSourceResolver:    fileSourceResolver(),
 		ReferenceMeasurements: []SingleMeasurementInventory{},
 		FMD:                   FmdResult{Err: &FmdInventoryError{Kind: "fmd_error", Message: noFMD}},
@@ -155,8 +152,11 @@ func reconcilerStatus(st reconciler.Status, now time.Time) ReconcilerStatus {
 }
 
 // toUpstreamReconciliation converts the reconciler's last reconciliation into
-// upstream's shape.
-func toUpstreamReconciliation(last *reconciler.Reconciliation) *ConfigReconcilerInventory {
+// upstream's shape, with the storage results as the storage reconciler
+// publishes them. Upstream reconciles zones and storage in one pass; here
+// they are two reconcilers, so the storage results are the storage
+// reconciler's latest, not those of the zone pass.
+func toUpstreamReconciliation(last *reconciler.Reconciliation, st *storage.Status) *ConfigReconcilerInventory {
 	lr := &ConfigReconcilerInventory{
 		LastReconciledConfig: last.Config,
 		Zones:                make(map[string]ResultStatus, len(last.Zones)),
@@ -172,6 +172,7 @@ func toUpstreamReconciliation(last *reconciler.Reconciliation) *ConfigReconciler
 			lr.Zones[id] = ResultStatus{Result: "err", Message: res.Message}
 		}
 	}
+	addStorageResults(lr, st)
 	if last.Config != nil && last.Config.RemoveMupdateOverride != nil {
 		// Asked to remove an override: there is none this sled could hold.
 		lr.RemoveMupdateOverride = &RemoveMupdateOverrideInventory{
@@ -183,19 +184,31 @@ func toUpstreamReconciliation(last *reconciler.Reconciliation) *ConfigReconciler
 }
 
 // inventoryCache holds the parts of the inventory encoded once: the members
-// that never change, and the last reconciliation of the last published
-// snapshot (converted and encoded once per snapshot). The configs carry
-// their canonical bytes themselves.
+// that never change, the storage members of the last storage status
+// (encoded once per status version), and the last reconciliation of the last
+// published snapshots (converted and encoded once per reconciler snapshot
+// and storage status version). The configs carry their canonical bytes
+// themselves.
 type inventoryCache struct {
 	headOnce sync.Once
 	head     []byte // every constant member, without the closing brace
 
 	mu sync.Mutex
-	// key is the reconciler's snapshot; last and encoded are derived from
-	// it. Guarded by mu; never mutated once stored.
-	key     *reconciler.Reconciliation
+	// Guarded by mu; never mutated once stored.
+	// key is the snapshots; last and encoded are derived from them.
+	key     reconciliationKey
 	last    *ConfigReconcilerInventory
 	encoded []byte
+	// storage is the encoded storage members of storageVersion (nil:
+	// none yet).
+	storageVersion uint64
+	storage        []byte
+}
+
+// reconciliationKey names what a last reconciliation is derived from.
+type reconciliationKey struct {
+	last    *reconciler.Reconciliation
+	storage uint64
 }
 
 // head returns the encoded constant members.
@@ -203,10 +216,14 @@ func (s *Server) head() []byte {
 	c := &s.inv
 	c.headOnce.Do(func() {
 		id := s.inventoryIdentity()
-		// Everything but the services, which change with the zones.
+		// Everything but the services, which change with the zones, and
+		// the storage members, which change with the storage status.
 		b, err := appendMembers(nil, struct {
 			*InventoryIdentity
-			SMF struct{} `json:"smf_services_enabled_not_online,omitzero"`
+			SMF      struct{} `json:"smf_services_enabled_not_online,omitzero"`
+			Disks    struct{} `json:"disks,omitzero"`
+			Zpools   struct{} `json:"zpools,omitzero"`
+			Datasets struct{} `json:"datasets,omitzero"`
 		}{InventoryIdentity: &id})
 		if err != nil {
 			panic("encoding the inventory's constant members: " + err.Error())
@@ -216,24 +233,26 @@ func (s *Server) head() []byte {
 	return c.head
 }
 
-// lastReconciliation returns the converted and encoded form of last,
-// computing it outside the lock when it is not the cached snapshot.
-func (s *Server) lastReconciliation(last *reconciler.Reconciliation) (*ConfigReconcilerInventory, []byte, error) {
+// lastReconciliation returns the converted and encoded form of last with
+// the storage results of st, computing it outside the lock when it is not
+// the cached one.
+func (s *Server) lastReconciliation(last *reconciler.Reconciliation, st *storage.Status) (*ConfigReconcilerInventory, []byte, error) {
+	key := reconciliationKey{last: last, storage: st.Version}
 	c := &s.inv
 	c.mu.Lock()
-	if c.key == last {
+	if c.key == key && c.encoded != nil {
 		v, b := c.last, c.encoded
 		c.mu.Unlock()
 		return v, b, nil
 	}
 	c.mu.Unlock()
-	v := toUpstreamReconciliation(last)
+	v := toUpstreamReconciliation(last, st)
 	b, err := appendLastReconciliation(nil, v)
 	if err != nil {
 		return nil, nil, err
 	}
 	c.mu.Lock()
-	c.key, c.last, c.encoded = last, v, b
+	c.key, c.last, c.encoded = key, v, b
 	c.mu.Unlock()
 	return v, b, nil
 }
@@ -272,12 +291,18 @@ func appendLastReconciliation(b []byte, lr *ConfigReconcilerInventory) ([]byte, 
 }
 
 // inventory encodes upstream's inventory from published snapshots, as of
-// now, as segments to be written in order: the constant members and the
-// last reconciliation encoded once, the configs' canonical bytes, and only
+// now, as segments to be written in order: the constant members, the
+// storage members and the last reconciliation encoded once, the configs'
+// canonical bytes, and only
 // what changes with time (the services, the reconciler's timings) encoded
 // per request.
 func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	st := s.deps.Reconciler.Status()
+	sst := s.storageStatus()
+	stor, err := s.storageMembers(&sst)
+	if err != nil {
+		return nil, err
+	}
 	smf, err := json.Marshal(s.servicesResult(now))
 	if err != nil {
 		return nil, err
@@ -290,7 +315,7 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 		return nil, err
 	}
 	segs := [][]byte{
-		s.head(),
+		s.head(), stor,
 		[]byte(`,"smf_services_enabled_not_online":`), smf,
 		[]byte(`,"ledgered_sled_config":`), configJSON(s.deps.Configs.Current()),
 		[]byte(`,"reconciler_status":`), status,
@@ -302,7 +327,7 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	if st.Last == nil {
 		segs = append(segs, []byte("null"))
 	} else {
-		_, last, err := s.lastReconciliation(st.Last)
+		_, last, err := s.lastReconciliation(st.Last, &sst)
 		if err != nil {
 			return nil, err
 		}

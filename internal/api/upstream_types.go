@@ -12,7 +12,7 @@ import (
 // and every schema it contains, member for member. Types carry upstream's
 // names, or are renamed to them in upstreamNames, so the generated document
 // uses upstream's schema names. Members this agent cannot fill honestly
-// (no boot disks, no fault manager, storage not yet managed) are reported
+// (no boot disks, no fault manager) are reported
 // with upstream's own error variants or as empty lists, never invented.
 
 // Inventory is upstream's Inventory: identity and basic status of the sled.
@@ -269,8 +269,8 @@ type FmdInventoryError struct {
 }
 
 // ConfigReconcilerInventory is upstream's ConfigReconcilerInventory: the
-// last completed reconciliation. This agent does not yet manage disks or
-// datasets, so their maps are empty.
+// last completed reconciliation, with the storage reconciler's latest
+// results (empty when the agent manages no storage).
 type ConfigReconcilerInventory struct {
 	LastReconciledConfig  *sledconfig.Config              `json:"last_reconciled_config" nullable:"false"`
 	ExternalDisks         map[string]ResultStatus         `json:"external_disks"`

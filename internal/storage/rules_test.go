@@ -279,3 +279,28 @@ func TestOrphans(t *testing.T) {
 		}
 	})
 }
+
+// Every published snapshot has a new Version, so readers can cache what
+// they derive from a Status by it.
+func TestStatusVersionChangesWithEverySnapshot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newFake()
+		d := diskCfg("ours")
+		b.addPool(d.Identity.Serial, d.PoolID)
+		h := start(t, b, storage.Options{})
+		defer h.stop()
+		v0 := h.r.Status().Version
+		h.update([]storage.DiskConfig{d}, nil)
+		v1 := h.r.Status().Version
+		if v1 <= v0 {
+			t.Fatalf("version %d after an update, %d before", v1, v0)
+		}
+		if again := h.r.Status().Version; again != v1 {
+			t.Errorf("version %d, then %d with nothing published", v1, again)
+		}
+		h.update([]storage.DiskConfig{d}, []storage.DatasetConfig{dsCfg("debug", d.PoolID, "debug")})
+		if v2 := h.r.Status().Version; v2 <= v1 {
+			t.Errorf("version %d after a dataset was added, %d before", v2, v1)
+		}
+	})
+}

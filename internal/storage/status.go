@@ -27,6 +27,10 @@ func resultOf(err error) Result {
 
 // Status is a snapshot of the reconciler for readers.
 type Status struct {
+	// Version changes with every published snapshot (the activity of a
+	// call in flight aside): a reader may cache what it derives from a
+	// Status by it.
+	Version uint64 `json:"version"`
 	// Configured is false until the first Update.
 	Configured bool `json:"configured"`
 	// ListedAt is when the disks were last listed; ListError why the
@@ -334,6 +338,7 @@ func (r *Reconciler) publish() {
 
 	r.store.mu.Lock()
 	old := r.store.snap
+	snap.status.Version = old.status.Version + 1
 	r.store.snap = snap
 	r.store.mu.Unlock()
 	if !old.ready.same(snap.ready) && r.opts.OnReadyChange != nil {

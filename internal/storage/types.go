@@ -106,54 +106,54 @@ const (
 // Firmware is what inventory reports of a disk's firmware slots
 // (upstream's InventoryDisk fields).
 type Firmware struct {
-	ActiveSlot    uint8
-	NextActive    *uint8
-	Slots         uint8
-	Slot1ReadOnly bool
-	Versions      []*string
+	ActiveSlot    uint8     `json:"active_slot"`
+	NextActive    *uint8    `json:"next_active,omitempty"`
+	Slots         uint8     `json:"slots"`
+	Slot1ReadOnly bool      `json:"slot1_read_only"`
+	Versions      []*string `json:"versions"`
 }
 
 // Disk is one disk a backend observes.
 type Disk struct {
-	Identity DiskIdentity
-	Variant  DiskVariant
+	Identity DiskIdentity `json:"identity"`
+	Variant  DiskVariant  `json:"variant"`
 	// Slot is the disk's physical slot (upstream's i64), or the index of a
 	// file-backed disk.
-	Slot int64
+	Slot int64 `json:"slot"`
 	// Path is the device, for people ("/dev/loop7").
-	Path     string
-	Content  Content
-	PoolID   string // Content pool
-	Foreign  string // Content foreign: what was found, for people
-	Size     uint64 // bytes
-	Firmware Firmware
+	Path     string   `json:"path"`
+	Content  Content  `json:"content"`
+	PoolID   string   `json:"pool_id,omitempty"` // Content pool
+	Foreign  string   `json:"foreign,omitempty"` // Content foreign: what was found, for people
+	Size     uint64   `json:"size"`              // bytes
+	Firmware Firmware `json:"firmware"`
 }
 
 // Pool is one of our pools, opened.
 type Pool struct {
-	ID string
+	ID string `json:"id"`
 	// Mountpoint is where its datasets are, on backends that mount.
-	Mountpoint string
-	TotalSize  uint64
+	Mountpoint string `json:"mountpoint,omitempty"`
+	TotalSize  uint64 `json:"total_size"`
 	// Health is upstream's ZpoolHealth: "online", "degraded", "faulted",
 	// "offline", "removed" or "unavailable".
-	Health string
+	Health string `json:"health"`
 }
 
 // Dataset is one dataset a backend observes.
 type Dataset struct {
 	// Name is its full name ("oxp_<pool>/crypt/debug").
-	Name string
+	Name string `json:"name"`
 	// ID is the id recorded with it, "" if none.
-	ID string
+	ID string `json:"id,omitempty"`
 	// Path is where its files are.
-	Path        string
-	Quota       *uint64
-	Reservation *uint64
-	Compression Compression
-	Used        uint64
-	Available   uint64
-	Mounted     bool
+	Path        string      `json:"path"`
+	Quota       *uint64     `json:"quota,omitempty"`
+	Reservation *uint64     `json:"reservation,omitempty"`
+	Compression Compression `json:"compression"`
+	Used        uint64      `json:"used"`
+	Available   uint64      `json:"available"`
+	Mounted     bool        `json:"mounted"`
 }
 
 // Backend is what the storage reconciler needs of the machine. Every
