@@ -21,6 +21,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
 	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -247,6 +248,9 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 					fmt.Fprintf(out, "DDM not yet in sync (%s); wanted %v\n", cmp.Or(st.LastError, "first pass pending"), st.Desired)
 				}
 			}
+			if s := a.Storage(); s != nil {
+				fmt.Fprintln(out, storageLine(s.Status()))
+			}
 			if n := a.NAT(); n != nil {
 				for _, sw := range n.Status().Switches {
 					fmt.Fprintf(out, "switch %s (found by %s): %d/%d NAT entries %s\n", sw.Address, sw.FoundBy, sw.Present, sw.Desired, cmp.Or(sw.LastError, "in place"))
@@ -266,4 +270,20 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 			converged = false
 		}
 	}
+}
+
+// storageLine says how far the storage half of the config is realised.
+func storageLine(st storage.Status) string {
+	disks, datasets := 0, 0
+	for _, d := range st.Disks {
+		if d.Result.OK {
+			disks++
+		}
+	}
+	for _, d := range st.Datasets {
+		if d.Result.OK {
+			datasets++
+		}
+	}
+	return fmt.Sprintf("storage: %d/%d disks with their pools, %d/%d datasets ensured", disks, len(st.Disks), datasets, len(st.Datasets))
 }
