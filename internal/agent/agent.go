@@ -107,6 +107,11 @@ type Config struct {
 	LedgerCheckPeriod time.Duration `json:"-"`
 	// SimStartDelay, if set, is how long each sim zone takes to start (dev).
 	SimStartDelay func(zone.Spec) time.Duration `json:"-"`
+	// VdevDir holds file-backed synthetic disks (u2_<name>.vdev) for the
+	// linux runtime's storage; PoolRoot is where its pools are mounted
+	// (default <data-dir>/storage).
+	VdevDir  string `json:"vdev-dir"`
+	PoolRoot string `json:"pool-root"`
 	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
 	// ownership tag and name prefix (tests; default "sled-agent" and none).
 	ZoneTag     string `json:"-"`
@@ -318,7 +323,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening ledger: %w", err)
 	}
-	a.storage = newStorage(a.sim, a.rec, a.log.With("component", "storage"))
+	if a.storage, err = newStorage(cfg, a.sim, a.rec, a.log.With("component", "storage")); err != nil {
+		return nil, err
+	}
 	a.store = configstore.Open(l, a.log.With("component", "configstore"), func(cfg *sledconfig.Config) {
 		a.storageConfig(cfg)
 		a.rec.Update(cfg)

@@ -1,34 +1,50 @@
 package agent
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
+	"path/filepath"
 
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 // The storage half of the sled config. With the sim runtime the agent runs
 // the storage reconciler over the simulated machine, whose disks are the
-// ones the config names; the Linux runtime's (internal/storage/btrfs, on
-// real or file-backed disks) is wired when zone roots live on their
-// datasets. Zone starts do not wait on storage yet: see the README.
+// ones the config names; with the Linux runtime over btrfs
+// (internal/storage/btrfs) on the host's disks and the file-backed ones in
+// --vdev-dir. Zone starts do not wait on storage yet: see the README.
 
-// newStorage returns the storage reconciler for the sim runtime, nil for
-// the others.
-func newStorage(rt *sim.Runtime, rec *reconciler.Reconciler, log *slog.Logger) *storage.Reconciler {
+// newStorage returns the storage reconciler over the runtime's machine.
+func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *slog.Logger) (*storage.Reconciler, error) {
+	var backend storage.Backend = rt
 	if rt == nil {
-		return nil
+		b, err := btrfs.New(btrfs.Options{
+			VdevDir:  cfg.VdevDir,
+			PoolRoot: cmp.Or(cfg.PoolRoot, filepath.Join(cfg.DataDir, "storage")),
+			// An agent with a tag of its own (tests, the crash test,
+			// benchmarks) looks only at its own file-backed disks, never
+			// at the host's.
+			Tag: cfg.ZoneTag,
+			Log: log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("storage: %w", err)
+		}
+		backend = b
 	}
-	return storage.New(rt, storage.Options{
+	return storage.New(backend, storage.Options{
 		Log: log,
 		// A durable dataset the config no longer names is destroyed only
 		// once no zone that is still present uses it.
 		InUse: func(name string) bool { return datasetInUse(rec.PresentSpecs(), name) },
-	})
+	}), nil
 }
 
 // datasetInUse reports whether a present zone has the named dataset as its
@@ -57,8 +73,10 @@ func (a *Agent) storageConfig(cfg *sledconfig.Config) {
 	for i, d := range disks {
 		ids[i] = d.Identity
 	}
-	if err := a.sim.AddDisks(ids...); err != nil {
-		a.log.Error("adding the config's disks to the simulated machine", "err", err)
+	if a.sim != nil {
+		if err := a.sim.AddDisks(ids...); err != nil {
+			a.log.Error("adding the config's disks to the simulated machine", "err", err)
+		}
 	}
 	a.storage.Update(disks, cfg.StorageDatasets())
 }

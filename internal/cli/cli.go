@@ -111,6 +111,8 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.DurationVar(&c.HealthPeriod, "health-period", 5*time.Second, "how often every running zone is health-checked")
 	f.IntVar(&c.HealthFailures, "health-failures", 3, "health checks in a row a running zone must fail to be reported unhealthy and restarted")
 	f.DurationVar(&c.LedgerCheckPeriod, "ledger-check-period", 10*time.Second, "how often the config ledger's copies are checked and bad ones rewritten")
+	f.StringVar(&c.VdevDir, "vdev-dir", "", "directory of file-backed synthetic disks, u2_<name>.vdev (linux runtime)")
+	f.StringVar(&c.PoolRoot, "pool-root", "", "where the linux runtime's pools are mounted, <pool-root>/ext/<pool id> (default <data-dir>/storage)")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -161,6 +163,8 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	if cmd.Flags().Changed("switch") || len(c.Switches) == 0 {
 		c.Switches = flags.Switches
 	}
+	set("vdev-dir", &c.VdevDir, flags.VdevDir)
+	set("pool-root", &c.PoolRoot, flags.PoolRoot)
 	set("zone-tag", &c.ZoneTag, flags.ZoneTag)
 	set("netns-prefix", &c.NetnsPrefix, flags.NetnsPrefix)
 	if cmd.Flags().Changed("ledger-dir") || len(c.LedgerDirs) == 0 {
