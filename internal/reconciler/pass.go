@@ -60,7 +60,8 @@ func (r *Reconciler) settle(now time.Time) {
 	if !l.haveConfig {
 		return
 	}
-	if l.lastStale && now.Sub(l.lastBuilt) >= lastMinGap || l.inflight > 0 && now.Sub(l.lastBuilt) >= lastRefresh {
+	since := now.Sub(l.lastBuilt)
+	if (l.lastStale && since >= lastMinGap) || (l.inflight > 0 && since >= lastRefresh) {
 		r.buildLast(now)
 	}
 }
@@ -208,10 +209,6 @@ func (r *Reconciler) publishRunning(e *entry, running bool) {
 		delete(r.store.running, e.name)
 	}
 	r.store.mu.Unlock()
-	r.runningChanged()
-}
-
-func (r *Reconciler) runningChanged() {
 	if r.opts.OnRunningChange != nil {
 		r.opts.OnRunningChange()
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -108,12 +109,7 @@ func (f Faults) compile() (compiled, error) {
 func (f Faults) compileDisks() (map[string]diskFaults, error) {
 	out := make(map[string]diskFaults, len(f.Disks))
 	var errs []error
-	serials := make([]string, 0, len(f.Disks))
-	for serial := range f.Disks {
-		serials = append(serials, serial)
-	}
-	slices.Sort(serials)
-	for _, serial := range serials {
+	for _, serial := range slices.Sorted(maps.Keys(f.Disks)) {
 		df := f.Disks[serial]
 		if strings.TrimSpace(serial) == "" {
 			errs = append(errs, fmt.Errorf("disks[%q]: not a disk serial", serial))
@@ -133,12 +129,7 @@ func (f Faults) compileDisks() (map[string]diskFaults, error) {
 func (f Faults) compileZones() (map[string]zoneFaults, error) {
 	out := make(map[string]zoneFaults, len(f.Zones))
 	var errs []error
-	ids := make([]string, 0, len(f.Zones))
-	for id := range f.Zones {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(f.Zones)) {
 		zf := f.Zones[id]
 		u, err := uuid.Parse(id)
 		if err != nil || len(id) != 36 {
