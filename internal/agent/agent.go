@@ -276,7 +276,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, fmt.Errorf("sim-faults is only for the sim runtime, not %q", cfg.Runtime)
 	}
 	var onRunningChange, onPresentChange []func() // set below, before anything runs
+	zs := &zoneStorage{}                          // its reconciler set below
 	a.rec = reconciler.New(rt, a.log.With("component", "reconciler"), reconciler.Options{
+		Storage:        zs,
 		RelistPeriod:   cfg.RelistPeriod,
 		HealthPeriod:   cfg.HealthPeriod,
 		HealthFailures: cfg.HealthFailures,
@@ -326,6 +328,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.storage, err = newStorage(cfg, a.sim, a.rec, a.log.With("component", "storage")); err != nil {
 		return nil, err
 	}
+	zs.s = a.storage
 	a.store = configstore.Open(l, a.log.With("component", "configstore"), func(cfg *sledconfig.Config) {
 		a.storageConfig(cfg)
 		a.rec.Update(cfg)

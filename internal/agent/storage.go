@@ -3,6 +3,7 @@ package agent
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -19,7 +20,7 @@ import (
 // the storage reconciler over the simulated machine, whose disks are the
 // ones the config names; with the Linux runtime over btrfs
 // (internal/storage/btrfs) on the host's disks and the file-backed ones in
-// --vdev-dir. Zone starts do not wait on storage yet: see the README.
+// --vdev-dir. A zone starts only once its storage is ready (zoneStorage).
 
 // newStorage returns the storage reconciler over the runtime's machine.
 func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *slog.Logger) (*storage.Reconciler, error) {
@@ -41,6 +42,8 @@ func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *sl
 	}
 	return storage.New(backend, storage.Options{
 		Log: log,
+		// Zones waiting for their storage are looked at again at once.
+		OnReadyChange: rec.StorageChanged,
 		// A durable dataset the config no longer names is destroyed only
 		// once no zone that is still present uses it.
 		InUse: func(name string) bool { return datasetInUse(rec.PresentSpecs(), name) },
@@ -90,4 +93,25 @@ func (a *Agent) runStorage(ctx context.Context) {
 		return
 	}
 	a.storage.Run(ctx)
+}
+
+// zoneStorage is the storage reconciler as the zone reconciler sees it
+// (reconciler.Storage): where a zone's root and durable dataset are, or
+// what is missing. s is set before the zone reconciler runs.
+type zoneStorage struct{ s *storage.Reconciler }
+
+func (zs *zoneStorage) ZoneStorage(z *sledconfig.Zone) (zone.Storage, error) {
+	if z.FilesystemPool == nil {
+		// Upstream's reconciler fails such a zone the same way.
+		return zone.Storage{}, errors.New("zone config is missing a filesystem pool")
+	}
+	durable := ""
+	if d, ok := z.DurableDataset(); ok {
+		durable = d.String()
+	}
+	p, err := zs.s.ZoneStorage(*z.FilesystemPool, z.Name(), durable)
+	if err != nil {
+		return zone.Storage{}, err
+	}
+	return zone.Storage{Root: p.Root, Data: p.Durable}, nil
 }

@@ -98,10 +98,12 @@ type entry struct {
 	runningSince time.Time
 	incidents    int
 	health       Health
-	// storageWait: the last start was held back because the zone's storage
-	// was not ready; opStorage is where it is for the start dispatched.
-	storageWait bool
-	opStorage   zone.Storage
+	// heldBy names the gate (gateStorage) that held the last start back,
+	// held counts how many times in a row; opStorage is where the zone's
+	// storage is for the start dispatched.
+	heldBy    string
+	held      int
+	opStorage zone.Storage
 	history     []Event
 }
 
@@ -170,7 +172,7 @@ func (r *Reconciler) setDesired(cfg *sledconfig.Config) {
 			e.cancel()
 		}
 		// New intent, fresh attempts.
-		e.attempts = 0
+		e.attempts, e.held = 0, 0
 		e.nextTry = time.Time{}
 		delete(l.waiting, name)
 		r.touch(e)
@@ -306,13 +308,10 @@ func (r *Reconciler) evaluate(ctx context.Context, e *entry, now time.Time) {
 	}
 	st, err := r.zoneStorage(e.want)
 	if err != nil {
-		// Retried on the normal backoff, and at once when the storage
-		// reconciler says something changed.
-		e.storageWait = true
-		r.fail(e, now, err, "start held back")
+		r.hold(e, now, gateStorage, err)
 		return
 	}
-	e.storageWait, e.opStorage = false, st
+	e.heldBy, e.held, e.opStorage = "", 0, st
 	r.dispatch(ctx, e, opStart, "")
 }
 
@@ -471,6 +470,26 @@ func (r *Reconciler) fail(e *entry, now time.Time, err error, what string) {
 	r.setState(e, StateFailed, err.Error())
 	r.record(e, what, fmt.Sprintf("%v (attempt %d; next try in %s)", err, e.attempts, e.nextTry.Sub(now)))
 	r.log.Warn("zone "+what, "zone", e.name, "err", err, "attempt", e.attempts, "retry_in", e.nextTry.Sub(now))
+}
+
+// hold keeps e from starting because a gate (its storage) is not ready. The
+// zone is err with the gate's reason, and is looked at again at once when
+// the gate says something changed, else on the normal backoff of its own
+// count: a held zone has not failed, so the backoff of its start failures
+// is not consumed by waiting.
+func (r *Reconciler) hold(e *entry, now time.Time, gate string, err error) {
+	e.heldBy = gate
+	e.held++
+	e.nextTry = now.Add(r.opts.Backoff.Delay(e.held))
+	r.loop.waiting[e.name] = struct{}{}
+	msg := err.Error()
+	if msg == e.lastErr && e.state == StateFailed {
+		return // said already
+	}
+	e.lastErr = msg
+	r.setState(e, StateFailed, msg)
+	r.record(e, "start held back", msg)
+	r.log.Info("zone start held back", "zone", e.name, "gate", gate, "reason", msg)
 }
 
 // forget drops a zone that is neither wanted nor present.

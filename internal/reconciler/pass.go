@@ -117,6 +117,8 @@ func (e *entry) problem(now time.Time) string {
 		return e.activity(now)
 	case e.state == StatePending:
 		return "waiting for a zone it replaces to shut down"
+	case e.state == StateFailed && e.heldBy != "" && !e.nextTry.IsZero():
+		return fmt.Sprintf("%s (looked at again when it changes, or at %s)", e.lastErr, e.nextTry.UTC().Format(time.RFC3339))
 	case e.state == StateFailed && e.lastErr != "" && !e.nextTry.IsZero():
 		// The time, not how long until it: nothing rebuilds this while
 		// the zone waits.

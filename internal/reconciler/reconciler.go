@@ -218,7 +218,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case <-r.poke:
 			r.startList(ctx)
 		case <-r.storageChanged:
-			r.retryStorageWaiters()
+			r.retryHeld(gateStorage)
 		case <-healthTick:
 			r.startHealthRound(ctx)
 		case hr := <-r.health:

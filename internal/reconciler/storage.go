@@ -46,12 +46,14 @@ func (r *Reconciler) StorageChanged() {
 	}
 }
 
-// retryStorageWaiters makes every zone whose last start found its storage
-// not ready due now.
-func (r *Reconciler) retryStorageWaiters() {
+// gateStorage is the gate of a zone's storage.
+const gateStorage = "storage"
+
+// retryHeld makes every zone whose last start the gate held back due now.
+func (r *Reconciler) retryHeld(gate string) {
 	l := &r.loop
 	for name, e := range l.zones {
-		if e.storageWait && !e.busy {
+		if e.heldBy == gate && !e.busy {
 			e.nextTry = time.Time{}
 			delete(l.waiting, name)
 			l.dirty[name] = struct{}{}

@@ -68,3 +68,35 @@ func TestZoneWaitsForItsStorage(t *testing.T) {
 		}
 	})
 }
+
+// Waiting for storage is not failing: a zone held back many times (storage
+// changing often, and never yet for it) has consumed none of its start
+// failures' backoff, so when its storage is ready and its first start then
+// fails, it is tried again after the backoff's first step, not its cap.
+func TestStorageWaitsDoNotConsumeTheBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		z := sledconfigtest.Crucible(0)
+		st := &fakeStorage{missing: map[string]string{z.ID: "pool oxp_x is not managed"}}
+		h := start(t, reconciler.Options{Storage: st, Backoff: reconciler.Backoff{Initial: time.Second, Max: time.Hour}}, sim.Options{})
+		h.r.Update(sledconfigtest.Config(1, z))
+		for range 12 {
+			synctest.Wait()
+			h.r.StorageChanged()
+		}
+		synctest.Wait()
+		if zs, _ := h.r.Zone(z.Name()); zs.State != reconciler.StateFailed || zs.Attempts != 0 || !strings.Contains(zs.LastError, "storage not ready: pool oxp_x") {
+			t.Fatalf("held zone: %+v", zs)
+		}
+		h.faults(map[string]sim.ZoneFaults{z.ID: {Start: "fail"}})
+		st.ready(z.ID)
+		h.r.StorageChanged()
+		synctest.Wait()
+		if n := len(h.rec.times("ensure", z.Name())); n != 1 {
+			t.Fatalf("%d starts once storage was ready, want 1", n)
+		}
+		h.faults(nil)
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		h.wantState(z, reconciler.StateRunning)
+	})
+}

@@ -13,10 +13,16 @@ func ZoneID(i int) string {
 	return fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)
 }
 
+// Pool returns external pool number i, "oxp_<uuid>".
+func Pool(i int) string {
+	return fmt.Sprintf("oxp_%08x-1111-4111-8111-%012x", i, i)
+}
+
 // Crucible returns a crucible zone with index i, at underlay address
-// fd00:1122:3344:101::<i+0x10>.
+// fd00:1122:3344:101::<i+0x10>, on pool i (its root and its durable
+// dataset: upstream allows one durable dataset of a kind per pool).
 func Crucible(i int) sledconfig.Zone {
-	pool := fmt.Sprintf("oxp_%08x-1111-4111-8111-%012x", i%10, i%10)
+	pool := Pool(i)
 	return sledconfig.Zone{
 		ID:             ZoneID(i),
 		FilesystemPool: &pool,
@@ -29,8 +35,20 @@ func Crucible(i int) sledconfig.Zone {
 	}
 }
 
-// Config returns a parsed config of the given generation holding zones.
+// Config returns a parsed config of the given generation holding zones, and
+// the storage they need (storage.go): a disk for every pool they name, and
+// every zone's root and durable dataset.
 func Config(gen uint64, zones ...sledconfig.Zone) *sledconfig.Config {
+	return build(gen, true, zones)
+}
+
+// ConfigWithoutStorage returns a config as Config does, but with no disk
+// and no dataset: its zones' storage is never ready.
+func ConfigWithoutStorage(gen uint64, zones ...sledconfig.Zone) *sledconfig.Config {
+	return build(gen, false, zones)
+}
+
+func build(gen uint64, withStorage bool, zones []sledconfig.Zone) *sledconfig.Config {
 	c := sledconfig.Config{
 		Generation:   gen,
 		Disks:        map[string]json.RawMessage{},
@@ -40,6 +58,9 @@ func Config(gen uint64, zones ...sledconfig.Zone) *sledconfig.Config {
 	}
 	for _, z := range zones {
 		c.Zones[z.ID] = z
+	}
+	if withStorage {
+		addStorage(&c, zones)
 	}
 	data, err := json.Marshal(&c)
 	if err != nil {
