@@ -154,11 +154,12 @@ func (r *Runtime) provenOurs(name string, rootOurs bool) bool {
 	return false
 }
 
-// removeRoots removes the named zone's roots (ours) and nothing else.
+// removeRoots removes the named zone's roots (ours) and nothing else: a
+// root dataset's contents only (see roots.go).
 func (r *Runtime) removeRoots(name string, roots []string) error {
 	var errs []error
 	for _, root := range roots {
-		if err := os.RemoveAll(root); err != nil {
+		if err := r.removeRoot(root); err != nil {
 			errs = append(errs, fmt.Errorf("zone root: %w", err))
 		}
 	}

@@ -16,6 +16,8 @@ import (
 //	{addr}    the zone's service IPv6 address, {port} its port,
 //	{listen}  both as "[addr]:port"
 //	{root}    the zone root directory
+//	{data}    the zone's durable dataset's directory (spec.Storage.Data);
+//	          an image that uses it in a zone without one does not start
 //	{name} {id} {kind}  the zone's name, id and type
 //
 // Only whole values from the validated config and fixed paths are
@@ -60,30 +62,45 @@ func (img Image) expand(spec zone.Spec, addr netip.AddrPort, agent, root string)
 	if len(img.Command) == 0 {
 		return nil, fmt.Errorf("empty image for zone kind %s", spec.Config.ZoneType.Type)
 	}
-	return expander(spec, addr, agent, root).expand(img.Command), nil
+	return expander(spec, addr, agent, root).expand(img.Command)
 }
 
 // placeholders fills in the placeholders of an image's argv (its command,
 // or its readiness command).
-type placeholders struct{ r *strings.Replacer }
+type placeholders struct {
+	r *strings.Replacer
+	// noData names the zone when it has no durable dataset: {data}
+	// cannot be filled in.
+	noData string
+}
 
+// expander fills in the placeholders for one zone; {data} is its
+// spec.Storage.Data.
 func expander(spec zone.Spec, addr netip.AddrPort, agent, root string) placeholders {
-	return placeholders{strings.NewReplacer(
+	var noData string
+	if spec.Storage.Data == "" {
+		noData = spec.Name
+	}
+	return placeholders{noData: noData, r: strings.NewReplacer(
 		"{agent}", agent,
 		"{addr}", addr.Addr().String(),
 		"{port}", fmt.Sprint(addr.Port()),
 		"{listen}", addr.String(),
 		"{root}", root,
+		"{data}", spec.Storage.Data,
 		"{name}", spec.Name,
 		"{id}", spec.ID,
 		"{kind}", spec.Config.ZoneType.Type,
 	)}
 }
 
-func (p placeholders) expand(argv []string) []string {
+func (p placeholders) expand(argv []string) ([]string, error) {
 	out := make([]string, len(argv))
 	for i, a := range argv {
+		if p.noData != "" && strings.Contains(a, "{data}") {
+			return nil, fmt.Errorf("zone %s has no durable dataset, and its image uses {data} (%q)", p.noData, a)
+		}
 		out[i] = p.r.Replace(a)
 	}
-	return out
+	return out, nil
 }

@@ -92,15 +92,16 @@ func (p probe) waiting(last error) string {
 	return "waiting for " + p.what + ": " + last.Error()
 }
 
-// probeFor builds the readiness check of a zone running img.
-func (r *Runtime) probeFor(spec zone.Spec, img Image) (probe, error) {
+// probeFor builds the readiness check of a zone running img, with its
+// root at root ({root}; spec.Storage.Data is {data}).
+func (r *Runtime) probeFor(spec zone.Spec, img Image, root string) (probe, error) {
 	addr, ok := spec.Config.ServiceAddr()
 	if !ok {
 		return probe{}, fmt.Errorf("zone %s has no underlay service address", spec.Name)
 	}
 	netns := r.netnsName(spec.Name)
 	start := func(cmd *exec.Cmd) error { return zonenet.StartIn(netns, cmd) }
-	return img.Ready.probe(addr, expander(spec, addr, r.agent, r.zoneRoot(spec)), start)
+	return img.Ready.probe(addr, expander(spec, addr, r.agent, root), start)
 }
 
 // probe builds the check for a service at addr; start starts a command
@@ -117,7 +118,10 @@ func (rd Ready) probe(addr netip.AddrPort, ph placeholders, start func(*exec.Cmd
 			return checkHTTP(ctx, addr, path, status)
 		}}, nil
 	case rd.Command != nil:
-		argv := ph.expand(rd.Command)
+		argv, err := ph.expand(rd.Command)
+		if err != nil {
+			return probe{}, err
+		}
 		if len(argv) == 0 || !filepath.IsAbs(argv[0]) {
 			return probe{}, fmt.Errorf("readiness command %q: want an absolute path first", argv)
 		}

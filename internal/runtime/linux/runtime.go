@@ -1,7 +1,8 @@
 // Package linux is the zone runtime for Linux. A zone oxz_<kind>_<id> is a
 // named network namespace with veth links holding its addresses
-// (internal/runtime/linux/zonenet), a zone root directory on its pool under
-// the data dir, and its service started inside the namespace under runit's
+// (internal/runtime/linux/zonenet), a zone root directory (its root dataset
+// under the pool root, or on its pool under the data dir: roots.go), and its
+// service started inside the namespace under runit's
 // runsv (internal/runtime/linux/supervise), which keeps it running whether or
 // not the agent is alive. A file in the zone root and the links' aliases mark
 // every part as this agent's, so a restarted agent can prove what it owns.
@@ -18,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,9 +34,15 @@ import (
 
 // Options set up the runtime.
 type Options struct {
-	// DataDir holds the pools (DataDir/pools/<pool>/zones/<zone>) and the
-	// agent binary the default image runs (DataDir/bin).
+	// DataDir holds the legacy zone roots (DataDir/pools/<pool>/zones/<zone>,
+	// for specs without a root dataset) and the agent binary the default
+	// image runs (DataDir/bin).
 	DataDir string
+	// PoolRoot is where the pools are mounted (the storage reconciler's
+	// pool root): a zone's root dataset is
+	// PoolRoot/ext/<pool id>/crypt/zone/<zone>. Default DataDir/storage,
+	// the agent's default.
+	PoolRoot string
 	// RunDir holds what lasts one boot, like the zones themselves: each
 	// zone's runit service directory (RunDir/<tag>/<zone>), whose state
 	// runsv rewrites on every change. Default /run/sled-agent.
@@ -74,8 +82,8 @@ type Runtime struct {
 	cg cgroups
 
 	mu       sync.Mutex
-	watchers map[string]watcher // guarded by mu; supervisor watchers by zone name
-	roots    map[string]string  // guarded by mu; zone roots seen by Ensure and List, by zone name
+	watchers map[string]watcher  // guarded by mu; supervisor watchers by zone name
+	roots    map[string][]string // guarded by mu; zone roots seen by Ensure and List, by zone name
 }
 
 // New prepares the runtime: it checks the tools it needs and keeps a copy
@@ -96,7 +104,14 @@ func New(opts Options) (*Runtime, error) {
 	if err := validSled(opts.Sled); err != nil {
 		return nil, fmt.Errorf("the linux runtime needs its sled's id: %w", err)
 	}
-	r := &Runtime{opts: opts, watchers: map[string]watcher{}, roots: map[string]string{}, cg: newCgroups(opts.Tag)}
+	// Absolute, as the storage reconciler's paths are, so that placeOf can
+	// compare them.
+	poolRoot, err := filepath.Abs(cmp.Or(opts.PoolRoot, filepath.Join(opts.DataDir, "storage")))
+	if err != nil {
+		return nil, fmt.Errorf("pool root: %w", err)
+	}
+	opts.PoolRoot = poolRoot
+	r := &Runtime{opts: opts, watchers: map[string]watcher{}, roots: map[string][]string{}, cg: newCgroups(opts.Tag)}
 	if !r.cg.available() {
 		opts.Log.Warn("no cgroup v2 file system: zone processes will be found by walking /proc")
 	}
@@ -119,6 +134,8 @@ type owner struct {
 	Name  string `json:"name"`
 	Hash  string `json:"config_hash"`
 	Netns string `json:"netns"`
+	// Data is the zone's durable dataset ({data}), if it has one.
+	Data string `json:"data,omitempty"`
 	// Config is the zone's config, for people and for the restore protocol.
 	Config json.RawMessage `json:"config"`
 }
@@ -128,15 +145,6 @@ const ownerFile = "zone.json"
 // deadZoneGrace is how long the service of a zone whose namespace is gone
 // gets to stop before it is killed.
 const deadZoneGrace = 100 * time.Millisecond
-
-// zoneRoot is where the zone's root lives: on its pool, if it has one.
-func (r *Runtime) zoneRoot(spec zone.Spec) string {
-	pool := "nopool"
-	if p := spec.Config.FilesystemPool; p != nil && *p != "" {
-		pool = *p // validated: ox[ip]_<uuid>
-	}
-	return filepath.Join(r.opts.DataDir, "pools", pool, "zones", spec.Name)
-}
 
 func (r *Runtime) netnsName(zoneName string) string { return r.opts.NetnsPrefix + zoneName }
 
@@ -172,25 +180,45 @@ func (r *Runtime) netConfig(spec zone.Spec) (zonenet.Config, error) {
 }
 
 // Ensure creates the zone (whatever of it is missing) and returns once its
-// service is up and answers its health check.
+// service is up and answers its health check. Its root is its root dataset
+// (spec.Storage.Root), which must exist, else the legacy root, which Ensure
+// creates (roots.go).
 func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	t0 := time.Now()
-	root := r.zoneRoot(spec)
+	root, err := r.rootFor(spec)
+	if err != nil {
+		return err
+	}
+	if err := r.checkData(spec, root); err != nil {
+		return err
+	}
 	netCfg, err := r.netConfig(spec)
 	if err != nil {
 		return err
 	}
 	addr, _ := spec.Config.ServiceAddr()
+	// What the zone runs, checked before anything of it is made.
+	img := r.imageFor(spec)
+	argv, err := img.expand(spec, addr, r.agent, root)
+	if err != nil {
+		return err
+	}
+	ready, err := r.probeFor(spec, img, root)
+	if err != nil {
+		return fmt.Errorf("zone %s: %w", spec.Name, err)
+	}
 	// The ownership mark goes first, so a crash of the agent at any later
 	// point leaves parts that are provably ours. It is not fsynced: what it
 	// marks (namespace, links, processes) does not survive a crash of the
-	// machine either, and a root whose mark was lost with it is litter in
-	// our own data dir, for the restore protocol to clear.
+	// machine either, and a legacy root whose mark was lost with it is
+	// litter in our own data dir, for the restore protocol to clear (a
+	// root dataset without a mark is left as it is, for the zone's next
+	// start).
 	cfgJSON, err := json.Marshal(spec.Config)
 	if err != nil {
 		return err
 	}
-	mark := mustJSON(owner{Tag: r.opts.Tag, Sled: r.opts.Sled, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Config: cfgJSON})
+	mark := mustJSON(owner{Tag: r.opts.Tag, Sled: r.opts.Sled, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Data: spec.Storage.Data, Config: cfgJSON})
 	if err := atomicfile.WriteFile(filepath.Join(root, ownerFile), mark, atomicfile.Options{}); err != nil {
 		return fmt.Errorf("zone %s: writing its root: %w", spec.Name, err)
 	}
@@ -203,15 +231,6 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		return fmt.Errorf("zone %s: network: %w", spec.Name, err)
 	}
 	tNet := time.Now()
-	img := r.imageFor(spec)
-	argv, err := img.expand(spec, addr, r.agent, root)
-	if err != nil {
-		return err
-	}
-	ready, err := r.probeFor(spec, img)
-	if err != nil {
-		return fmt.Errorf("zone %s: %w", spec.Name, err)
-	}
 	svc := r.serviceDir(spec.Name)
 	prepare := supervise.Prepare
 	if argv[0] == r.agent {
@@ -332,7 +351,14 @@ func (r *Runtime) waitReady(ctx context.Context, name, netns, svc string, proc *
 // check, the one Ensure waits for, within the health timeout. The restore
 // protocol asks it of zones it finds running, before it adopts them.
 func (r *Runtime) Healthy(ctx context.Context, spec zone.Spec) error {
-	ready, err := r.probeFor(spec, r.imageFor(spec))
+	img := r.imageFor(spec)
+	root := r.legacyRoot(spec)
+	if img.Ready.Command != nil {
+		// Only a readiness command has placeholders that name the zone's
+		// root and durable dataset.
+		spec, root = r.placesOf(spec)
+	}
+	ready, err := r.probeFor(spec, img, root)
 	if err != nil {
 		return err
 	}
@@ -340,6 +366,29 @@ func (r *Runtime) Healthy(ctx context.Context, spec zone.Spec) error {
 		return fmt.Errorf("zone %s: %s: %w", spec.Name, ready.what, err)
 	}
 	return nil
+}
+
+// placesOf returns spec with the zone's storage, and the zone's root: as
+// the spec says, else as the zone's mark says (the reconciler asks Healthy
+// with the ledgered spec, which does not carry where the zone's datasets
+// are), else the legacy root.
+func (r *Runtime) placesOf(spec zone.Spec) (zone.Spec, string) {
+	if spec.Storage.Root != "" {
+		return spec, filepath.Clean(spec.Storage.Root)
+	}
+	roots, err := r.rootsOf(spec.Name)
+	if err == nil {
+		for _, root := range roots {
+			if o, err := readOwner(root); err == nil && r.ourMark(o) {
+				if r.placeOf(root) == datasetPlace {
+					spec.Storage.Root = root
+				}
+				spec.Storage.Data = cmp.Or(spec.Storage.Data, o.Data)
+				return spec, root
+			}
+		}
+	}
+	return spec, r.legacyRoot(spec)
 }
 
 // supervisorSays describes what runsv reports of the service, for errors.
@@ -401,7 +450,8 @@ func (r *Runtime) stopWatching(name string) *supervise.Proc {
 }
 
 // Destroy removes every part of the named zone: its service and supervisor,
-// any process left in its namespace, its links and namespace, and its root.
+// any process left in its namespace, its links and namespace, and its root
+// (a root dataset's contents only: roots.go).
 // Parts that do not exist are skipped; parts not marked as ours are left
 // alone, and so is all but the roots of a zone whose parts are not proven
 // our sled's (see claim.go).
@@ -471,7 +521,7 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 			errs = append(errs, fmt.Errorf("service directory: %w", err))
 		}
 		for _, root := range ours {
-			if err := os.RemoveAll(root); err != nil {
+			if err := r.removeRoot(root); err != nil {
 				errs = append(errs, fmt.Errorf("zone root: %w", err))
 			}
 		}
@@ -493,6 +543,7 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 		return nil, err
 	}
 	var owners []owner
+	seen := map[string]bool{}
 	for _, root := range roots {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -502,7 +553,13 @@ func (r *Runtime) List(ctx context.Context) ([]zone.Observed, error) {
 			continue
 		}
 		r.noteRoot(o.Name, root)
-		owners = append(owners, o)
+		// A zone with roots in both places (one that moved to its
+		// dataset) is one zone, seen on its dataset; Destroy removes
+		// both.
+		if !seen[o.Name] {
+			seen[o.Name] = true
+			owners = append(owners, o)
+		}
 	}
 	// The host's side of every zone, in one look; without it (the look
 	// failed), each zone is inspected on its own.
@@ -542,16 +599,18 @@ const listInspections = 8
 // whose root carries this runtime's mark, without inspecting them (cheap
 // where List, with many zones, is not).
 func (r *Runtime) Names(ctx context.Context, prefix string) ([]string, error) {
-	roots, err := filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", prefix+"*"))
+	roots, err := r.globRoots(globEscape(prefix) + "*")
 	if err != nil {
 		return nil, err
 	}
 	var out []string
+	seen := map[string]bool{}
 	for _, root := range roots {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if o, err := readOwner(root); err == nil && r.ourMark(o) && strings.HasPrefix(o.Name, prefix) {
+		if o, err := readOwner(root); err == nil && r.ourMark(o) && strings.HasPrefix(o.Name, prefix) && !seen[o.Name] {
+			seen[o.Name] = true
 			out = append(out, o.Name)
 		}
 	}
@@ -613,10 +672,10 @@ func (r *Runtime) inspect(o owner, in *zonenet.Inspector) (bool, string) {
 	return true, ""
 }
 
-// rootPaths returns every path on a pool where a zone root may be: List and
-// Sweep read their marks to tell the zones from the rest.
+// rootPaths returns every path where a zone root may be, on datasets and
+// legacy: List and Sweep read their marks to tell the zones from the rest.
 func (r *Runtime) rootPaths() ([]string, error) {
-	return filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", sledconfig.ZoneNamePrefix+"*"))
+	return r.globRoots(sledconfig.ZoneNamePrefix + "*")
 }
 
 func readOwner(root string) (owner, error) {
@@ -631,21 +690,34 @@ func readOwner(root string) (owner, error) {
 	return o, nil
 }
 
-// rootsOf finds the roots of a zone: where Ensure or List last saw it, else
-// on any pool (a search that contends with every other zone's files).
+// rootsOf finds the roots of a zone: where Ensure or List saw it, else in
+// both places on any pool (a search that contends with every other zone's
+// files).
 func (r *Runtime) rootsOf(name string) ([]string, error) {
 	r.mu.Lock()
-	root, ok := r.roots[name]
+	roots, ok := r.roots[name]
+	roots = slices.Clone(roots)
 	r.mu.Unlock()
 	if ok {
-		return []string{root}, nil
+		// On datasets first, as globRoots returns them.
+		legacy := func(root string) int {
+			if r.placeOf(root) == datasetPlace {
+				return 0
+			}
+			return 1
+		}
+		slices.SortStableFunc(roots, func(a, b string) int { return cmp.Compare(legacy(a), legacy(b)) })
+		return roots, nil
 	}
-	return filepath.Glob(filepath.Join(r.opts.DataDir, "pools", "*", "zones", name))
+	return r.globRoots(globEscape(name))
 }
 
+// noteRoot remembers that root is one of the named zone's roots.
 func (r *Runtime) noteRoot(name, root string) {
 	r.mu.Lock()
-	r.roots[name] = root
+	if !slices.Contains(r.roots[name], root) {
+		r.roots[name] = append(r.roots[name], root)
+	}
 	r.mu.Unlock()
 }
 

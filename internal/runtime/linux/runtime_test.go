@@ -57,7 +57,9 @@ type env struct {
 	prefix string
 	dir    string
 	run    string
+	pools  string // the pool root
 	pokes  chan struct{}
+	opts   linux.Options // what rt was made with
 }
 
 func newEnv(t *testing.T, images map[string]linux.Image) *env {
@@ -72,14 +74,15 @@ func newEnv(t *testing.T, images map[string]linux.Image) *env {
 	rand.Read(b)
 	// The directories first: cleanups run last-registered first, and ours
 	// needs them.
-	e := &env{t: t, tag: "zt" + hex.EncodeToString(b), dir: t.TempDir(), run: t.TempDir(), pokes: make(chan struct{}, 100)}
+	e := &env{t: t, tag: "zt" + hex.EncodeToString(b), dir: t.TempDir(), run: t.TempDir(), pools: t.TempDir(), pokes: make(chan struct{}, 100)}
 	e.prefix = e.tag + "-"
 	e.sled = uuid.NewString()
 	// Clean up everything with our tag, even if the test fails half-way.
 	t.Cleanup(e.cleanup)
-	rt, err := linux.New(linux.Options{
+	e.opts = linux.Options{
 		DataDir:     e.dir,
 		RunDir:      e.run,
+		PoolRoot:    e.pools,
 		Tag:         e.tag,
 		Sled:        e.sled,
 		NetnsPrefix: e.prefix,
@@ -90,7 +93,8 @@ func newEnv(t *testing.T, images map[string]linux.Image) *env {
 			default:
 			}
 		},
-	})
+	}
+	rt, err := linux.New(e.opts)
 	if err != nil {
 		t.Fatal(err)
 	}

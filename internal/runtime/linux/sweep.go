@@ -23,9 +23,11 @@ import (
 // to no zone that List reports: namespaces, host links, service directories
 // with their supervisors, marked processes and per-zone cgroups, left by a
 // zone whose root was removed or by an Ensure or Destroy that a crash cut
-// short; and the zone roots in our data dir that hold no readable mark (a
-// crash between creating a root and renaming its mark into place leaves
-// one). Roots whose mark carries another tag or names another sled are not
+// short; and the legacy zone roots in our data dir that hold no readable
+// mark (a crash between creating a root and renaming its mark into place
+// leaves one). A root dataset without our mark is the storage reconciler's
+// (a zone dataset not yet used, see roots.go) and is left alone, whatever
+// is in it. Roots whose mark carries another tag or names another sled are not
 // ours and are left alone, as are parts whose names no zone could have, and
 // parts of a zone whose root is not ours that no claim of our sled proves
 // ours (see claim.go): those are logged as not ours. It writes the claims of
@@ -331,17 +333,16 @@ func (r *Runtime) gone(o orphans) ([]string, error) {
 }
 
 // removeUnmarkedRoots removes the roots that knownZones found without a
-// valid mark, if they still are real directories of zone roots in our data
-// dir without one.
+// valid mark, if they still are real directories of legacy zone roots in
+// our data dir without one. Root datasets are not ours to remove.
 func (r *Runtime) removeUnmarkedRoots(ctx context.Context, roots []string) ([]string, []error) {
 	var lines []string
 	var errs []error
-	pools := filepath.Join(r.opts.DataDir, "pools") + string(filepath.Separator)
 	for _, root := range roots {
 		if err := ctx.Err(); err != nil {
 			return lines, append(errs, err)
 		}
-		if !strings.HasPrefix(root, pools) || !strings.HasPrefix(filepath.Base(root), sledconfig.ZoneNamePrefix) {
+		if r.placeOf(root) != legacyPlace {
 			continue
 		}
 		if fi, err := os.Lstat(root); err != nil || !fi.IsDir() {
