@@ -1,7 +1,9 @@
 package btrfs
 
 import (
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -394,5 +396,81 @@ func TestClosePoolKeepsIt(t *testing.T) {
 	}
 	if c := changes(r.rec.take()); len(c) != 0 {
 		t.Errorf("ran %q", c)
+	}
+}
+
+// makeHalfMade turns the pool on the vdev file into what a killed
+// mkfs.btrfs leaves: its superblock with mkfs's temporary magic (and a
+// valid checksum, as mkfs writes it; checked against a real killed mkfs
+// with btrfs-progs 6.2).
+func makeHalfMade(t *testing.T, vdev string) {
+	t.Helper()
+	f, err := os.OpenFile(vdev, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sb := make([]byte, superSize)
+	if _, err := f.ReadAt(sb, superOffset); err != nil {
+		t.Fatal(err)
+	}
+	copy(sb[superMagicAt:], superMagicTemp)
+	binary.LittleEndian.PutUint32(sb[:4], crc32.Checksum(sb[superCsumLen:], crc32.MakeTable(crc32.Castagnoli)))
+	if _, err := f.WriteAt(sb, superOffset); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A crash of the agent during mkfs.btrfs leaves a superblock that no tool
+// recognises; a pool whose making was cut short is made again by OpenPool
+// with the same id, and never by anything else.
+func TestInterruptedMkfsIsMadeAgain(t *testing.T) {
+	r := newRig(t, "a", "b")
+	ctx := testCtx(t)
+	ids := map[string]string{"a": uuid.NewString(), "b": uuid.NewString()}
+	for name, id := range ids {
+		if err := r.b.CreatePool(ctx, r.id(name), id); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.b.ClosePool(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.detach()
+	for name := range ids {
+		makeHalfMade(t, r.vdev(name))
+	}
+	r.b = r.newBackend()
+	disks, err := r.b.Disks(ctx)
+	if err != nil || len(disks) != 2 {
+		t.Fatalf("disks %+v, %v", disks, err)
+	}
+	for _, d := range disks {
+		name := strings.TrimPrefix(d.Identity.Serial, syntheticSerial+r.tag+"-")
+		if d.Content != storage.ContentPool || d.PoolID != ids[name] {
+			t.Errorf("disk %s: %+v, want pool %s", name, d, ids[name])
+		}
+	}
+	// Another id than the half-made pool's: refused, nothing written.
+	before := sha(t, r.vdev("b"))
+	if _, err := r.b.OpenPool(ctx, r.id("b"), uuid.NewString()); err == nil || !strings.Contains(err.Error(), "unexpected pool id") {
+		t.Fatalf("OpenPool with another id: %v", err)
+	}
+	if hasCommand(r.rec.take(), "mkfs") || sha(t, r.vdev("b")) != before {
+		t.Fatal("a half-made pool was written for another pool id")
+	}
+	// Its own id: made again, then usable.
+	p, err := r.b.OpenPool(ctx, r.id("a"), ids["a"])
+	if err != nil {
+		t.Fatalf("OpenPool of the half-made pool: %v", err)
+	}
+	if !hasCommand(r.rec.take(), "mkfs.btrfs --nodiscard --force -U "+ids["a"]) {
+		t.Error("the half-made pool was not made again")
+	}
+	if _, err := r.b.EnsureDataset(ctx, dataset(ids["a"], "debug")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(p.Mountpoint, "crypt", "debug")); err != nil {
+		t.Fatal(err)
 	}
 }

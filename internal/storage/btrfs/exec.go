@@ -51,7 +51,13 @@ func runCommand(ctx context.Context, argv ...string) ([]byte, error) {
 		return nil, err
 	}
 	cmd := exec.CommandContext(ctx, path, argv[1:]...)
-	cmd.Env = []string{"PATH=" + strings.Join(toolDirs, ":"), "LC_ALL=C"}
+	// BLKID_FILE=/dev/null: no blkid cache. mkfs.btrfs checks that a
+	// filesystem UUID is unique against libblkid's cache, whose entries
+	// outlive what they describe (a loop device detached and attached
+	// again, a pool whose making was cut short); without it, every device
+	// is probed as it is now. libblkid writes a non-regular cache file in
+	// place, so /dev/null stays /dev/null.
+	cmd.Env = []string{"PATH=" + strings.Join(toolDirs, ":"), "LC_ALL=C", "BLKID_FILE=/dev/null"}
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

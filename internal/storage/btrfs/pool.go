@@ -80,6 +80,13 @@ func (b *Backend) open(ctx context.Context, d blockDev, poolID string) (storage.
 			return storage.Pool{}, fmt.Errorf("open pool %s: %w", poolID, err)
 		}
 		switch {
+		case c.kind == storage.ContentPool && c.poolID == poolID && c.halfMade:
+			// A crash during CreatePool: make it again (--force: mkfs
+			// would refuse its own half-made superblock).
+			b.log.Warn("making again a pool whose making was cut short", "pool", poolID, "disk", d.identity.String(), "device", d.path)
+			if _, err := b.command(ctx, "mkfs.btrfs", "--nodiscard", "--force", "-U", poolID, "-L", poolLabel(poolID), d.path); err != nil {
+				return storage.Pool{}, fmt.Errorf("open pool %s: making again after an interrupted mkfs: %w", poolID, err)
+			}
 		case c.kind == storage.ContentPool && c.poolID == poolID:
 		case c.kind == storage.ContentPool:
 			return storage.Pool{}, fmt.Errorf("open pool %s: disk %s holds pool %s (unexpected pool id)", poolID, d.identity, c.poolID)

@@ -21,6 +21,9 @@ type content struct {
 	kind   storage.Content
 	poolID string // kind pool
 	what   string // kind foreign: what was found
+	// halfMade (kind pool): mkfs.btrfs was stopped before it finished,
+	// leaving its temporary superblock (superMagicTemp) for our pool.
+	halfMade bool
 }
 
 // headSize is how much of a disk is read to tell what it holds: the
@@ -39,11 +42,19 @@ const (
 	superLabelAt   = 0x12b
 	superLabelSize = 256
 	superMagic     = "_BHRfS_M"
+	// superMagicTemp is the magic mkfs.btrfs writes first and replaces
+	// with superMagic only once the filesystem is whole: a disk whose mkfs
+	// was killed holds it (seen here with btrfs-progs 6.2: blkid finds
+	// nothing on such a disk).
+	superMagicTemp = "!BHRfS_M"
 )
 
 // probe tells what the disk at path holds, reading and never writing:
 //   - one of our pools: a btrfs filesystem (valid superblock) labelled
-//     "oxp_<its filesystem UUID>";
+//     "oxp_<its filesystem UUID>"; or one whose making was cut short (a
+//     crash of the agent during mkfs.btrfs): mkfs's temporary superblock,
+//     with that label. No one else writes our label, and a half-made
+//     filesystem holds nothing, so OpenPool makes it again;
 //   - foreign: any other btrfs filesystem, anything blkid's low-level
 //     probe recognises (a filesystem, a partition table, a RAID or LUKS
 //     member, anywhere on the disk), or, beyond upstream's rule, any data
@@ -56,9 +67,12 @@ func (b *Backend) probe(ctx context.Context, path string) (content, error) {
 	if err != nil {
 		return content{}, err
 	}
-	if fsid, label, ok := parseSuper(head); ok {
-		if label == poolLabel(fsid) {
-			return content{kind: storage.ContentPool, poolID: fsid}, nil
+	if fsid, label, temp, ok := parseSuper(head); ok {
+		switch {
+		case label == poolLabel(fsid):
+			return content{kind: storage.ContentPool, poolID: fsid, halfMade: temp}, nil
+		case temp:
+			return content{kind: storage.ContentForeign, what: fmt.Sprintf("a half-made btrfs filesystem %s labelled %q", fsid, label)}, nil
 		}
 		return content{kind: storage.ContentForeign, what: fmt.Sprintf("btrfs filesystem %s labelled %q", fsid, label)}, nil
 	}
@@ -95,30 +109,34 @@ func readHead(path string) ([]byte, error) {
 
 // parseSuper returns the filesystem UUID and label of a btrfs superblock
 // in head, if there is a valid one (magic, and checksum where it is
-// crc32c, the default).
-func parseSuper(head []byte) (fsid, label string, ok bool) {
+// crc32c, the default); temp says it is mkfs's temporary one.
+func parseSuper(head []byte) (fsid, label string, temp, ok bool) {
 	if len(head) < superOffset+superSize {
-		return "", "", false
+		return "", "", false, false
 	}
 	sb := head[superOffset : superOffset+superSize]
-	if string(sb[superMagicAt:superMagicAt+len(superMagic)]) != superMagic {
-		return "", "", false
+	switch string(sb[superMagicAt : superMagicAt+len(superMagic)]) {
+	case superMagic:
+	case superMagicTemp:
+		temp = true
+	default:
+		return "", "", false, false
 	}
 	if binary.LittleEndian.Uint16(sb[superCsumType:]) == 0 {
 		sum := crc32.Checksum(sb[superCsumLen:], crc32.MakeTable(crc32.Castagnoli))
 		if binary.LittleEndian.Uint32(sb[:4]) != sum {
-			return "", "", false
+			return "", "", false, false
 		}
 	}
 	u, err := uuid.FromBytes(sb[superFsidAt : superFsidAt+16])
 	if err != nil {
-		return "", "", false
+		return "", "", false, false
 	}
 	l := sb[superLabelAt : superLabelAt+superLabelSize]
 	if i := bytes.IndexByte(l, 0); i >= 0 {
 		l = l[:i]
 	}
-	return u.String(), string(l), true
+	return u.String(), string(l), temp, true
 }
 
 // describeBlkid says what blkid found, for people: "ext4 filesystem".

@@ -74,11 +74,11 @@ func TestSuperblockChecksumChecked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fsid, label, ok := parseSuper(head); !ok || fsid != id || label != "oxp_"+id {
+	if fsid, label, _, ok := parseSuper(head); !ok || fsid != id || label != "oxp_"+id {
 		t.Fatalf("parseSuper = %q %q %v", fsid, label, ok)
 	}
 	head[superOffset+superLabelAt] ^= 1
-	if _, _, ok := parseSuper(head); ok {
+	if _, _, _, ok := parseSuper(head); ok {
 		t.Fatal("a superblock with a bad checksum was taken")
 	}
 }
