@@ -554,6 +554,7 @@ func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
 			Tag:         cfg.ZoneTag,
 			Sled:        cfg.SledID,
 			NetnsPrefix: cfg.NetnsPrefix,
+			PoolRoot:    poolRoot(cfg),
 			Images:      cfg.Images, // validated by New
 			Log:         log,
 		})

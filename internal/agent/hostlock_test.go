@@ -15,7 +15,7 @@ import (
 // side, and once the first has stopped the second starts.
 func TestLinuxSecondAgentWithTheTagRefusesToStart(t *testing.T) {
 	tag, prefix, dirA, runDir := linuxEnv(t)
-	dirB := t.TempDir()
+	dirB := linuxDataDir(t)
 	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix}
 	stopA := run(t, newAgent(t, cfgA))
 

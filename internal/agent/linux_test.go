@@ -31,6 +31,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
@@ -64,18 +65,14 @@ func serveVMMIfAsked() {
 
 // linuxZones is a config of three zones on addresses no other test uses: two
 // crucibles and a nexus with a NIC.
-func linuxZones(t *testing.T, gen uint64) ([]byte, []sledconfig.Zone) {
+func linuxZones(t *testing.T, dir, tag string, gen uint64) ([]byte, []sledconfig.Zone) {
 	zones := []sledconfig.Zone{sledconfigtest.Crucible(0), sledconfigtest.Crucible(1)}
 	for i := range zones {
 		zones[i].ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1e0::%x]:32345", i+5)
 	}
 	nexus := sledconfigtest.Nexus(2, "[fd00:1122:3344:1e0::7]:12221")
-	zones = append(zones, nexus)
-	doc, err := json.Marshal(sledconfigtest.Config(gen, zones...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return doc, zones
+	zones = sledconfigtest.OwnPools(tag, append(zones, nexus)...)
+	return linuxDoc(t, dir, tag, gen, zones...), zones
 }
 
 // TestLinuxZonesComeUpAndComeBack is the outside check of the linux
@@ -85,10 +82,10 @@ func linuxZones(t *testing.T, gen uint64) ([]byte, []sledconfig.Zone) {
 func TestLinuxZonesComeUpAndComeBack(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
 
-	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second})
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second})
 	stop := run(t, a)
 	c := newClient(t, a)
-	doc, zones := linuxZones(t, 1)
+	doc, zones := linuxZones(t, dir, tag, 1)
 	if err := c.PutConfig(t.Context(), doc); err != nil {
 		t.Fatal(err)
 	}
@@ -174,11 +171,14 @@ func linuxEnv(t *testing.T) (tag, prefix, dir, runDir string) {
 	if _, err := exec.LookPath("runsv"); err != nil {
 		t.Skip("needs runit's runsv (scripts/setup installs it)")
 	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		t.Skip("needs btrfs-progs: zones' datasets are on btrfs pools (scripts/setup installs them)")
+	}
 	b := make([]byte, 3)
 	rand.Read(b)
 	tag = "zt" + hex.EncodeToString(b)
 	prefix = tag + "-"
-	dir, runDir = t.TempDir(), t.TempDir()
+	dir, runDir = linuxDataDir(t), t.TempDir()
 	t.Cleanup(func() {
 		destroyAll(t, dir, runDir, tag, prefix)
 		if err := agent.RemoveHostLock(tag); err != nil {
@@ -186,6 +186,37 @@ func linuxEnv(t *testing.T) (tag, prefix, dir, runDir string) {
 		}
 	})
 	return tag, prefix, dir, runDir
+}
+
+// linuxDataDir returns a data dir for a Linux test agent whose pools are
+// released (unmounted, their loop devices detached) at cleanup, after the
+// zones on them are gone (cleanups registered later run first).
+func linuxDataDir(t *testing.T) string {
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		if err := btrfs.ReleaseUnder(context.Background(), dir); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return dir
+}
+
+// vdevDir is where a Linux test agent with data dir dir finds its disks.
+func vdevDir(dir string) string { return filepath.Join(dir, "vdev") }
+
+// linuxDoc returns the config of zones for a Linux test agent of tag with
+// data dir dir, each pool carried by a vdev made in vdevDir(dir). The
+// zones' pools are to be the test's own (sledconfigtest.OwnPools).
+func linuxDoc(t *testing.T, dir, tag string, gen uint64, zones ...sledconfig.Zone) []byte {
+	t.Helper()
+	if err := btrfs.MakeVdevs(vdevDir(dir), sledconfigtest.VdevNames(tag+"-", zones...)...); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := json.Marshal(sledconfigtest.ConfigOnVdevs(gen, tag+"-", zones...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return doc
 }
 
 // namespacePIDs lists the processes in the named network namespace.
@@ -248,12 +279,12 @@ func destroyAll(t *testing.T, dir, runDir, tag, prefix string) {
 // it was down restarts only the zone it changed.
 func TestLinuxRestartAdoptsZones(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second}
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second}
 
 	first := newAgent(t, cfg)
 	stop := run(t, first)
 	c := newClient(t, first)
-	doc, zones := linuxZones(t, 1)
+	doc, zones := linuxZones(t, dir, tag, 1)
 	if err := c.PutConfig(t.Context(), doc); err != nil {
 		t.Fatal(err)
 	}
@@ -326,10 +357,7 @@ func TestLinuxRestartAdoptsZones(t *testing.T) {
 	}
 	changed := slices.Clone(zones)
 	changed[1].ZoneType.Address = strings.Replace(changed[1].ZoneType.Address, ":32345", ":32346", 1)
-	doc2, err := json.Marshal(sledconfigtest.Config(2, changed...))
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc2 := linuxDoc(t, dir, tag, 2, changed...)
 	if err := configstore.Open(l, nil, nil, configstore.Options{}).Put(t.Context(), doc2); err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +407,7 @@ func servicePIDs(t *testing.T, runDir, tag string, zones []sledconfig.Zone) map[
 // failed (the issue asks within 2 s; the wait here is only a hang detector).
 func TestLinuxVMMFailsWhenItsZoneIsDeleted(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix})
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix})
 	run(t, a)
 	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:1d0::5]:12400")); code != http.StatusOK {
 		t.Fatalf("register: %d %s", code, b)
@@ -416,7 +444,7 @@ func TestLinuxVMMFailsWhenItsZoneIsDeleted(t *testing.T) {
 // with a higher generation.
 func TestLinuxRestartAdoptsARunningVMM(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix}
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix}
 	first := newAgent(t, cfg)
 	stop := run(t, first)
 	call(t, first, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:1d0::6]:12400"))
@@ -447,12 +475,14 @@ func TestLinuxRestartAdoptsARunningVMM(t *testing.T) {
 // health period and threshold.
 func TestLinuxStoppedServiceIsNotOK(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix})
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix})
 	run(t, a)
 	c := newClient(t, a)
-	z := sledconfigtest.Crucible(0)
+	z := sledconfigtest.OwnPools(tag, sledconfigtest.Crucible(0))[0]
 	z.ZoneType.Address = "[fd00:1122:3344:1e1::5]:32345"
-	putZones(t, c, 1, z)
+	if err := c.PutConfig(t.Context(), linuxDoc(t, dir, tag, 1, z)); err != nil {
+		t.Fatal(err)
+	}
 	waitStates(t, c, map[string]string{z.Name(): "running"})
 	pid := servicePIDs(t, runDir, tag, []sledconfig.Zone{z})[z.Name()]
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {

@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"strings"
@@ -15,25 +14,22 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 )
 
-// hostZones are crucibles on addresses no other test uses.
-func hostZones(idx ...int) []sledconfig.Zone {
+// hostZones are crucibles on addresses no other test uses, on pools of
+// the test's (tag's) own.
+func hostZones(tag string, idx ...int) []sledconfig.Zone {
 	var zones []sledconfig.Zone
 	for _, i := range idx {
 		z := sledconfigtest.Crucible(i)
 		z.ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1f1::%x]:32345", i)
 		zones = append(zones, z)
 	}
-	return zones
+	return sledconfigtest.OwnPools(tag, zones...)
 }
 
 // putHostZones puts a config of zones and waits for them all to run.
-func putHostZones(t *testing.T, c *client.Client, gen uint64, zones []sledconfig.Zone) {
+func putHostZones(t *testing.T, c *client.Client, dir, tag string, gen uint64, zones []sledconfig.Zone) {
 	t.Helper()
-	doc, err := json.Marshal(sledconfigtest.Config(gen, zones...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.PutConfig(t.Context(), doc); err != nil {
+	if err := c.PutConfig(t.Context(), linuxDoc(t, dir, tag, gen, zones...)); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{}
@@ -48,17 +44,18 @@ func putHostZones(t *testing.T, c *client.Client, gen uint64, zones []sledconfig
 // the first's running: same service processes, namespaces and links.
 func TestLinuxAgentOfAnotherDataDirLeavesTheZonesAlone(t *testing.T) {
 	tag, prefix, dirA, runDir := linuxEnv(t)
-	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: prefix}
+	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dirA), ZoneTag: tag, NetnsPrefix: prefix}
 	cfgB := cfgA
-	cfgB.DataDir = t.TempDir()
+	cfgB.DataDir = linuxDataDir(t)
+	cfgB.VdevDir = vdevDir(cfgB.DataDir)
 	// The second sled's zones, if the test stops before its teardown (the
 	// first's go with linuxEnv's cleanup, which runs after this one).
 	t.Cleanup(func() { agent.Teardown(context.Background(), cfgB, nil) })
 
 	a := newAgent(t, cfgA)
 	stopA := run(t, a)
-	zonesA := hostZones(0x71, 0x72)
-	putHostZones(t, newClient(t, a), 1, zonesA)
+	zonesA := hostZones(tag, 0x71, 0x72)
+	putHostZones(t, newClient(t, a), dirA, tag, 1, zonesA)
 	pids := servicePIDs(t, runDir, tag, zonesA)
 	if err := stopA(); err != nil {
 		t.Fatal(err)
@@ -91,8 +88,8 @@ func TestLinuxAgentOfAnotherDataDirLeavesTheZonesAlone(t *testing.T) {
 	b := newAgent(t, cfgB)
 	stopB := run(t, b)
 	cB := newClient(t, b)
-	zonesB := hostZones(0x73)
-	putHostZones(t, cB, 1, zonesB)
+	zonesB := hostZones(tag, 0x73)
+	putHostZones(t, cB, cfgB.DataDir, tag, 1, zonesB)
 	waitFor(t, "the second agent's sweep", func() (bool, string) {
 		rs, err := cB.Restore(t.Context())
 		if err != nil {

@@ -28,7 +28,7 @@ func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *sl
 	if rt == nil {
 		b, err := btrfs.New(btrfs.Options{
 			VdevDir:  cfg.VdevDir,
-			PoolRoot: cmp.Or(cfg.PoolRoot, filepath.Join(cfg.DataDir, "storage")),
+			PoolRoot: poolRoot(cfg),
 			// An agent with a tag of its own (tests, the crash test,
 			// benchmarks) looks only at its own file-backed disks, never
 			// at the host's.
@@ -49,6 +49,10 @@ func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *sl
 		InUse: func(name string) bool { return datasetInUse(rec.PresentSpecs(), name) },
 	}), nil
 }
+
+// poolRoot is where the pools are mounted: --pool-root, by default
+// <data-dir>/storage.
+func poolRoot(cfg Config) string { return cmp.Or(cfg.PoolRoot, filepath.Join(cfg.DataDir, "storage")) }
 
 // datasetInUse reports whether a present zone has the named dataset as its
 // root or its durable dataset.

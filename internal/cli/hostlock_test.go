@@ -22,6 +22,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
 )
 
@@ -53,19 +54,25 @@ func TestSecondLinuxAgentOnTheHostExits(t *testing.T) {
 	if _, err := exec.LookPath("runsv"); err != nil {
 		t.Skip("needs runit's runsv (scripts/setup installs it)")
 	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		t.Skip("needs btrfs-progs: the zone's datasets are on a btrfs pool (scripts/setup installs them)")
+	}
 	b := make([]byte, 3)
 	rand.Read(b)
 	tag := "zt" + hex.EncodeToString(b)
 	dirA, dirB, runDir := t.TempDir(), t.TempDir(), t.TempDir()
 	flags := func(dataDir string) []string {
-		return []string{"--runtime", "linux", "--data-dir", dataDir, "--run-dir", runDir, "--zone-tag", tag, "--netns-prefix", tag + "-"}
+		return []string{"--runtime", "linux", "--data-dir", dataDir, "--run-dir", runDir, "--zone-tag", tag, "--netns-prefix", tag + "-", "--vdev-dir", filepath.Join(dataDir, "vdev")}
 	}
-	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: tag + "-"}
+	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: tag + "-", VdevDir: filepath.Join(dirA, "vdev")}
 	// Registered first, run last: the first agent is gone by then.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if _, err := agent.Teardown(ctx, cfgA, nil); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		if err := btrfs.ReleaseUnder(ctx, dirA); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 		if err := agent.RemoveHostLock(tag); err != nil {
@@ -80,9 +87,12 @@ func TestSecondLinuxAgentOnTheHostExits(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Timeout = 5 * time.Second
-	z := sledconfigtest.Crucible(0x74)
+	z := sledconfigtest.OwnPools(tag, sledconfigtest.Crucible(0x74))[0]
 	z.ZoneType.Address = "[fd00:1122:3344:1f2::74]:32345"
-	doc, err := json.Marshal(sledconfigtest.Config(1, z))
+	if err := btrfs.MakeVdevs(cfgA.VdevDir, sledconfigtest.VdevNames(tag+"-", z)...); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := json.Marshal(sledconfigtest.ConfigOnVdevs(1, tag+"-", z))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ type entry struct {
 	heldBy    string
 	held      int
 	opStorage zone.Storage
-	history     []Event
+	history   []Event
 }
 
 type opKind int

@@ -39,16 +39,16 @@ func Crucible(i int) sledconfig.Zone {
 // the storage they need (storage.go): a disk for every pool they name, and
 // every zone's root and durable dataset.
 func Config(gen uint64, zones ...sledconfig.Zone) *sledconfig.Config {
-	return build(gen, true, zones)
+	return build(gen, "", true, zones)
 }
 
 // ConfigWithoutStorage returns a config as Config does, but with no disk
 // and no dataset: its zones' storage is never ready.
 func ConfigWithoutStorage(gen uint64, zones ...sledconfig.Zone) *sledconfig.Config {
-	return build(gen, false, zones)
+	return build(gen, "", false, zones)
 }
 
-func build(gen uint64, withStorage bool, zones []sledconfig.Zone) *sledconfig.Config {
+func build(gen uint64, vdevPrefix string, withStorage bool, zones []sledconfig.Zone) *sledconfig.Config {
 	c := sledconfig.Config{
 		Generation:   gen,
 		Disks:        map[string]json.RawMessage{},
@@ -60,7 +60,7 @@ func build(gen uint64, withStorage bool, zones []sledconfig.Zone) *sledconfig.Co
 		c.Zones[z.ID] = z
 	}
 	if withStorage {
-		addStorage(&c, zones)
+		addStorage(&c, vdevPrefix, zones)
 	}
 	data, err := json.Marshal(&c)
 	if err != nil {

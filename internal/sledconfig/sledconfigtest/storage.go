@@ -1,6 +1,7 @@
 package sledconfigtest
 
 import (
+	"crypto/sha1"
 	"encoding/json"
 	"sort"
 	"strings"
@@ -24,14 +25,17 @@ import (
 var namespace = uuid.MustParse("6ba7b812-9dad-11d1-80b4-00c04fd430c8")
 
 // DiskFor returns the synthetic disk that carries pool ("oxp_<uuid>").
-func DiskFor(pool string) sledconfig.DiskConfig {
+func DiskFor(pool string) sledconfig.DiskConfig { return diskFor(pool, "") }
+
+// diskFor returns the synthetic disk that carries pool, its name prefixed.
+func diskFor(pool, prefix string) sledconfig.DiskConfig {
 	id, _ := storage.PoolIDFromName(pool)
 	return sledconfig.DiskConfig{
 		ID: uuid.NewSHA1(namespace, []byte("disk "+pool)).String(),
 		Identity: sledconfig.DiskIdentity{
 			Vendor: "synthetic-vendor",
 			Model:  "synthetic-model-U2",
-			Serial: "synthetic-serial-" + VdevName(pool),
+			Serial: "synthetic-serial-" + prefix + VdevName(pool),
 		},
 		PoolID: id,
 	}
@@ -76,10 +80,28 @@ func Pools(zones ...sledconfig.Zone) []string {
 	return out
 }
 
-// addStorage fills c's disks and datasets for its zones.
-func addStorage(c *sledconfig.Config, zones []sledconfig.Zone) {
+// ConfigOnVdevs returns a config as Config does, with its disks' names
+// (and so their vdev files, u2_<name>.vdev) prefixed: a test on Linux
+// prefixes them with its own tag, so that its agent, which looks only at
+// vdevs whose name begins with its tag, finds them. VdevNames lists them.
+func ConfigOnVdevs(gen uint64, prefix string, zones ...sledconfig.Zone) *sledconfig.Config {
+	return build(gen, prefix, true, zones)
+}
+
+// VdevNames returns the names of the synthetic disks a config built by
+// ConfigOnVdevs(gen, prefix, zones...) names.
+func VdevNames(prefix string, zones ...sledconfig.Zone) []string {
+	var out []string
 	for _, pool := range Pools(zones...) {
-		d := DiskFor(pool)
+		out = append(out, prefix+VdevName(pool))
+	}
+	return out
+}
+
+// addStorage fills c's disks and datasets for its zones.
+func addStorage(c *sledconfig.Config, prefix string, zones []sledconfig.Zone) {
+	for _, pool := range Pools(zones...) {
+		d := diskFor(pool, prefix)
 		c.Disks[d.ID] = mustJSON(d)
 		ds := DatasetFor(sledconfig.DatasetName{PoolName: pool, Kind: "zone"})
 		c.Datasets[ds.ID] = mustJSON(ds)
@@ -100,4 +122,30 @@ func mustJSON(v any) json.RawMessage {
 		panic(err)
 	}
 	return data
+}
+
+// OwnPools returns the zones with every pool they name replaced by one of
+// its own for salt (a test's tag): tests on Linux that run at the same time
+// never make two filesystems of the same id, which btrfs cannot tell apart.
+// The same salt and pool always give the same pool.
+func OwnPools(salt string, zones ...sledconfig.Zone) []sledconfig.Zone {
+	own := func(pool string) string {
+		if !strings.HasPrefix(pool, "oxp_") {
+			return pool
+		}
+		// Version 4, as pool ids must be.
+		return "oxp_" + uuid.NewHash(sha1.New(), namespace, []byte("pool "+salt+" "+pool), 4).String()
+	}
+	out := make([]sledconfig.Zone, len(zones))
+	for i, z := range zones {
+		if z.FilesystemPool != nil {
+			p := own(*z.FilesystemPool)
+			z.FilesystemPool = &p
+		}
+		if d := z.ZoneType.Dataset; d != nil {
+			z.ZoneType.Dataset = &sledconfig.Dataset{PoolName: own(d.PoolName)}
+		}
+		out[i] = z
+	}
+	return out
 }
