@@ -23,6 +23,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 )
 
 // RestartOptions size the restart benchmark.
@@ -100,6 +101,8 @@ func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err 
 			os.RemoveAll(dir)
 			return nil, err
 		}
+		// Each crucible's pool on a file-backed disk of the benchmark's.
+		cfg.VdevDir = filepath.Join(dir, "vdev")
 	case "sim":
 	default:
 		os.RemoveAll(dir)
@@ -113,6 +116,10 @@ func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err 
 			res = nil
 		}
 		if cfg.Runtime == "linux" {
+			if rerr := btrfs.ReleaseUnder(ctx, dir); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("releasing the pools: %w", rerr))
+				res = nil
+			}
 			agent.RemoveHostLock(tag) // best effort: a few bytes in /run/lock
 		}
 		os.RemoveAll(dir)
@@ -123,10 +130,15 @@ func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err 
 
 	zones := make([]sledconfig.Zone, opts.Count)
 	for i := range zones {
-		zones[i] = sledconfigtest.Crucible(i)
+		zones[i] = sledconfigtest.OwnPools(tag, sledconfigtest.Crucible(i))[0]
 		zones[i].ZoneType.Address = fmt.Sprintf("[%s]:%d", zoneAddr(i), servicePort)
 	}
-	doc, err := json.Marshal(sledconfigtest.Config(1, zones...))
+	if cfg.VdevDir != "" {
+		if err := btrfs.MakeVdevs(cfg.VdevDir, sledconfigtest.VdevNames(tag+"-", zones...)...); err != nil {
+			return nil, err
+		}
+	}
+	doc, err := json.Marshal(sledconfigtest.ConfigOnVdevs(1, tag+"-", zones...))
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ unique tag and is removed at the end.`,
 				return err
 			}
 			if !res.OK() {
-				return fmt.Errorf("crash test failed: %d leaks, %d restarts of healthy zones, %d ledger problems", res.Leaks, res.HealthyRestarts, res.LedgerProblems)
+				return fmt.Errorf("crash test failed: %d leaks, %d restarts of healthy zones, %d ledger problems, %d losses of durable data", res.Leaks, res.HealthyRestarts, res.LedgerProblems, res.DataLost)
 			}
 			return nil
 		},

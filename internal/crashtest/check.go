@@ -7,10 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/atomicfile"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 )
@@ -100,6 +105,91 @@ func (r *run) mismatch(ctx context.Context) string {
 			return fmt.Sprintf("unwanted process %d (%s) of %s", p.PID, p.Comm, p.Dir)
 		}
 	}
+	return r.storageMismatch(ctx)
+}
+
+// storageMismatch says what of the config's storage the agent does not
+// report ok: every disk with its pool, every dataset; "" when all are.
+func (r *run) storageMismatch(ctx context.Context) string {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	inv, err := r.c.AgentInventory(cctx)
+	cancel()
+	switch {
+	case err != nil:
+		return "inventory: " + err.Error()
+	case inv.Storage == nil || !inv.Storage.Configured:
+		return "storage: not configured"
+	}
+	for _, d := range inv.Storage.Disks {
+		if !d.Result.OK {
+			return fmt.Sprintf("storage: disk %s: %s", d.Identity.Serial, d.Result.Message)
+		}
+	}
+	for _, d := range inv.Storage.Datasets {
+		if !d.Result.OK {
+			return fmt.Sprintf("storage: dataset %s: %s", d.Name, d.Result.Message)
+		}
+	}
+	return ""
+}
+
+// durablePath is where zone z's durable dataset is on the machine ("" if
+// it has none).
+func (r *run) durablePath(z sledconfig.Zone) string {
+	d, ok := z.DurableDataset()
+	if !ok {
+		return ""
+	}
+	pool, _ := storage.PoolIDFromName(d.PoolName)
+	return filepath.Join(r.cfg.DataDir, "storage", "ext", pool, strings.TrimPrefix(d.String(), d.PoolName+"/"))
+}
+
+// dataFile is the file the crash test keeps in each durable dataset.
+const dataFile = "crashtest-data"
+
+// keepData writes a file into the durable dataset of every wanted zone
+// that has none yet (synced, so only a lost dataset loses it), and forgets
+// the files of zones no longer wanted (their datasets are orphans, to be
+// destroyed).
+func (r *run) keepData() error {
+	wanted := map[string]bool{}
+	for _, z := range r.zones {
+		wanted[z.ID] = true
+		path := r.durablePath(z)
+		if path == "" || r.data[z.ID] != "" {
+			continue
+		}
+		// The dataset itself, never a directory made in its place: a
+		// btrfs subvolume's root is inode 256.
+		if st, err := os.Stat(path); err != nil || st.Sys().(*syscall.Stat_t).Ino != 256 {
+			return fmt.Errorf("zone %s's durable dataset %s is not a subvolume: %v", z.Name(), path, err)
+		}
+		content := fmt.Sprintf("zone %s, written at generation %d\n", z.ID, r.gen)
+		if err := atomicfile.WriteFile(filepath.Join(path, dataFile), []byte(content), atomicfile.Options{}); err != nil {
+			return fmt.Errorf("keeping data in %s: %w", path, err)
+		}
+		r.data[z.ID] = content
+	}
+	for id := range r.data {
+		if !wanted[id] {
+			delete(r.data, id)
+		}
+	}
+	return nil
+}
+
+// lostData says which durable dataset lost the file keepData wrote there.
+func (r *run) lostData() string {
+	for _, z := range r.zones {
+		want, ok := r.data[z.ID]
+		if !ok {
+			continue
+		}
+		path := filepath.Join(r.durablePath(z), dataFile)
+		if got, err := os.ReadFile(path); err != nil || string(got) != want {
+			return fmt.Sprintf("zone %s's durable data %s: %q, %v; want %q", z.Name(), path, got, err, want)
+		}
+	}
 	return ""
 }
 
@@ -167,8 +257,9 @@ func (r *run) ledgerProblem(ctx context.Context) string {
 }
 
 // cleanup kills the agent, tears down everything with the run's tag, checks
-// that nothing is left, and removes the run's directories.
-func (r *run) cleanup() error {
+// that nothing is left, and removes the run's directories; but keeps the
+// agent's log if the run failed (keepLog).
+func (r *run) cleanup(keepLog bool) error {
 	var errs []error
 	if err := r.kill(); err != nil {
 		errs = append(errs, err)
@@ -185,11 +276,14 @@ func (r *run) cleanup() error {
 			errs = append(errs, fmt.Errorf("left behind after teardown: %+v", owned))
 		}
 		r.obs.RemoveEmptyDirs()
+		if err := btrfs.ReleaseUnder(ctx, r.dir); err != nil {
+			errs = append(errs, err)
+		}
 		if err := agent.RemoveHostLock(r.tag); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if len(errs) > 0 {
+	if len(errs) > 0 || keepLog {
 		// Keep the agent's log for whoever investigates.
 		errs = append(errs, fmt.Errorf("agent log kept in %s", r.dir))
 		os.RemoveAll(r.runDir)

@@ -39,6 +39,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 )
 
 // Options size a crash test.
@@ -97,6 +98,11 @@ type Result struct {
 	// acknowledged generation.
 	LedgerProblems int      `json:"ledger_problems"`
 	LedgerDetails  []string `json:"ledger_details,omitempty"`
+	// DataLost counts restarts after which a durable dataset of a zone
+	// still wanted no longer held the file written there (synced) when
+	// the zone first ran.
+	DataLost        int      `json:"data_lost"`
+	DataLostDetails []string `json:"data_lost_details,omitempty"`
 }
 
 // RestoredTotals sums restore reports over the iterations.
@@ -110,7 +116,9 @@ type RestoredTotals struct {
 
 // OK reports whether the run found no leak, no restart of a healthy zone and
 // no ledger problem.
-func (r *Result) OK() bool { return r.Leaks == 0 && r.HealthyRestarts == 0 && r.LedgerProblems == 0 }
+func (r *Result) OK() bool {
+	return r.Leaks == 0 && r.HealthyRestarts == 0 && r.LedgerProblems == 0 && r.DataLost == 0
+}
 
 // run is one crash test: its unique names, the agent process, the state.
 type run struct {
@@ -129,6 +137,7 @@ type run struct {
 	gen     uint64
 	zones   []sledconfig.Zone // the last acknowledged config's zones
 	nextIdx int               // next crucible index to add
+	data    map[string]string // zone id → what its durable dataset holds (keepData)
 }
 
 // Run runs a crash test. It needs root and runsv; everything it
@@ -151,6 +160,9 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if _, err := exec.LookPath("runsv"); err != nil {
 		return nil, fmt.Errorf("the crash test needs runsv: %w", err)
 	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		return nil, fmt.Errorf("the crash test needs btrfs-progs (zones' datasets are on btrfs pools): %w", err)
+	}
 	if opts.Agent == "" {
 		if opts.Agent, err = os.Executable(); err != nil {
 			return nil, err
@@ -161,7 +173,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	}
 	var b [3]byte
 	rand.Read(b[:])
-	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), tag: "ct" + hex.EncodeToString(b[:])}
+	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), tag: "ct" + hex.EncodeToString(b[:]), data: map[string]string{}}
 	r.prefix = r.tag + "-"
 	if r.dir, err = os.MkdirTemp("", "sled-agent-crashtest-"); err != nil {
 		return nil, err
@@ -171,14 +183,15 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 		return nil, err
 	}
 	defer func() {
-		if cerr := r.cleanup(); cerr != nil {
+		if cerr := r.cleanup(err != nil || (res != nil && !res.OK())); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))
 		}
 	}()
 	if r.listen, err = freePort(); err != nil {
 		return nil, err
 	}
-	r.cfg = agent.Config{DataDir: filepath.Join(r.dir, "data"), RunDir: r.runDir, Runtime: "linux", ZoneTag: r.tag, NetnsPrefix: r.prefix, SledID: uuid.NewString()}
+	r.cfg = agent.Config{DataDir: filepath.Join(r.dir, "data"), RunDir: r.runDir, Runtime: "linux", ZoneTag: r.tag, NetnsPrefix: r.prefix, SledID: uuid.NewString(),
+		VdevDir: filepath.Join(r.dir, "vdev")}
 	if err := os.MkdirAll(r.cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -202,7 +215,7 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		r.zones = append(r.zones, r.crucible(i, 32345))
 	}
 	r.nextIdx = r.opts.Crucibles
-	r.zones = append(r.zones, nexus())
+	r.zones = append(r.zones, r.nexus())
 	if err := r.startAgent(ctx); err != nil {
 		return nil, err
 	}
@@ -211,6 +224,9 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	}
 	if _, problem := r.converge(ctx); problem != "" {
 		return nil, fmt.Errorf("the first config did not converge: %s", problem)
+	}
+	if err := r.keepData(); err != nil {
+		return nil, err
 	}
 	var took []time.Duration
 	for i := range r.opts.Iterations {
@@ -252,6 +268,15 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 			res.LeakDetails = append(res.LeakDetails, fmt.Sprintf("iteration %d (%s, killed after %s): %s", i+1, action, delay.Round(time.Millisecond), problem))
 		} else {
 			took = append(took, time.Since(t0))
+		}
+		if lost := r.lostData(); lost != "" {
+			res.DataLost++
+			res.DataLostDetails = append(res.DataLostDetails, fmt.Sprintf("iteration %d (%s): %s", i+1, action, lost))
+		}
+		if problem == "" {
+			if err := r.keepData(); err != nil {
+				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
+			}
 		}
 		r.opts.Log.Info("crash test iteration", "n", i+1, "action", action, "killed_after", delay.Round(time.Millisecond), "converged_in", d.Round(time.Millisecond), "problem", problem)
 		for name, pid := range healthy {
@@ -310,9 +335,10 @@ func (r *run) mutate() (string, []sledconfig.Zone) {
 	return "add zones", next
 }
 
-// crucible returns crucible zone i on the crash test's own /64.
+// crucible returns crucible zone i on the crash test's own /64, on a pool
+// of its own.
 func (r *run) crucible(i, port int) sledconfig.Zone {
-	z := sledconfigtest.Crucible(i)
+	z := sledconfigtest.OwnPools(r.tag, sledconfigtest.Crucible(i))[0]
 	z.ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1cf::%x]:%d", i+0x10, port)
 	return z
 }
@@ -323,13 +349,17 @@ func (r *run) crucibleAddr(z sledconfig.Zone, port int) string {
 }
 
 // nexus is a zone with a NIC, so the crash test covers the second link.
-func nexus() sledconfig.Zone {
-	return sledconfigtest.Nexus(999, "[fd00:1122:3344:1cf::7]:12221")
+func (r *run) nexus() sledconfig.Zone {
+	return sledconfigtest.OwnPools(r.tag, sledconfigtest.Nexus(999, "[fd00:1122:3344:1cf::7]:12221"))[0]
 }
 
-// put ledgers zones as the next generation.
+// put ledgers zones as the next generation, with the storage they need:
+// a vdev for each of their pools (made if it is new) and their datasets.
 func (r *run) put(ctx context.Context, zones []sledconfig.Zone) error {
-	doc, err := json.Marshal(sledconfigtest.Config(r.gen+1, zones...))
+	if err := btrfs.MakeVdevs(r.cfg.VdevDir, sledconfigtest.VdevNames(r.prefix, zones...)...); err != nil {
+		return err
+	}
+	doc, err := json.Marshal(sledconfigtest.ConfigOnVdevs(r.gen+1, r.prefix, zones...))
 	if err != nil {
 		return err
 	}
@@ -349,7 +379,7 @@ func (r *run) startAgent(ctx context.Context) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(r.opts.Agent, "run", "--config", filepath.Join(r.dir, "agent.json"), "--runtime", "linux", "--data-dir", r.cfg.DataDir, "--run-dir", r.runDir,
-		"--listen", r.listen, "--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--log-level", "info")
+		"--listen", r.listen, "--vdev-dir", r.cfg.VdevDir, "--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--log-level", "info")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), r.opts.AgentEnv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -31,6 +31,9 @@ func TestKilledAgentRecovers(t *testing.T) {
 	if _, err := exec.LookPath("runsv"); err != nil {
 		t.Skip("needs runit's runsv (scripts/setup installs it)")
 	}
+	if _, err := exec.LookPath("mkfs.btrfs"); err != nil {
+		t.Skip("needs btrfs-progs (scripts/setup installs them)")
+	}
 	res, err := crashtest.Run(t.Context(), crashtest.Options{
 		Iterations:      6,
 		Crucibles:       4,
@@ -43,7 +46,7 @@ func TestKilledAgentRecovers(t *testing.T) {
 	}
 	t.Logf("seed %d, kills %v, convergence p50 %.0f ms, max %.0f ms", res.Seed, res.Kills, res.ConvergeP50ms, res.ConvergeMaxms)
 	if !res.OK() {
-		t.Errorf("leaks %d %v; healthy zones restarted %d %v; ledger problems %d %v",
-			res.Leaks, res.LeakDetails, res.HealthyRestarts, res.RestartDetails, res.LedgerProblems, res.LedgerDetails)
+		t.Errorf("leaks %d %v; healthy zones restarted %d %v; ledger problems %d %v; data lost %d %v",
+			res.Leaks, res.LeakDetails, res.HealthyRestarts, res.RestartDetails, res.LedgerProblems, res.LedgerDetails, res.DataLost, res.DataLostDetails)
 	}
 }
