@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -38,6 +39,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
@@ -112,6 +114,9 @@ type Config struct {
 	// (default <data-dir>/storage).
 	VdevDir  string `json:"vdev-dir"`
 	PoolRoot string `json:"pool-root"`
+	// SkipTimesync lets zones that need synchronized time start without
+	// it (development; upstream's TimeSyncConfig::Skip).
+	SkipTimesync bool `json:"skip-timesync"`
 	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
 	// ownership tag and name prefix (tests; default "sled-agent" and none).
 	ZoneTag     string `json:"-"`
@@ -167,6 +172,11 @@ type Agent struct {
 	// storage, if set, realises the config's disks and datasets (sim
 	// runtime; storage.go).
 	storage *storage.Reconciler
+	// timeSync watches the sled's NTP zone; zones that need synchronized
+	// time wait for it (timesync.go).
+	timeSync *timesync.Watcher
+	// wanted is the config the reconcilers were last given.
+	wanted atomic.Pointer[sledconfig.Config]
 }
 
 // New prepares an agent: it loads the ledger, binds the listener and builds
@@ -277,8 +287,10 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	var onRunningChange, onPresentChange []func() // set below, before anything runs
 	zs := &zoneStorage{}                          // its reconciler set below
+	zt := &zoneTimeSync{}                         // its watcher set below
 	a.rec = reconciler.New(rt, a.log.With("component", "reconciler"), reconciler.Options{
 		Storage:        zs,
+		TimeSync:       zt,
 		RelistPeriod:   cfg.RelistPeriod,
 		HealthPeriod:   cfg.HealthPeriod,
 		HealthFailures: cfg.HealthFailures,
@@ -331,12 +343,20 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	zs.s = a.storage
 	a.store = configstore.Open(l, a.log.With("component", "configstore"), func(cfg *sledconfig.Config) {
 		a.storageConfig(cfg)
+		a.wanted.Store(cfg)
 		a.rec.Update(cfg)
+		if a.timeSync != nil {
+			a.timeSync.Poke() // the NTP zone may be new, or gone
+		}
 	}, configstore.Options{
 		CheckPeriod:  cfg.LedgerCheckPeriod,
 		SledUnderlay: underlay,
 	})
 	useClaims(a.store, claimSet, a.log)
+	a.timeSync = a.newTimeSync(cfg, a.log.With("component", "timesync"))
+	zt.w = a.timeSync
+	// An NTP zone that starts is asked at once.
+	onRunningChange = append(onRunningChange, a.timeSync.Poke)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -376,6 +396,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.storage != nil {
 		deps.Storage = a.storage
 	}
+	deps.TimeSync = a.timeSync
 	a.server = api.New(deps)
 	return a, nil
 }
@@ -487,6 +508,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.storage != nil {
 		wg.Go(func() { a.runStorage(ctx) })
 	}
+	wg.Go(func() { a.runTimeSync(ctx) })
 	if a.watch != nil {
 		wg.Go(func() {
 			if err := a.watch(ctx); err != nil && ctx.Err() == nil {

@@ -77,7 +77,17 @@ func testLogger(t *testing.T) *slog.Logger {
 }
 
 // newAgent builds an agent listening on an ephemeral loopback port.
+//
+// Its zones do not wait for synchronized time (SkipTimesync), as the
+// configs of tests about other things have no NTP zone; newTimedAgent's do.
 func newAgent(t *testing.T, cfg agent.Config) *agent.Agent {
+	t.Helper()
+	cfg.SkipTimesync = true
+	return newTimedAgent(t, cfg)
+}
+
+// newTimedAgent is newAgent with time sync gating as cfg says.
+func newTimedAgent(t *testing.T, cfg agent.Config) *agent.Agent {
 	t.Helper()
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"

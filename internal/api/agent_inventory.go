@@ -7,6 +7,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/timesync"
 )
 
 // AgentInventory is this agent's own view of the sled, at GET
@@ -28,6 +29,12 @@ type AgentInventory struct {
 	DDM                *DDMStatus               `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes; null when the agent manages none."`
 	Restore            reconciler.RestoreStatus `json:"restore" doc:"What the agent found at start-up and did about it (as GET /agent/restore)."`
 	Storage            *storage.Status          `json:"storage" doc:"The storage reconciler's status: every configured disk's and dataset's result, attempts, next retry and call in flight; the disks, pools and datasets last observed; the orphaned datasets kept (with why) and the last destroyed; null when the agent manages no storage."`
+	TimeSync           *timesync.Status         `json:"timesync" doc:"Whether the sled's time is synchronized, as its NTP zone's ntp-admin last said: the reason when it is not, the source, stratum and offset, since when, and when it first was; zones that need synchronized time start only while it is. Null when the agent does not check."`
+}
+
+// TimeSync is the time-sync watcher, as inventory sees it.
+type TimeSync interface {
+	Status() timesync.Status
 }
 
 // ConfigSummary names a config by its generation and size.
@@ -115,6 +122,10 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 	if s.deps.Storage != nil {
 		st := s.deps.Storage.Status()
 		inv.Storage = &st
+	}
+	if s.deps.TimeSync != nil {
+		st := s.deps.TimeSync.Status()
+		inv.TimeSync = &st
 	}
 	if s.deps.Prefixes != nil {
 		inv.DDM = &DDMStatus{URL: s.deps.DDMURL, Status: s.deps.Prefixes.Status()}

@@ -27,6 +27,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
@@ -101,7 +102,9 @@ type Deps struct {
 	// Storage, if set, is the storage reconciler, reported in inventory;
 	// nil: the agent manages no storage (no disks, pools or datasets).
 	Storage Storage
-	Log     *slog.Logger
+	// TimeSync, if set, is the time-sync watcher, reported in inventory.
+	TimeSync TimeSync
+	Log      *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
 }
@@ -255,6 +258,7 @@ var upstreamNames = map[reflect.Type]string{
 	reflect.TypeFor[BaseboardID]():            "BaseboardId",
 	reflect.TypeFor[ResultStatus]():           "ConfigReconcilerInventoryResult",
 	reflect.TypeFor[vmm.RuntimeState]():       "VmmRuntimeState",
+	reflect.TypeFor[timesync.Status]():        "TimeSyncStatus",
 }
 
 var storagePkg = reflect.TypeFor[storage.Status]().PkgPath()

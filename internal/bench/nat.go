@@ -68,7 +68,8 @@ func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
 	if err := publish(first); err != nil {
 		return nil, err
 	}
-	cfg := agent.Config{DataDir: dir, Listen: "127.0.0.1:0", DNSServers: []string{server.Addr().String()}, NATPeriod: opts.Period}
+	cfg := agent.Config{DataDir: dir, Listen: "127.0.0.1:0", DNSServers: []string{server.Addr().String()}, NATPeriod: opts.Period,
+		SkipTimesync: true} // its zones do not wait for an NTP zone: it has none
 	_, c, stop, err := startAgent(ctx, cfg, nil)
 	if err != nil {
 		return nil, err

@@ -113,6 +113,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.DurationVar(&c.LedgerCheckPeriod, "ledger-check-period", 10*time.Second, "how often the config ledger's copies are checked and bad ones rewritten")
 	f.StringVar(&c.VdevDir, "vdev-dir", "", "directory of file-backed synthetic disks, u2_<name>.vdev (linux runtime)")
 	f.StringVar(&c.PoolRoot, "pool-root", "", "where the linux runtime's pools are mounted, <pool-root>/ext/<pool id> (default <data-dir>/storage)")
+	f.BoolVar(&c.SkipTimesync, "skip-timesync", false, "start zones that need synchronized time without waiting for the NTP zone to say it is (development)")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -162,6 +163,9 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	}
 	if cmd.Flags().Changed("switch") || len(c.Switches) == 0 {
 		c.Switches = flags.Switches
+	}
+	if cmd.Flags().Changed("skip-timesync") {
+		c.SkipTimesync = flags.SkipTimesync
 	}
 	set("vdev-dir", &c.VdevDir, flags.VdevDir)
 	set("pool-root", &c.PoolRoot, flags.PoolRoot)

@@ -22,6 +22,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -251,6 +252,7 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 			if s := a.Storage(); s != nil {
 				fmt.Fprintln(out, storageLine(s.Status()))
 			}
+			fmt.Fprintln(out, timeSyncLine(a.TimeSync().Status(), start))
 			if n := a.NAT(); n != nil {
 				for _, sw := range n.Status().Switches {
 					fmt.Fprintf(out, "switch %s (found by %s): %d/%d NAT entries %s\n", sw.Address, sw.FoundBy, sw.Present, sw.Desired, cmp.Or(sw.LastError, "in place"))
@@ -270,6 +272,19 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 			converged = false
 		}
 	}
+}
+
+// timeSyncLine says whether the sled's time is synchronized, as the NTP
+// zone said, and when that began relative to start.
+func timeSyncLine(st timesync.Status, start time.Time) string {
+	switch {
+	case st.Skipped:
+		return "time sync: not checked (--skip-timesync)"
+	case !st.Synced:
+		return "time sync: not synchronized: " + st.Reason
+	}
+	return fmt.Sprintf("time sync: synchronized to %s (stratum %d, offset %.6f s) %s after the start; the zones that need it waited for it",
+		st.Source, st.Stratum, st.Offset, st.ReleasedAt.Sub(start).Round(10*time.Millisecond))
 }
 
 // storageLine says how far the storage half of the config is realised.

@@ -62,7 +62,7 @@ func TestSecondLinuxAgentOnTheHostExits(t *testing.T) {
 	tag := "zt" + hex.EncodeToString(b)
 	dirA, dirB, runDir := t.TempDir(), t.TempDir(), t.TempDir()
 	flags := func(dataDir string) []string {
-		return []string{"--runtime", "linux", "--data-dir", dataDir, "--run-dir", runDir, "--zone-tag", tag, "--netns-prefix", tag + "-", "--vdev-dir", filepath.Join(dataDir, "vdev")}
+		return []string{"--runtime", "linux", "--data-dir", dataDir, "--run-dir", runDir, "--zone-tag", tag, "--netns-prefix", tag + "-", "--vdev-dir", filepath.Join(dataDir, "vdev"), "--skip-timesync"}
 	}
 	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: tag + "-", VdevDir: filepath.Join(dirA, "vdev")}
 	// Registered first, run last: the first agent is gone by then.

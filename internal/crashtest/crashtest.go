@@ -379,7 +379,8 @@ func (r *run) startAgent(ctx context.Context) error {
 	}
 	defer logf.Close()
 	cmd := exec.Command(r.opts.Agent, "run", "--config", filepath.Join(r.dir, "agent.json"), "--runtime", "linux", "--data-dir", r.cfg.DataDir, "--run-dir", r.runDir,
-		"--listen", r.listen, "--vdev-dir", r.cfg.VdevDir, "--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--log-level", "info")
+		"--listen", r.listen, "--vdev-dir", r.cfg.VdevDir, "--skip-timesync", // no NTP zone
+		"--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--log-level", "info")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), r.opts.AgentEnv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -98,7 +98,7 @@ type entry struct {
 	runningSince time.Time
 	incidents    int
 	health       Health
-	// heldBy names the gate (gateStorage) that held the last start back,
+	// heldBy names the gate (gates.go) that held the last start back,
 	// held counts how many times in a row; opStorage is where the zone's
 	// storage is for the start dispatched.
 	heldBy    string
@@ -311,6 +311,10 @@ func (r *Reconciler) evaluate(ctx context.Context, e *entry, now time.Time) {
 		r.hold(e, now, gateStorage, err)
 		return
 	}
+	if err := r.zoneTimeSync(e.want); err != nil {
+		r.hold(e, now, gateTimeSync, err)
+		return
+	}
 	e.heldBy, e.held, e.opStorage = "", 0, st
 	r.dispatch(ctx, e, opStart, "")
 }
@@ -472,7 +476,7 @@ func (r *Reconciler) fail(e *entry, now time.Time, err error, what string) {
 	r.log.Warn("zone "+what, "zone", e.name, "err", err, "attempt", e.attempts, "retry_in", e.nextTry.Sub(now))
 }
 
-// hold keeps e from starting because a gate (its storage) is not ready. The
+// hold keeps e from starting because a gate (gates.go) is not ready. The
 // zone is err with the gate's reason, and is looked at again at once when
 // the gate says something changed, else on the normal backoff of its own
 // count: a held zone has not failed, so the backoff of its start failures

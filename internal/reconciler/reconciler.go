@@ -71,8 +71,11 @@ type Options struct {
 	// the same way as OnRunningChange.
 	OnPresentChange func()
 	// Storage, if set, says whether a zone's storage is ready; a zone
-	// starts only when it is (see storage.go).
+	// starts only when it is (see gates.go).
 	Storage Storage
+	// TimeSync, if set, says whether a zone may start as far as
+	// synchronized time goes (see gates.go).
+	TimeSync TimeSync
 }
 
 func (o *Options) setDefaults() {
@@ -104,8 +107,8 @@ type Reconciler struct {
 	update chan struct{}
 	// poke asks for a relist soon (runtime events use it).
 	poke chan struct{}
-	// storageChanged says storage readiness may have changed.
-	storageChanged chan struct{}
+	// storageChanged and timeSyncChanged say a gate may have changed.
+	storageChanged, timeSyncChanged chan struct{}
 
 	// results and listed carry finished runtime calls back to the loop.
 	results chan opResult
@@ -130,17 +133,18 @@ func New(rt Runtime, log *slog.Logger, opts Options) *Reconciler {
 		log = slog.New(slog.DiscardHandler)
 	}
 	r := &Reconciler{
-		rt:             rt,
-		log:            log,
-		opts:           opts,
-		update:         make(chan struct{}, 1),
-		poke:           make(chan struct{}, 1),
-		storageChanged: make(chan struct{}, 1),
-		results:        make(chan opResult),
-		listed:         make(chan listResult),
-		health:         make(chan healthResult),
-		done:           make(chan struct{}),
-		restored:       make(chan struct{}),
+		rt:              rt,
+		log:             log,
+		opts:            opts,
+		update:          make(chan struct{}, 1),
+		poke:            make(chan struct{}, 1),
+		storageChanged:  make(chan struct{}, 1),
+		timeSyncChanged: make(chan struct{}, 1),
+		results:         make(chan opResult),
+		listed:          make(chan listResult),
+		health:          make(chan healthResult),
+		done:            make(chan struct{}),
+		restored:        make(chan struct{}),
 	}
 	r.store.zones = map[string]ZoneStatus{}
 	r.store.running = map[string]*zone.Spec{}
@@ -219,6 +223,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			r.startList(ctx)
 		case <-r.storageChanged:
 			r.retryHeld(gateStorage)
+		case <-r.timeSyncChanged:
+			r.retryHeld(gateTimeSync)
 		case <-healthTick:
 			r.startHealthRound(ctx)
 		case hr := <-r.health:

@@ -69,8 +69,10 @@ type Options struct {
 	// report, which doubles from the period (10s; never below the
 	// period).
 	MaxBackoff time.Duration
-	// OnChange is called with the new status each time Synced flips, from
-	// Run's goroutine and without any lock held.
+	// OnChange is called with the new status each time Synced flips or
+	// the kind of reason changes (ErrNoNTPZone, ErrNTPZoneNotRunning,
+	// ErrUnreachable, ErrNotSynced), so that zones held back say why now;
+	// from Run's goroutine and without any lock held.
 	OnChange func(Status)
 	Log      *slog.Logger
 }
@@ -79,7 +81,8 @@ type Options struct {
 type Status struct {
 	// Synced: the last check found time synchronized.
 	Synced bool `json:"synced"`
-	// Released: Check passes (time was synchronized once, or Skipped).
+	// Released: time was synchronized at least once since the watcher
+	// started (or Skipped).
 	Released bool `json:"released"`
 	Skipped  bool `json:"skipped,omitempty"`
 	// Reason says why Synced is false.
@@ -106,20 +109,16 @@ type Status struct {
 }
 
 // Watcher polls the sled's NTP zone's /timesync and gates the start of
-// zones that need synchronized time (see NeedsTimeSync): Check is nil once
-// the NTP zone has said time is synchronized.
+// zones that need synchronized time (see NeedsTimeSync): Check is nil while
+// the NTP zone's last answer said time is synchronized.
 //
-// The gate latches: once time has been synchronized, a later loss of sync
-// (or of the NTP zone) shows in Status (Synced false, with the reason) but
-// Check stays nil, so zones already started are not stopped and new ones
-// keep starting. Upstream differs in part: its config reconciler
-// (sled-agent/config-reconciler, OmicronZones::check_timesync) asks the NTP
-// zone again on every pass and starts no zone that needs time in a pass
-// that finds it unsynchronized; it too never stops running zones, and only
-// its once-per-boot work on first sync (ServiceManager::on_time_sync) is
-// latched. We latch because a clock that was disciplined once drifts far
-// slower than the rule's limits while chronyd recovers or its zone is
-// replaced, and a blip should not hold up unrelated zone starts.
+// As upstream's config reconciler (sled-agent/config-reconciler,
+// OmicronZones::check_timesync), which asks the NTP zone again on every
+// pass and starts no zone that needs time in a pass that finds it
+// unsynchronized: a later loss of sync (or of the NTP zone) shows in Status
+// and holds back new starts of such zones, but never stops a zone that
+// runs. Released and ReleasedAt say whether and when time was first
+// synchronized (upstream's once-per-boot ServiceManager::on_time_sync).
 type Watcher struct {
 	opts Options
 	poke chan struct{}
@@ -165,13 +164,13 @@ func (w *Watcher) Status() Status {
 	return w.status
 }
 
-// Check is nil when zones that need synchronized time may start: time has
-// been synchronized once, or the gate is skipped. Otherwise it is a
+// Check is nil when zones that need synchronized time may start: the last
+// check found time synchronized, or the gate is skipped. Otherwise it is a
 // *NotSyncedError saying why not. It never waits for a check.
 func (w *Watcher) Check() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.status.Released {
+	if w.status.Synced || w.status.Skipped {
 		return nil
 	}
 	return &NotSyncedError{Reason: w.status.Reason, Err: w.status.err}
@@ -277,7 +276,7 @@ func (w *Watcher) checkOnce(ctx context.Context) time.Duration {
 	w.mu.Unlock()
 
 	w.logChange(old, st)
-	if st.Synced != old.Synced && w.opts.OnChange != nil {
+	if (st.Synced != old.Synced || kind(st.err) != kind(old.err)) && w.opts.OnChange != nil {
 		w.opts.OnChange(st)
 	}
 	period := w.opts.Period

@@ -155,8 +155,8 @@ func TestWatcherReleasesOnSync(t *testing.T) {
 		if !st.Synced || !st.Released || st.Reason != "" || st.Source != "::1" || st.Stratum != 4 || st.Offset != -0.000002257 || st.Since != at || st.ReleasedAt != at || st.LastChecked != at {
 			t.Fatalf("status %+v", st)
 		}
-		if got := r.flips(); !slices.Equal(got, []bool{true}) {
-			t.Fatalf("OnChange calls %v, want one, to synced", got)
+		if got := r.flips(); !slices.Equal(got, []bool{false, true}) {
+			t.Fatalf("OnChange calls %v, want the first reason (not synced yet), then synced", got)
 		}
 		// Synchronized, it keeps checking, at the synchronized period.
 		asks := r.asks()
@@ -276,7 +276,10 @@ func TestWatcherReportsAFailingNTPAdmin(t *testing.T) {
 	})
 }
 
-func TestWatcherLatchesButReportsALossOfSync(t *testing.T) {
+// A loss of sync after time was synchronized is reported and holds back
+// new starts (as upstream's reconciler, which checks on every pass); the
+// first sync stays recorded.
+func TestWatcherReportsALossOfSyncAndHoldsNewStarts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
 		r := newRig(t, recSyncedV4, true, Options{}).run()
@@ -288,20 +291,16 @@ func TestWatcherLatchesButReportsALossOfSync(t *testing.T) {
 		r.tracker.set(recLocal8, nil) // chronyd lost its peer
 		time.Sleep(5 * time.Second)
 		synctest.Wait()
-		if err := r.w.Check(); err != nil {
-			t.Fatalf("Check = %v after a loss of sync: the gate should stay open", err)
-		}
+		notSynced(t, r.w.Check(), "time not yet synchronized: NTP zone reports the reference is the local clock, not a peer", ErrNotSynced)
 		st := r.w.Status()
 		if st.Synced || !st.Released || st.Reason != "NTP zone reports the reference is the local clock, not a peer" || !st.Since.IsZero() || st.ReleasedAt != start || st.Source != "7F7F0101" || st.Stratum != 8 {
 			t.Fatalf("status %+v", st)
 		}
-		// The NTP zone goes away altogether: reported, the gate stays open.
+		// The NTP zone goes away altogether: reported, the gate shut.
 		r.locate(ErrNoNTPZone)
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if err := r.w.Check(); err != nil {
-			t.Fatalf("Check = %v with the NTP zone gone", err)
-		}
+		notSynced(t, r.w.Check(), "time not yet synchronized: no NTP zone in the config", ErrNoNTPZone)
 		if st := r.w.Status(); st.Reason != "no NTP zone in the config" || st.Source != "7F7F0101" || st.ReportAt != start.Add(5*time.Second) {
 			t.Fatalf("status %+v", st)
 		}
@@ -313,8 +312,11 @@ func TestWatcherLatchesButReportsALossOfSync(t *testing.T) {
 		if st := r.w.Status(); !st.Synced || st.Since != start.Add(7*time.Second) || st.ReleasedAt != start {
 			t.Fatalf("status %+v", st)
 		}
-		if got := r.flips(); !slices.Equal(got, []bool{true, false, true}) {
-			t.Fatalf("OnChange calls %v, want synced, lost, synced", got)
+		if err := r.w.Check(); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.flips(); !slices.Equal(got, []bool{true, false, false, true}) {
+			t.Fatalf("OnChange calls %v, want synced, lost, NTP zone gone, synced", got)
 		}
 	})
 }

@@ -20,7 +20,8 @@ import (
 //	                           "vanish_after": "<Go duration>",
 //	                           "health": "fail" | "hang"}},
 //	 "disks": {"<disk serial>": {"ensure": "hang" | "fail" | "<Go duration>",
-//	                             "present": false}}}
+//	                             "present": false}},
+//	 "timesync": {"synced": false}}
 //
 // "hang" blocks until the call's context ends; "fail" fails every time; a
 // duration delays and then succeeds; vanish_after makes a running zone
@@ -30,11 +31,13 @@ import (
 // ensure applies to every call on it, its pool or its datasets (making,
 // opening, closing the pool; listing, ensuring, destroying datasets), as a
 // dying disk would; present false pulls the disk out of the machine (its
-// pool and datasets come back with it). Zones and disks not in the map
+// pool and datasets come back with it); timesync synced false holds the
+// NTP zones unsynchronized (timesync.go). Zones and disks not in the map
 // behave normally.
 type Faults struct {
-	Zones map[string]ZoneFaults `json:"zones"`
-	Disks map[string]DiskFaults `json:"disks,omitempty"`
+	Zones    map[string]ZoneFaults `json:"zones"`
+	Disks    map[string]DiskFaults `json:"disks,omitempty"`
+	TimeSync *TimeSyncFaults       `json:"timesync,omitempty"`
 }
 
 // DiskFaults are the faults of one disk, by serial.

@@ -50,6 +50,7 @@ type Runtime struct {
 	mu          sync.Mutex
 	zones       map[string]*simZone               // guarded by mu; by zone name
 	faults      map[string]zoneFaults             // guarded by mu; by zone id
+	timeHeld    bool                              // guarded by mu: the NTP zones are held unsynchronized
 	diskFaults  map[string]diskFaults             // guarded by mu; by disk serial
 	disks       map[storage.DiskIdentity]*simDisk // guarded by mu
 	pools       map[string]*simPool               // guarded by mu; by pool id
@@ -88,6 +89,7 @@ func (r *Runtime) SetFaults(f Faults) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.faults, r.diskFaults = c.zones, c.disks
+	r.timeHeld = f.TimeSync != nil && f.TimeSync.Synced != nil && !*f.TimeSync.Synced
 	// Running zones follow the new map too: a zone running for longer than
 	// its new vanish_after vanishes now.
 	for _, z := range r.zones {

@@ -100,3 +100,63 @@ func TestStorageWaitsDoNotConsumeTheBackoff(t *testing.T) {
 		h.wantState(z, reconciler.StateRunning)
 	})
 }
+
+// fakeTimeSync holds the zones of the kinds in wait until released.
+type fakeTimeSync struct {
+	mu      sync.Mutex
+	synced  bool
+	waiting map[string]bool // kinds that need time
+	calls   int
+}
+
+func (f *fakeTimeSync) ZoneTimeSync(z *sledconfig.Zone) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.waiting[z.ZoneType.Type] && !f.synced {
+		return errors.New("time not yet synchronized: no NTP zone in the config")
+	}
+	return nil
+}
+
+func (f *fakeTimeSync) set(synced bool) {
+	f.mu.Lock()
+	f.synced = synced
+	f.mu.Unlock()
+}
+
+// A zone that needs synchronized time waits for it, err with the reason,
+// while a zone that does not starts; once time is synchronized it starts
+// at once; a later loss of sync stops nothing that runs.
+func TestZoneWaitsForTimeSync(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		crucible, dns := sledconfigtest.Crucible(0), sledconfigtest.InternalDNS(0)
+		ts := &fakeTimeSync{waiting: map[string]bool{"crucible": true}}
+		h := start(t, reconciler.Options{TimeSync: ts, Backoff: reconciler.Backoff{Initial: time.Hour, Max: time.Hour}}, sim.Options{})
+		h.r.Update(sledconfigtest.Config(1, crucible, dns))
+		synctest.Wait()
+		h.wantState(dns, reconciler.StateRunning)
+		zs, _ := h.r.Zone(crucible.Name())
+		if zs.State != reconciler.StateFailed || zs.Attempts != 0 || !strings.Contains(zs.LastError, "time not yet synchronized: no NTP zone") {
+			t.Fatalf("zone waiting for time: %+v", zs)
+		}
+		if res := h.r.Status().Last.Zones[crucible.ID]; res.OK || !strings.Contains(res.Message, "time not yet synchronized") {
+			t.Fatalf("result %+v", res)
+		}
+		if n := len(h.rec.times("ensure", crucible.Name())); n != 0 {
+			t.Fatalf("started %d times before time was synchronized", n)
+		}
+		ts.set(true)
+		h.r.TimeSyncChanged()
+		synctest.Wait()
+		h.wantState(crucible, reconciler.StateRunning)
+		ts.set(false)
+		h.r.TimeSyncChanged()
+		time.Sleep(2 * time.Hour)
+		synctest.Wait()
+		h.wantState(crucible, reconciler.StateRunning)
+		if n := len(h.rec.times("ensure", crucible.Name())); n != 1 {
+			t.Fatalf("%d starts, want 1", n)
+		}
+	})
+}
