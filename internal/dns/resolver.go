@@ -117,11 +117,7 @@ func (r *Resolver) LookupService(ctx context.Context, service string) ([]netip.A
 	var wg sync.WaitGroup
 	for i, target := range targets {
 		wg.Go(func() {
-			results[i].err = r.query(ctx, "AAAA", target, func(ctx context.Context, res *net.Resolver) error {
-				var err error
-				results[i].addrs, err = res.LookupNetIP(ctx, "ip6", target)
-				return err
-			})
+			results[i].addrs, results[i].err = r.lookupAAAA(ctx, target)
 		})
 	}
 	wg.Wait()
@@ -146,6 +142,87 @@ func (r *Resolver) LookupService(ctx context.Context, service string) ([]netip.A
 	}
 	slices.SortFunc(out, netip.AddrPort.Compare)
 	return slices.Compact(out), nil
+}
+
+// BoundaryNTPName is the name whose AAAA records are the addresses of the
+// rack's boundary NTP zones: internal NTP zones follow them. It is
+// upstream's: omicron's internal-dns names (BOUNDARY_NTP_DNS_NAME,
+// "boundary-ntp", in the control-plane zone), there because chrony does
+// not follow SRV records. Upstream puts the name itself in an internal NTP
+// zone's chrony.conf ("pool <name> ...") and chronyd resolves it; we
+// differ: the agent resolves it (see internal/timesync/servers) and writes
+// addresses, so that chronyd in a zone needs no resolver of its own and
+// the status says what was found.
+const BoundaryNTPName = "boundary-ntp." + Zone
+
+// LookupBoundaryNTP returns the addresses of the rack's boundary NTP
+// zones: LookupAAAA(ctx, BoundaryNTPName).
+func (r *Resolver) LookupBoundaryNTP(ctx context.Context) ([]netip.Addr, error) {
+	return r.LookupAAAA(ctx, BoundaryNTPName)
+}
+
+// LookupAAAA returns the IPv6 addresses of name (fully qualified; a
+// trailing dot is optional, no search domain is ever appended), sorted and
+// without duplicates. It asks the servers as LookupService does, each
+// under the resolver's timeout, and never beyond ctx.
+//
+// When the name does not exist or has no AAAA records, the result is
+// empty (nil) and the error nil. Errors wrap ErrUnreachable or
+// ErrServerFailure, or the context's error when the caller cancelled.
+func (r *Resolver) LookupAAAA(ctx context.Context, name string) ([]netip.Addr, error) {
+	fqdn, err := checkHost(name)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := r.lookupAAAA(ctx, fqdn)
+	if errors.Is(err, errNotFound) {
+		return nil, nil
+	}
+	return addrs, err
+}
+
+// lookupAAAA asks for the AAAA records of fqdn (with its trailing dot). The
+// addresses come back sorted, without zones or duplicates; errNotFound
+// means none.
+func (r *Resolver) lookupAAAA(ctx context.Context, fqdn string) ([]netip.Addr, error) {
+	var addrs []netip.Addr
+	err := r.query(ctx, "AAAA", fqdn, func(ctx context.Context, res *net.Resolver) error {
+		var err error
+		addrs, err = res.LookupNetIP(ctx, "ip6", fqdn)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, a := range addrs {
+		addrs[i] = a.WithZone("")
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	return slices.Compact(addrs), nil
+}
+
+// checkHost accepts a fully qualified host name (labels of letters,
+// digits, hyphens and underscores, at most 63 bytes each and 253 in all)
+// and returns it in lower case with its trailing dot.
+func checkHost(name string) (string, error) {
+	host := strings.ToLower(strings.TrimSuffix(name, "."))
+	bad := func(why string) (string, error) {
+		return "", fmt.Errorf("dns: host name %q: %s", name, why)
+	}
+	if host == "" || len(host) > 253 {
+		return bad("want 1 to 253 characters")
+	}
+	for _, label := range strings.Split(host, ".") {
+		if label == "" || len(label) > 63 {
+			return bad("want labels of 1 to 63 characters")
+		}
+		for _, c := range label {
+			if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return bad("want letters, digits, hyphens and underscores")
+			}
+		}
+	}
+	return host + ".", nil
 }
 
 // checkService accepts a service name that makes one DNS label.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -295,6 +297,75 @@ func TestNewResolver(t *testing.T) {
 	for _, bad := range []string{"", "a.b", "_dendrite", "dendrite\x00", "a b"} {
 		if _, err := r.LookupService(t.Context(), bad); err == nil {
 			t.Errorf("LookupService(%q): no error", bad)
+		}
+	}
+}
+
+func TestBoundaryNTPName(t *testing.T) {
+	// Upstream's name (internal-dns BOUNDARY_NTP_DNS_NAME in the
+	// control-plane zone): internal NTP zones of a real rack find their
+	// boundary NTP zones under it.
+	if BoundaryNTPName != "boundary-ntp.control-plane.oxide.internal" {
+		t.Errorf("BoundaryNTPName = %q", BoundaryNTPName)
+	}
+}
+
+func TestLookupAAAA(t *testing.T) {
+	noAAAA := "nothing.host." + Zone
+	s := startServer(t, Records{AAAA: map[string][]netip.Addr{
+		BoundaryNTPName: {
+			netip.MustParseAddr("fd00:1122:3344:102::5"),
+			netip.MustParseAddr("fd00:1122:3344:101::5"),
+			netip.MustParseAddr("fd00:1122:3344:102::5"),
+		},
+		noAAAA: nil, // the name exists, without records
+	}})
+	r := newResolver(t, time.Second, s.Addr())
+	want := []netip.Addr{netip.MustParseAddr("fd00:1122:3344:101::5"), netip.MustParseAddr("fd00:1122:3344:102::5")}
+	for _, name := range []string{BoundaryNTPName, BoundaryNTPName + ".", "Boundary-NTP.Control-Plane.oxide.internal"} {
+		got, err := r.LookupAAAA(hangDetector(t), name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+			t.Errorf("%s: sorted, without duplicates (-want +got):\n%s", name, diff)
+		}
+	}
+	got, err := r.LookupBoundaryNTP(hangDetector(t))
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("LookupBoundaryNTP = %v, %v; want %v", got, err, want)
+	}
+
+	for _, name := range []string{noAAAA, "missing.host." + Zone} {
+		if got, err := r.LookupAAAA(hangDetector(t), name); got != nil || err != nil {
+			t.Errorf("%s: LookupAAAA = %v, %v; want nothing, no error", name, got, err)
+		}
+	}
+}
+
+func TestLookupAAAAFailures(t *testing.T) {
+	failing := startServer(t, Records{})
+	failing.SetFault(FaultServfail)
+	r := newResolver(t, time.Second, failing.Addr())
+	if got, err := r.LookupAAAA(hangDetector(t), BoundaryNTPName); !errors.Is(err, ErrServerFailure) || got != nil {
+		t.Errorf("SERVFAIL: LookupAAAA = %v, %v; want ErrServerFailure", got, err)
+	}
+
+	dropping := startServer(t, Records{})
+	dropping.SetFault(FaultDrop)
+	ctx := hangDetector(t)
+	r = newResolver(t, 100*time.Millisecond, closedPort(t), dropping.Addr())
+	if got, err := r.LookupAAAA(ctx, BoundaryNTPName); !errors.Is(err, ErrUnreachable) || got != nil {
+		t.Errorf("no answer: LookupAAAA = %v, %v; want ErrUnreachable", got, err)
+	}
+	if ctx.Err() != nil {
+		t.Error("the lookup ran until the hang detector: the per-query timeout was not kept")
+	}
+
+	long := strings.Repeat("a", 64)
+	for _, bad := range []string{"", ".", "a..b", "a b", "a\\.b", "a\x00b", long + ".oxide.internal", strings.Repeat("a.", 127) + "ab"} {
+		if _, err := r.LookupAAAA(t.Context(), bad); err == nil {
+			t.Errorf("LookupAAAA(%q): no error", bad)
 		}
 	}
 }
