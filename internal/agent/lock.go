@@ -44,7 +44,7 @@ func LockDataDir(dataDir string) (*os.File, error) {
 		holder, _ := os.ReadFile(path)
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("data dir %s is %w (pid %s): one agent per data dir", dataDir, ErrInUse, strings.TrimSpace(string(holder)))
+			return nil, fmt.Errorf("data dir %s is %w (pid %s%s): one agent per data dir", dataDir, ErrInUse, strings.TrimSpace(string(holder)), openBy(path))
 		}
 		return nil, fmt.Errorf("locking data dir %s: %w", dataDir, err)
 	}
@@ -84,7 +84,7 @@ func LockHost(tag, dataDir string) (*os.File, error) {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			who := cmp.Or(strings.TrimSpace(string(holder)), "a process that has not yet said who it is")
-			return nil, fmt.Errorf("the zones of tag %q on this host are %w (%s; lock %s): one agent per host", tag, ErrInUse, who, path)
+			return nil, fmt.Errorf("the zones of tag %q on this host are %w (%s%s; lock %s): one agent per host", tag, ErrInUse, who, openBy(path), path)
 		}
 		return nil, fmt.Errorf("locking the host (%s): %w", path, err)
 	}
@@ -95,6 +95,31 @@ func LockHost(tag, dataDir string) (*os.File, error) {
 		f.WriteAt([]byte("pid "+strconv.Itoa(os.Getpid())+", data dir "+dataDir+"\n"), 0)
 	}
 	return f, nil
+}
+
+// openBy names the processes that have path open, as "; open in pid N
+// (comm)…": the lock's holders, whose pid the file may not say (a process
+// that inherited the descriptor holds the lock too). "" if none is found.
+func openBy(path string) string {
+	procs, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	seen := map[string]bool{}
+	var who []string
+	for _, fd := range procs {
+		if target, err := os.Readlink(fd); err != nil || target != path {
+			continue
+		}
+		pid := strings.Split(fd, "/")[2]
+		if seen[pid] {
+			continue
+		}
+		seen[pid] = true
+		comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+		who = append(who, "pid "+pid+" ("+strings.TrimSpace(string(comm))+")")
+	}
+	if len(who) == 0 {
+		return ""
+	}
+	return "; open in " + strings.Join(who, ", ")
 }
 
 func hostLockPath(tag string) string {
