@@ -81,6 +81,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g))
 	root.AddCommand(newZoneServiceCmd())
 	root.AddCommand(newVMMServiceCmd())
+	root.AddCommand(newNTPZoneCmd())
 	root.AddCommand(newSimCmd())
 	return root
 }

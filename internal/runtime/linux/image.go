@@ -3,6 +3,7 @@ package linux
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/sled-agent/sled-agent/internal/zone"
@@ -19,6 +20,8 @@ import (
 //	{data}    the zone's durable dataset's directory (spec.Storage.Data);
 //	          an image that uses it in a zone without one does not start
 //	{name} {id} {kind}  the zone's name, id and type
+//	{tag}     the runtime's tag (Options.Tag): an NTP zone's command socket
+//	          is in chrony.SocketDir({tag}, {id})
 //
 // Only whole values from the validated config and fixed paths are
 // substituted, and the command is executed without a shell.
@@ -45,24 +48,46 @@ var VMMImage = Image{
 	Ready:   Ready{zoneService: true},
 }
 
+// NTPImage is what boundary_ntp and internal_ntp zones run by default:
+// `sled-agent ntp-zone` (internal/timesync/ntpzone), chronyd configured
+// from the zone's mark in its root, ntp-admin on the zone's address at port
+// 10123, and the zone service's health on {listen}, which readiness waits
+// for. With Options.NTPNoClock the runtime adds --no-clock: chronyd only
+// tracks.
+var NTPImage = Image{
+	Command: []string{"{agent}", "ntp-zone", "--listen", "{listen}", "--root", "{root}", "--tag", "{tag}"},
+	Ready:   Ready{zoneService: true},
+}
+
+// isNTP reports whether zones of kind t are NTP zones.
+func isNTP(t string) bool { return t == "boundary_ntp" || t == "internal_ntp" }
+
 // imageFor returns what runs in the zone: its kind's image from the
-// options, else the default.
+// options, else the default for its kind.
 func (r *Runtime) imageFor(spec zone.Spec) Image {
-	if img, ok := r.opts.Images[spec.Config.ZoneType.Type]; ok {
+	t := spec.Config.ZoneType.Type
+	if img, ok := r.opts.Images[t]; ok {
 		return img
 	}
-	if spec.Config.ZoneType.Type == zone.VMMZoneType {
+	switch {
+	case t == zone.VMMZoneType:
 		return VMMImage
+	case isNTP(t):
+		img := NTPImage
+		if r.opts.NTPNoClock {
+			img.Command = append(slices.Clip(img.Command), "--no-clock")
+		}
+		return img
 	}
 	return DefaultImage
 }
 
 // expand fills in the placeholders of img's command for one zone.
-func (img Image) expand(spec zone.Spec, addr netip.AddrPort, agent, root string) ([]string, error) {
+func (img Image) expand(spec zone.Spec, addr netip.AddrPort, agent, root, tag string) ([]string, error) {
 	if len(img.Command) == 0 {
 		return nil, fmt.Errorf("empty image for zone kind %s", spec.Config.ZoneType.Type)
 	}
-	return expander(spec, addr, agent, root).expand(img.Command)
+	return expander(spec, addr, agent, root, tag).expand(img.Command)
 }
 
 // placeholders fills in the placeholders of an image's argv (its command,
@@ -76,7 +101,7 @@ type placeholders struct {
 
 // expander fills in the placeholders for one zone; {data} is its
 // spec.Storage.Data.
-func expander(spec zone.Spec, addr netip.AddrPort, agent, root string) placeholders {
+func expander(spec zone.Spec, addr netip.AddrPort, agent, root, tag string) placeholders {
 	var noData string
 	if spec.Storage.Data == "" {
 		noData = spec.Name
@@ -91,6 +116,7 @@ func expander(spec zone.Spec, addr netip.AddrPort, agent, root string) placehold
 		"{name}", spec.Name,
 		"{id}", spec.ID,
 		"{kind}", spec.Config.ZoneType.Type,
+		"{tag}", tag,
 	)}
 }
 

@@ -2,9 +2,15 @@ package linux
 
 import (
 	"encoding/json"
+	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 func TestImagesBothForms(t *testing.T) {
@@ -86,5 +92,52 @@ func TestImagesBad(t *testing.T) {
 				t.Errorf("%s: error %q does not mention %q", c.doc, err, w)
 			}
 		}
+	}
+}
+
+// NTP zones run ntp-zone by default, with --no-clock when the runtime says
+// so, unless Images gives their kind another image; other kinds are not
+// affected.
+func TestNTPImage(t *testing.T) {
+	ntp := func(kind string) zone.Spec {
+		z := sledconfigtest.Crucible(3)
+		z.ZoneType = sledconfig.ZoneType{Type: kind, Address: "[fd00:1122:3344:101::21]:123"}
+		return zone.SpecFor(&z)
+	}
+	addr := netip.MustParseAddrPort("[fd00:1122:3344:101::21]:123")
+	want := []string{"/agent", "ntp-zone", "--listen", "[fd00:1122:3344:101::21]:123", "--root", "/root", "--tag", "zt1"}
+	for _, c := range []struct {
+		opts Options
+		kind string
+		want []string
+	}{
+		{Options{}, "boundary_ntp", want},
+		{Options{}, "internal_ntp", want},
+		{Options{NTPNoClock: true}, "internal_ntp", append(slices.Clone(want), "--no-clock")},
+		{Options{NTPNoClock: true, Images: map[string]Image{"boundary_ntp": {Command: []string{"/opt/ntp", "{tag}"}}}}, "boundary_ntp", []string{"/opt/ntp", "zt1"}},
+		{Options{NTPNoClock: true}, "crucible", nil},
+	} {
+		r := &Runtime{opts: c.opts}
+		s := ntp(c.kind)
+		img := r.imageFor(s)
+		got, err := img.expand(s, addr, "/agent", "/root", "zt1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.want == nil {
+			if got[1] != "zone-service" {
+				t.Errorf("%s: %q, want the default image", c.kind, got)
+			}
+			continue
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s %+v: %q, want %q", c.kind, c.opts, got, c.want)
+		}
+		if _, override := c.opts.Images[c.kind]; !override && !img.Ready.zoneService {
+			t.Errorf("%s: NTPImage is not ready on the zone service's health", c.kind)
+		}
+	}
+	if NTPImage.Command[len(NTPImage.Command)-1] == "--no-clock" {
+		t.Error("NTPNoClock changed NTPImage itself")
 	}
 }

@@ -101,7 +101,7 @@ func (r *Runtime) probeFor(spec zone.Spec, img Image, root string) (probe, error
 	}
 	netns := r.netnsName(spec.Name)
 	start := func(cmd *exec.Cmd) error { return zonenet.StartIn(netns, cmd) }
-	return img.Ready.probe(addr, expander(spec, addr, r.agent, root), start)
+	return img.Ready.probe(addr, expander(spec, addr, r.agent, root, r.opts.Tag), start)
 }
 
 // probe builds the check for a service at addr; start starts a command

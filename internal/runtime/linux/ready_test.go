@@ -57,7 +57,7 @@ func testProbe(t *testing.T, rd Ready, addr netip.AddrPort, root string, start f
 	if start == nil {
 		start = (*exec.Cmd).Start
 	}
-	p, err := rd.probe(addr, expander(zone.SpecFor(&z), addr, "/nonexistent/agent", root), start)
+	p, err := rd.probe(addr, expander(zone.SpecFor(&z), addr, "/nonexistent/agent", root, "sled-agent"), start)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func groupMembers(t *testing.T, pgid int) []int {
 func TestCommandReadyNeedsAnAbsolutePath(t *testing.T) {
 	z := sledconfigtest.Crucible(1)
 	addr := freePort(t)
-	_, err := Ready{Command: []string{"{kind}", "x"}}.probe(addr, expander(zone.SpecFor(&z), addr, "/a", "/r"), (*exec.Cmd).Start)
+	_, err := Ready{Command: []string{"{kind}", "x"}}.probe(addr, expander(zone.SpecFor(&z), addr, "/a", "/r", "sled-agent"), (*exec.Cmd).Start)
 	if err == nil || !strings.Contains(err.Error(), "absolute path") {
 		t.Fatalf("probe = %v, want an error about the path", err)
 	}

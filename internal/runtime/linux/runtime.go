@@ -24,10 +24,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sled-agent/sled-agent/internal/atomicfile"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/timesync/chrony"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 )
@@ -61,8 +64,12 @@ type Options struct {
 	// (default none). Tests use a unique prefix.
 	NetnsPrefix string
 	// Images maps a zone type to what runs in its zones; others run
-	// DefaultImage.
+	// their kind's default: VMMImage, NTPImage, else DefaultImage.
 	Images map[string]Image
+	// NTPNoClock makes NTPImage's chronyd only track (ntp-zone
+	// --no-clock): it never sets this machine's clock (development and
+	// tests; the agent's --ntp-no-clock).
+	NTPNoClock bool
 	// AgentBinary is the binary DefaultImage runs (default: this executable).
 	// It is copied into the data dir, so zones outlive the file it came from.
 	AgentBinary string
@@ -199,7 +206,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	addr, _ := spec.Config.ServiceAddr()
 	// What the zone runs, checked before anything of it is made.
 	img := r.imageFor(spec)
-	argv, err := img.expand(spec, addr, r.agent, root)
+	argv, err := img.expand(spec, addr, r.agent, root, r.opts.Tag)
 	if err != nil {
 		return err
 	}
@@ -520,6 +527,11 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 		if err := os.RemoveAll(svc); err != nil {
 			errs = append(errs, fmt.Errorf("service directory: %w", err))
 		}
+		// Before the roots: while a mark is left, a Destroy again finds
+		// the zone and this directory.
+		if err := r.removeSocketDir(name, zoneID); err != nil {
+			errs = append(errs, err)
+		}
 		for _, root := range ours {
 			if err := r.removeRoot(root); err != nil {
 				errs = append(errs, fmt.Errorf("zone root: %w", err))
@@ -726,6 +738,25 @@ func (r *Runtime) forgetRoot(name string) {
 	delete(r.roots, name)
 	r.mu.Unlock()
 }
+
+// removeSocketDir removes an NTP zone's command socket directory,
+// chrony.SocketDir(tag, id): ours by its name, which holds our tag and the
+// zone's id (a UUID, checked before it makes a path).
+func (r *Runtime) removeSocketDir(name, zoneID string) error {
+	if !strings.HasPrefix(name, ntpZonePrefix) {
+		return nil
+	}
+	if _, err := uuid.Parse(zoneID); err != nil || len(zoneID) != 36 {
+		return fmt.Errorf("chrony socket directory: zone id %q is not a UUID", zoneID)
+	}
+	if err := os.RemoveAll(chrony.SocketDir(r.opts.Tag, strings.ToLower(zoneID))); err != nil {
+		return fmt.Errorf("chrony socket directory: %w", err)
+	}
+	return nil
+}
+
+// ntpZonePrefix begins the names of NTP zones (both kinds).
+const ntpZonePrefix = sledconfig.ZoneNamePrefix + "ntp_"
 
 // idFromName returns the zone id at the end of a zone name.
 func idFromName(name string) string {

@@ -29,6 +29,7 @@ import (
 )
 
 // TestMain lets the test binary play the agent binary that zone images run:
+// "ntp-zone …" serves an NTP zone (ntp_root_test.go),
 // "zone-service …" serves like `sled-agent zone-service`, "never-ready"
 // runs without ever answering a health check; "tcp-listen" and "zone-probe"
 // are a service that is not the agent's and a readiness command
@@ -40,6 +41,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	standInIfAsked()
+	ntpZoneIfAsked()
 	os.Exit(m.Run())
 }
 
@@ -63,6 +65,13 @@ type env struct {
 }
 
 func newEnv(t *testing.T, images map[string]linux.Image) *env {
+	t.Helper()
+	return newEnvWith(t, images, nil)
+}
+
+// newEnvWith is newEnv with the runtime's options changed by edit (if not
+// nil) before the runtime is made.
+func newEnvWith(t *testing.T, images map[string]linux.Image, edit func(*linux.Options)) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: creates network namespaces, links and processes")
@@ -93,6 +102,9 @@ func newEnv(t *testing.T, images map[string]linux.Image) *env {
 			default:
 			}
 		},
+	}
+	if edit != nil {
+		edit(&e.opts)
 	}
 	rt, err := linux.New(e.opts)
 	if err != nil {

@@ -86,11 +86,26 @@ type Config struct {
 	// Root/chrony. A unix socket's path is at most 107 bytes, and chronyc
 	// binds its own socket (chronyc.<pid>.sock) in the same directory, so
 	// the directory's path may be at most MaxSocketDir bytes: a zone root
-	// deep in a pool is longer, and its socket goes in a short per-zone
-	// directory of the agent's run dir instead. chronyd disables the socket
-	// unless the directory is owned by its user (root) and closed to
-	// others, so Write makes it a 0700 directory owned by root.
+	// deep in a pool is longer, and an NTP zone's socket goes in
+	// SocketDir(tag, zone id) instead, where the zone's chronyd and the
+	// agent on the host both find it. chronyd disables the socket unless
+	// the directory is owned by its user (root) and closed to others, so
+	// Write makes it a 0700 directory owned by root.
 	SocketDir string
+}
+
+// SocketRoot holds the command socket directories of NTP zones' chronyds
+// (SocketDir): short, and per boot, like the sockets.
+const SocketRoot = "/run/sled-agent-ntp"
+
+// SocketDir is the command socket directory of the chronyd of the NTP zone
+// zoneID of the agent tagged tag (the zone runtime's Options.Tag):
+// SocketRoot/<tag>-<zone id>. The zone's chronyd binds its socket there and
+// the agent reaches it there from the host (SetServers, Tracking), and the
+// zone runtime removes it with the zone. With a tag of at most 29 bytes and
+// a UUID it is within MaxSocketDir.
+func SocketDir(tag, zoneID string) string {
+	return SocketRoot + "/" + tag + "-" + zoneID
 }
 
 // MaxSocketDir is the longest path of Config.SocketDir (see there): 107

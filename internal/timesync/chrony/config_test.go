@@ -261,3 +261,25 @@ func TestWriteMakesPrivateDirsAndFiles(t *testing.T) {
 		t.Errorf("socket %s", p.Socket)
 	}
 }
+
+// An NTP zone's socket directory is short and per zone: the default tag's
+// and a test tag's fit a unix socket's path, and are rendered as they are.
+func TestSocketDir(t *testing.T) {
+	const id = "3c3a8e4b-6d4f-4c6e-9a51-2c0f3e2b9a11"
+	if got, want := SocketDir("sled-agent", id), "/run/sled-agent-ntp/sled-agent-"+id; got != want {
+		t.Fatalf("SocketDir = %q, want %q", got, want)
+	}
+	for _, tag := range []string{"sled-agent", "zt0a1b2c", strings.Repeat("t", 29)} {
+		c := Config{Root: "/" + strings.Repeat("r", 200), Kind: Internal, SocketDir: SocketDir(tag, id)}
+		conf, _, err := Render(c)
+		if err != nil {
+			t.Fatalf("tag %q: %v", tag, err)
+		}
+		if want := "bindcmdaddress " + SocketDir(tag, id) + "/chronyd.sock\n"; !strings.Contains(string(conf), want) {
+			t.Errorf("tag %q: chrony.conf lacks %q:\n%s", tag, want, conf)
+		}
+	}
+	if _, _, err := Render(Config{Root: "/z", Kind: Internal, SocketDir: SocketDir(strings.Repeat("t", 30), id)}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("a 30-byte tag: Render = %v, want ErrInvalidConfig", err)
+	}
+}
