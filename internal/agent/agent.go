@@ -40,6 +40,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
+	"github.com/sled-agent/sled-agent/internal/timesync/servers"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
@@ -117,6 +118,9 @@ type Config struct {
 	// SkipTimesync lets zones that need synchronized time start without
 	// it (development; upstream's TimeSyncConfig::Skip).
 	SkipTimesync bool `json:"skip-timesync"`
+	// NTPNoClock makes the linux runtime's NTP zones only track time
+	// (chronyd -x), never set the host's clock (development and tests).
+	NTPNoClock bool `json:"ntp-no-clock"`
 	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
 	// ownership tag and name prefix (tests; default "sled-agent" and none).
 	ZoneTag     string `json:"-"`
@@ -175,6 +179,9 @@ type Agent struct {
 	// timeSync watches the sled's NTP zone; zones that need synchronized
 	// time wait for it (timesync.go).
 	timeSync *timesync.Watcher
+	// ntpServers, if set, keeps the internal NTP zones on the rack's
+	// boundary NTP servers (linux runtime with --dns-server; timesync.go).
+	ntpServers *servers.Follower
 	// wanted is the config the reconcilers were last given.
 	wanted atomic.Pointer[sledconfig.Config]
 }
@@ -357,6 +364,14 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	zt.w = a.timeSync
 	// An NTP zone that starts is asked at once.
 	onRunningChange = append(onRunningChange, a.timeSync.Poke)
+	if a.watch != nil && natOpts != nil {
+		if r, ok := natOpts.Resolver.(*dns.Resolver); ok {
+			if a.ntpServers, err = a.newNTPServers(r, zs, a.log.With("component", "ntp-servers")); err != nil {
+				return nil, err
+			}
+			onRunningChange = append(onRunningChange, a.ntpServers.Poke)
+		}
+	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -509,6 +524,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Go(func() { a.runStorage(ctx) })
 	}
 	wg.Go(func() { a.runTimeSync(ctx) })
+	if a.ntpServers != nil {
+		wg.Go(func() { a.ntpServers.Run(ctx) })
+	}
 	if a.watch != nil {
 		wg.Go(func() {
 			if err := a.watch(ctx); err != nil && ctx.Err() == nil {
@@ -577,6 +595,7 @@ func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
 			Sled:        cfg.SledID,
 			NetnsPrefix: cfg.NetnsPrefix,
 			PoolRoot:    poolRoot(cfg),
+			NTPNoClock:  cfg.NTPNoClock,
 			Images:      cfg.Images, // validated by New
 			Log:         log,
 		})

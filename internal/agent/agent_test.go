@@ -86,9 +86,11 @@ func newAgent(t *testing.T, cfg agent.Config) *agent.Agent {
 	return newTimedAgent(t, cfg)
 }
 
-// newTimedAgent is newAgent with time sync gating as cfg says.
+// newTimedAgent is newAgent with time sync gating as cfg says. Its NTP
+// zones, if any, never set the host's clock (NTPNoClock).
 func newTimedAgent(t *testing.T, cfg agent.Config) *agent.Agent {
 	t.Helper()
+	cfg.NTPNoClock = true
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}

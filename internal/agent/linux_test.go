@@ -32,6 +32,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
+	"github.com/sled-agent/sled-agent/internal/timesync/ntpzone/ntpzonetest"
 	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
@@ -39,10 +40,11 @@ import (
 )
 
 // TestMain lets this test binary stand in for the agent binary that the
-// linux runtime's default image runs: `<binary> zone-service --listen A
-// --zone N --id I --kind K`.
+// linux runtime's default images run: `<binary> zone-service --listen A
+// --zone N --id I --kind K`, `<binary> ntp-zone …`, `<binary> vmm-service …`.
 func TestMain(m *testing.M) {
 	zoneservicetest.ServeIfAsked()
+	ntpzonetest.ServeIfAsked()
 	serveVMMIfAsked()
 	os.Exit(m.Run())
 }

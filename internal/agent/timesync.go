@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -8,8 +9,12 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/sled-agent/sled-agent/internal/dns"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/timesync"
+	"github.com/sled-agent/sled-agent/internal/timesync/chrony"
+	"github.com/sled-agent/sled-agent/internal/timesync/servers"
+	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 // Time sync: zones that need synchronized time (all but the NTP and
@@ -124,3 +129,77 @@ func (a *Agent) runTimeSync(ctx context.Context) {
 
 // TimeSync is the watcher of the sled's NTP zone.
 func (a *Agent) TimeSync() *timesync.Watcher { return a.timeSync }
+
+// newNTPServers returns the follower that keeps the running internal NTP
+// zones' chronyd on the rack's boundary NTP servers, found through
+// internal DNS; their chronyd is reached through its command socket
+// (chrony.SocketDir) from the host.
+func (a *Agent) newNTPServers(r *dns.Resolver, zs *zoneStorage, log *slog.Logger) (*servers.Follower, error) {
+	bins, err := chrony.Find()
+	if err != nil {
+		// Without chronyc the zones' chronyd cannot be told; the NTP
+		// zones cannot run either, and say so themselves.
+		log.Warn("internal NTP zones will not be given the boundary NTP servers", "err", err)
+		bins = chrony.Binaries{}
+	}
+	return servers.New(servers.Options{
+		Resolver: r,
+		Name:     dns.BoundaryNTPName,
+		Zones:    a.internalNTPZones,
+		Setter:   &chronySetter{a: a, zs: zs, bins: bins, log: log},
+		Log:      log,
+	})
+}
+
+// internalNTPZones lists the internal NTP zones that run, each start of one
+// a new instance.
+func (a *Agent) internalNTPZones() []servers.Zone {
+	var out []servers.Zone
+	for _, spec := range a.rec.RunningSpecs() {
+		if spec.Config.ZoneType.Type != "internal_ntp" {
+			continue
+		}
+		instance := ""
+		if zs, ok := a.rec.Zone(spec.Name); ok {
+			instance = zs.Since.String() // running since
+		}
+		out = append(out, servers.Zone{ID: spec.ID, Name: spec.Name, Instance: instance})
+	}
+	return out
+}
+
+// chronySetter sets an internal NTP zone's servers through its chronyd's
+// command socket, in the sources file of its root.
+type chronySetter struct {
+	a    *Agent
+	zs   *zoneStorage
+	bins chrony.Binaries
+	log  *slog.Logger
+}
+
+func (c *chronySetter) SetServers(ctx context.Context, z servers.Zone, addrs []netip.Addr) error {
+	spec, ok := c.a.runningSpec(z.ID)
+	if !ok {
+		return fmt.Errorf("zone %s is not running", z.Name)
+	}
+	st, err := c.zs.ZoneStorage(&spec.Config)
+	if err != nil {
+		return fmt.Errorf("zone %s's root: %w", z.Name, err)
+	}
+	d, err := chrony.New(chrony.Config{Root: st.Root, Kind: chrony.Internal, SocketDir: chrony.SocketDir(cmp.Or(c.a.cfg.ZoneTag, DefaultZoneTag), z.ID)},
+		chrony.Options{Binaries: c.bins, Log: c.log})
+	if err != nil {
+		return err
+	}
+	return d.SetServers(ctx, addrs)
+}
+
+// runningSpec is the spec of the running zone with id.
+func (a *Agent) runningSpec(id string) (zone.Spec, bool) {
+	for _, spec := range a.rec.RunningSpecs() {
+		if spec.ID == id {
+			return spec, true
+		}
+	}
+	return zone.Spec{}, false
+}

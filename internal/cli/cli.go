@@ -115,6 +115,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.VdevDir, "vdev-dir", "", "directory of file-backed synthetic disks, u2_<name>.vdev (linux runtime)")
 	f.StringVar(&c.PoolRoot, "pool-root", "", "where the linux runtime's pools are mounted, <pool-root>/ext/<pool id> (default <data-dir>/storage)")
 	f.BoolVar(&c.SkipTimesync, "skip-timesync", false, "start zones that need synchronized time without waiting for the NTP zone to say it is (development)")
+	f.BoolVar(&c.NTPNoClock, "ntp-no-clock", false, "the linux runtime's NTP zones only track time (chronyd -x) and never set the host's clock (development, tests)")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -167,6 +168,9 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	}
 	if cmd.Flags().Changed("skip-timesync") {
 		c.SkipTimesync = flags.SkipTimesync
+	}
+	if cmd.Flags().Changed("ntp-no-clock") {
+		c.NTPNoClock = flags.NTPNoClock
 	}
 	set("vdev-dir", &c.VdevDir, flags.VdevDir)
 	set("pool-root", &c.PoolRoot, flags.PoolRoot)

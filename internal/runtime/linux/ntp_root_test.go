@@ -4,22 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
-	"log/slog"
-	"net"
+	"io/fs"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netlink"
 
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
@@ -27,33 +21,9 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/timesync/chrony"
-	"github.com/sled-agent/sled-agent/internal/timesync/ntpzone"
+	"github.com/sled-agent/sled-agent/internal/timesync/ntpzone/ntpzonetest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
-
-// ntpZoneIfAsked plays `sled-agent ntp-zone` for TestMain, when the binary
-// was started as NTPImage starts the agent: `<binary> ntp-zone --listen A
-// --root R --tag T [--no-clock]`. It serves until SIGTERM and exits.
-func ntpZoneIfAsked() {
-	a := os.Args
-	if len(a) != 8 && len(a) != 9 || a[1] != "ntp-zone" || a[2] != "--listen" || a[4] != "--root" || a[6] != "--tag" {
-		return
-	}
-	opts := ntpzone.Options{Listen: a[3], Root: a[5], Tag: a[7], Log: slog.New(slog.NewTextHandler(os.Stderr, nil))}
-	if len(a) == 9 {
-		if a[8] != "--no-clock" {
-			return
-		}
-		opts.NoClock = true
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	if err := ntpzone.Run(ctx, opts); err != nil {
-		fmt.Fprintln(os.Stderr, "ntp-zone:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
 
 // Addresses of TestNTPZonesSyncToAReference, in /64s no other test of
 // this package uses, all in the rack's /56 that a boundary zone serves.
@@ -88,28 +58,7 @@ func TestNTPZonesSyncToAReference(t *testing.T) {
 	}
 	e := newEnvWith(t, nil, func(o *linux.Options) { o.NTPNoClock = true })
 
-	// The reference's link, the test's own: a veth pair with both ends on
-	// the host (this kernel may have no dummy links), the address on one.
-	link := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: e.tag + "ra"}, PeerName: e.tag + "rb"}
-	if err := netlink.LinkAdd(link); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netlink.LinkDel(link) })
-	for _, name := range []string{link.Name, link.PeerName} {
-		l, err := netlink.LinkByName(name)
-		if err == nil {
-			err = netlink.LinkSetUp(l)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	addr := &netlink.Addr{IPNet: netipNet(refAddr), Flags: syscall.IFA_F_NODAD}
-	if err := netlink.AddrAdd(link, addr); err != nil {
-		t.Fatal(err)
-	}
-
-	ref := startReference(t, bins, chrony.Config{Root: t.TempDir(), Kind: chrony.Reference, Address: refAddr, Stratum: 7})
+	ref := ntpzonetest.StartReference(t, bins, e.tag, refAddr, 7)
 	t.Logf("reference at %s:123: %s", refAddr, ref)
 
 	boundary := ntpZone(0x1fa, "boundary_ntp", boundaryAddr, refAddr.String())
@@ -133,13 +82,16 @@ func TestNTPZonesSyncToAReference(t *testing.T) {
 	t0 = time.Now()
 	e.ensure(internal)
 	tReady = time.Since(t0)
-	// Zone to zone goes through the host: forwarding on the two zones'
-	// host ends only (the host's own setting is left alone).
+	// Zone to zone goes through the host: zonenet lets the host forward
+	// from each zone's host end (force_forwarding, Linux 6.17).
 	for _, s := range []zone.Spec{boundary, internal} {
 		hostEnd, _ := zonenet.LinkNames(e.tag, s.ID)
-		p := "/proc/sys/net/ipv6/conf/" + hostEnd + "/force_forwarding"
-		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
+		b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + hostEnd + "/force_forwarding")
+		if errors.Is(err, fs.ErrNotExist) {
 			t.Skipf("zone-to-zone traffic needs per-link IPv6 forwarding (force_forwarding, Linux 6.17): %v", err)
+		}
+		if err != nil || strings.TrimSpace(string(b)) != "1" {
+			t.Fatalf("%s forwards %q (%v), want 1", hostEnd, b, err)
 		}
 	}
 	host, err := chrony.New(chrony.Config{Root: rootOf(e, internal), Kind: chrony.Internal, SocketDir: chrony.SocketDir(e.tag, internal.ID)}, chrony.Options{Binaries: bins})
@@ -181,51 +133,6 @@ func TestNTPZonesSyncToAReference(t *testing.T) {
 		if _, err := os.Stat(chrony.SocketDir(e.tag, s.ID)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s: socket directory left after Destroy: %v", s.Name, err)
 		}
-	}
-}
-
-func netipNet(a netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}
-}
-
-// startReference runs c's chronyd until the test ends and returns its
-// tracking line once it answers.
-func startReference(t *testing.T, bins chrony.Binaries, c chrony.Config) string {
-	t.Helper()
-	d, err := chrony.New(c, chrony.Options{Binaries: bins, Log: slog.New(slog.NewTextHandler(t.Output(), nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-errc:
-			if err != nil {
-				t.Errorf("reference chronyd: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("reference chronyd did not stop")
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		line, err := d.Tracking(t.Context())
-		if err == nil {
-			return line
-		}
-		select {
-		case err := <-errc:
-			errc <- err
-			t.Fatalf("reference chronyd stopped: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("reference chronyd does not answer: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

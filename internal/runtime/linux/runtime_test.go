@@ -23,6 +23,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/timesync/ntpzone/ntpzonetest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
@@ -41,7 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	standInIfAsked()
-	ntpZoneIfAsked()
+	ntpzonetest.ServeIfAsked()
 	os.Exit(m.Run())
 }
 

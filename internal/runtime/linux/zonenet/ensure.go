@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -67,6 +69,7 @@ func ensure(ctx context.Context, c Config) error {
 		func() error { return setUp(s.zone, zl) },
 		zoneAddr,
 		func() error { return setUp(s.host, hl) },
+		func() error { return forwardFrom(hl.Attrs().Name) },
 		func() error { return addAddr(s.host, hl, hostLinkLocal) },
 		func() error {
 			if !c.GZ.IsValid() {
@@ -236,4 +239,18 @@ func removeMarked(ctx context.Context, ps []pair) (left []pair, err error) {
 		}
 	}
 	return left, nil
+}
+
+// forwardFrom lets the host forward IPv6 packets that arrive on its end of
+// a zone's underlay pair (net.ipv6.conf.<link>.force_forwarding, Linux
+// 6.17), so that zones on this host reach each other (an internal NTP zone
+// its boundary NTP zone) without the host's own forwarding setting, which
+// is left alone. On older kernels there is no such setting: zone-to-zone
+// traffic then needs the host to forward IPv6.
+func forwardFrom(link string) error {
+	err := os.WriteFile("/proc/sys/net/ipv6/conf/"+link+"/force_forwarding", []byte("1"), 0o644)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("forwarding from %s: %w", link, err)
+	}
+	return nil
 }
