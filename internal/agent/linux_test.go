@@ -31,6 +31,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/timesync/ntpzone/ntpzonetest"
 	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
@@ -296,6 +297,12 @@ func TestLinuxRestartAdoptsZones(t *testing.T) {
 	}
 	waitStates(t, c, want)
 	pids := servicePIDs(t, runDir, tag, zones)
+	// Data in a crucible's durable dataset, which must outlive the agent.
+	pool, _ := storage.PoolIDFromName(zones[0].ZoneType.Dataset.PoolName)
+	data := filepath.Join(dir, "storage", "ext", pool, "crucible", "extent-0")
+	if err := os.WriteFile(data, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -346,6 +353,9 @@ func TestLinuxRestartAdoptsZones(t *testing.T) {
 	}
 	if got := servicePIDs(t, runDir, tag, zones); fmt.Sprint(got) != fmt.Sprint(pids) {
 		t.Errorf("service PIDs %v after the restart, want %v (unchanged)", got, pids)
+	}
+	if b, err := os.ReadFile(data); err != nil || string(b) != "keep me" {
+		t.Errorf("the crucible's durable data after the restart: %q, %v", b, err)
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)

@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/storage"
 )
 
@@ -84,6 +87,94 @@ func TestSimRealisesTheExampleStorage(t *testing.T) {
 	for _, d := range again.Storage().Status().Observed.Datasets {
 		if ids[d.Dataset.Name] != d.Dataset.ID {
 			t.Errorf("dataset %s: id %q after the restart, %q before", d.Dataset.Name, d.Dataset.ID, ids[d.Dataset.Name])
+		}
+	}
+}
+
+// serialOf is the serial of the synthetic disk that carries zone z's pool in
+// configs built by sledconfigtest.
+func serialOf(z sledconfig.Zone) string {
+	return sledconfigtest.DiskFor(*z.FilesystemPool).Identity.Serial
+}
+
+// A hung disk (sim) holds back only the zones on its pool, which say why;
+// the other zones start, the API answers meanwhile, and once the disk
+// answers again its zones start.
+func TestHungDiskHoldsBackOnlyItsZones(t *testing.T) {
+	a := newAgent(t, agent.Config{DataDir: t.TempDir()})
+	run(t, a)
+	c := newClient(t, a)
+	hung, fine := sledconfigtest.Crucible(0), sledconfigtest.Crucible(1)
+	setFaults(t, a, `{"zones": {}, "disks": {"`+serialOf(hung)+`": {"ensure": "hang"}}}`)
+	putZones(t, c, 1, hung, fine)
+	waitStates(t, c, map[string]string{fine.Name(): "running", hung.Name(): "failed"})
+	for range 5 {
+		// The hang detector is the client's timeout.
+		if res, msg := zoneResult(t, c, hung.ID); res != "err" || !strings.Contains(msg, "storage not ready: pool "+*hung.FilesystemPool+" is not managed") {
+			t.Fatalf("the hung disk's zone: %s %s", res, msg)
+		}
+		if _, err := c.AgentInventory(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if zs, _ := c.Zone(t.Context(), hung.ID); zs.Attempts != 0 {
+		t.Errorf("the held zone counts %d failed attempts; waiting is not failing", zs.Attempts)
+	}
+	// The disk's status says what hangs and until when (its deadline; the
+	// call is abandoned then and retried on the backoff).
+	for _, d := range a.Storage().Status().Disks {
+		if d.Identity.Serial == serialOf(hung) && !strings.Contains(d.Activity, "deadline") {
+			t.Errorf("the hung disk's activity: %q", d.Activity)
+		}
+	}
+}
+
+// A disk that vanishes (sim) is reported not found; a zone on it keeps
+// running (as upstream: zones are only stopped for a config change), and
+// one started meanwhile (its config changed) is held back, naming its pool,
+// while the others run; the disk back, its pool and datasets are adopted as
+// they were and the zone starts.
+func TestVanishedDisk(t *testing.T) {
+	a := newAgent(t, agent.Config{DataDir: t.TempDir()})
+	run(t, a)
+	c := newClient(t, a)
+	gone, fine := sledconfigtest.Crucible(0), sledconfigtest.Crucible(1)
+	putZones(t, c, 1, gone, fine)
+	waitStates(t, c, map[string]string{fine.Name(): "running", gone.Name(): "running"})
+	waitFor(t, "storage ensured", func() (bool, string) { return storageDone(a.Storage().Status()) })
+	ids := map[string]string{}
+	for _, d := range a.Storage().Status().Observed.Datasets {
+		ids[d.Dataset.Name] = d.Dataset.ID
+	}
+	setFaults(t, a, `{"zones": {}, "disks": {"`+serialOf(gone)+`": {"present": false}}}`)
+	a.Storage().Poke()
+	waitFor(t, "the disk reported not found", func() (bool, string) {
+		for _, d := range a.Storage().Status().Disks {
+			if d.Identity.Serial == serialOf(gone) {
+				return !d.Result.OK && strings.Contains(d.Result.Message, "not found"), d.Result.Message
+			}
+		}
+		return false, "no such disk"
+	})
+	if res, msg := zoneResult(t, c, gone.ID); res != "ok" {
+		t.Fatalf("the running zone on the vanished disk: %s %s", res, msg)
+	}
+	gone.ZoneType.Address = strings.Replace(gone.ZoneType.Address, ":32345", ":32346", 1)
+	putZones(t, c, 2, gone, fine)
+	waitFor(t, "its zone held back", func() (bool, string) {
+		res, msg := zoneResult(t, c, gone.ID)
+		return res == "err" && strings.Contains(msg, "storage not ready: pool "+*gone.FilesystemPool+" is not managed"), res + " " + msg
+	})
+	if zs, err := c.Zone(t.Context(), fine.ID); err != nil || zs.State != "running" {
+		t.Fatalf("the zone on the other disk: %+v, %v", zs, err)
+	}
+	setFaults(t, a, `{"zones": {}}`)
+	a.Storage().Poke()
+	waitStates(t, c, map[string]string{fine.Name(): "running", gone.Name(): "running"})
+	for _, d := range a.Storage().Status().Observed.Datasets {
+		if ids[d.Dataset.Name] != d.Dataset.ID {
+			t.Errorf("dataset %s: id %q after the disk came back, %q before", d.Dataset.Name, d.Dataset.ID, ids[d.Dataset.Name])
 		}
 	}
 }
