@@ -412,6 +412,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		deps.Storage = a.storage
 	}
 	deps.TimeSync = a.timeSync
+	if a.ntpServers != nil {
+		deps.NTPServers = a.ntpServers
+	}
 	a.server = api.New(deps)
 	return a, nil
 }

@@ -169,6 +169,9 @@ func TestLinuxInternalNTPFollowsTheBoundaryNTPInDNS(t *testing.T) {
 	if err != nil || inv.TimeSync == nil || !inv.TimeSync.Synced || inv.TimeSync.Source != boundaryAddr.Addr().String() || inv.TimeSync.Stratum != 9 {
 		t.Fatalf("the second sled's timesync: %+v, %v", inv.TimeSync, err)
 	}
+	if ns := inv.NTPServers; ns == nil || len(ns.Servers) != 1 || ns.Servers[0] != boundaryAddr.Addr() || len(ns.Zones) != 1 {
+		t.Errorf("the second sled's ntp_servers: %+v", ns)
+	}
 	t.Logf("the internal NTP zone synchronized through the boundary NTP zone found in DNS %v after the PUT",
 		inv.TimeSync.ReleasedAt.Sub(t0).Round(time.Millisecond))
 }

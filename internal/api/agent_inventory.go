@@ -8,6 +8,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
+	"github.com/sled-agent/sled-agent/internal/timesync/servers"
 )
 
 // AgentInventory is this agent's own view of the sled, at GET
@@ -29,7 +30,14 @@ type AgentInventory struct {
 	DDM                *DDMStatus               `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes; null when the agent manages none."`
 	Restore            reconciler.RestoreStatus `json:"restore" doc:"What the agent found at start-up and did about it (as GET /agent/restore)."`
 	Storage            *storage.Status          `json:"storage" doc:"The storage reconciler's status: every configured disk's and dataset's result, attempts, next retry and call in flight; the disks, pools and datasets last observed; the orphaned datasets kept (with why) and the last destroyed; null when the agent manages no storage."`
+	NTPServers         *servers.Status          `json:"ntp_servers" doc:"The rack's boundary NTP servers as internal DNS last named them, and what the agent set in each running internal NTP zone; null when the agent does not follow them (no --dns-server, or not the linux runtime)."`
 	TimeSync           *timesync.Status         `json:"timesync" doc:"Whether the sled's time is synchronized, as its NTP zone's ntp-admin last said: the reason when it is not, the source, stratum and offset, since when, and when it first was; zones that need synchronized time start only while it is. Null when the agent does not check."`
+}
+
+// NTPServers is the follower of the boundary NTP servers, as inventory
+// sees it.
+type NTPServers interface {
+	Status() servers.Status
 }
 
 // TimeSync is the time-sync watcher, as inventory sees it.
@@ -122,6 +130,10 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 	if s.deps.Storage != nil {
 		st := s.deps.Storage.Status()
 		inv.Storage = &st
+	}
+	if s.deps.NTPServers != nil {
+		st := s.deps.NTPServers.Status()
+		inv.NTPServers = &st
 	}
 	if s.deps.TimeSync != nil {
 		st := s.deps.TimeSync.Status()

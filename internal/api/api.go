@@ -28,6 +28,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
+	"github.com/sled-agent/sled-agent/internal/timesync/servers"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
@@ -102,9 +103,11 @@ type Deps struct {
 	// Storage, if set, is the storage reconciler, reported in inventory;
 	// nil: the agent manages no storage (no disks, pools or datasets).
 	Storage Storage
-	// TimeSync, if set, is the time-sync watcher, reported in inventory.
-	TimeSync TimeSync
-	Log      *slog.Logger
+	// TimeSync, if set, is the time-sync watcher, reported in inventory;
+	// NTPServers, if set, the follower of the boundary NTP servers.
+	TimeSync   TimeSync
+	NTPServers NTPServers
+	Log        *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
 }
@@ -259,6 +262,8 @@ var upstreamNames = map[reflect.Type]string{
 	reflect.TypeFor[ResultStatus]():           "ConfigReconcilerInventoryResult",
 	reflect.TypeFor[vmm.RuntimeState]():       "VmmRuntimeState",
 	reflect.TypeFor[timesync.Status]():        "TimeSyncStatus",
+	reflect.TypeFor[servers.Status]():         "NTPServersStatus",
+	reflect.TypeFor[servers.ZoneStatus]():     "NTPServersZoneStatus",
 }
 
 var storagePkg = reflect.TypeFor[storage.Status]().PkgPath()
