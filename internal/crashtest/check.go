@@ -285,8 +285,10 @@ func (r *run) cleanup(keepLog bool) error {
 	}
 	if len(errs) > 0 || keepLog {
 		// Keep the agent's log for whoever investigates.
-		errs = append(errs, fmt.Errorf("agent log kept in %s", r.dir))
 		os.RemoveAll(r.runDir)
+		if len(errs) > 0 {
+			errs = append(errs, fmt.Errorf("agent log kept in %s", r.dir))
+		}
 		return errors.Join(errs...)
 	}
 	return errors.Join(os.RemoveAll(r.dir), os.RemoveAll(r.runDir))

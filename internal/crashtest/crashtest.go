@@ -103,6 +103,8 @@ type Result struct {
 	// the zone first ran.
 	DataLost        int      `json:"data_lost"`
 	DataLostDetails []string `json:"data_lost_details,omitempty"`
+	// AgentLog is where the agent's log was kept, when the run failed.
+	AgentLog string `json:"agent_log,omitempty"`
 }
 
 // RestoredTotals sums restore reports over the iterations.
@@ -183,8 +185,15 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 		return nil, err
 	}
 	defer func() {
-		if cerr := r.cleanup(err != nil || (res != nil && !res.OK())); cerr != nil {
+		keep := err != nil || (res != nil && !res.OK())
+		if cerr := r.cleanup(keep); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))
+		}
+		switch {
+		case keep && err != nil:
+			err = fmt.Errorf("%w (agent log kept in %s)", err, filepath.Join(r.dir, "agent.log"))
+		case keep && res != nil:
+			res.AgentLog = filepath.Join(r.dir, "agent.log")
 		}
 	}()
 	if r.listen, err = freePort(); err != nil {

@@ -29,7 +29,16 @@ const sysClassNet = "/sys/class/net/"
 // hostLinkMark returns the index and alias of the host link called name, or
 // index 0 if there is none.
 func hostLinkMark(h *netlink.Handle, name string) (index int, alias string, err error) {
-	sysfsNet.once.Do(func() { sysfsNet.ok = sysfsShowsUs(h) })
+	sysfsNet.once.Do(func() {
+		// Links made or deleted between the two looks (other zones',
+		// other processes') make them differ for a moment: look again
+		// before settling on netlink for good.
+		for range 3 {
+			if sysfsNet.ok = sysfsShowsUs(h); sysfsNet.ok {
+				break
+			}
+		}
+	})
 	if !sysfsNet.ok {
 		l, err := linkByName(h, name)
 		if err != nil || l == nil {
