@@ -11,18 +11,32 @@ import (
 // BenchmarkParseValidate1000 is the decoding and validation part of a PUT of a
 // 1,000-zone config.
 func BenchmarkParseValidate1000(b *testing.B) {
-	doc, err := json.Marshal(sledconfigtest.Config(1, sledconfigtest.Crucibles(1000)...))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetBytes(int64(len(doc)))
-	for b.Loop() {
-		cfg, err := sledconfig.Parse(doc)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := sledconfig.Validate(cfg); err != nil {
-			b.Fatal(err)
-		}
+	zones := sledconfigtest.Crucibles(1000)
+	for _, tc := range []struct {
+		name string
+		cfg  *sledconfig.Config
+	}{
+		// 1000 crucibles alone, and with their storage: a disk for each
+		// (one durable dataset of a kind per pool), its zone dataset, and
+		// each zone's root and durable dataset (1000 disks, 3000 datasets).
+		{"zones", sledconfigtest.ConfigWithoutStorage(1, zones...)},
+		{"with-storage", sledconfigtest.Config(1, zones...)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			doc, err := json.Marshal(tc.cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(len(doc)))
+			for b.Loop() {
+				cfg, err := sledconfig.Parse(doc)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := sledconfig.Validate(cfg); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
