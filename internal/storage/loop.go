@@ -354,7 +354,7 @@ func (r *Reconciler) dispatch(ctx context.Context, e *entry) {
 	e.worker.jobs <- j // capacity 1, and the worker is idle: never blocks
 }
 
-// handleResult takes a finished pass.
+// handleResult takes a finished pass; the caller publishes (handleResults).
 func (r *Reconciler) handleResult(res passResult) {
 	l := &r.loop
 	e, ok := l.entries[res.key]
@@ -370,7 +370,6 @@ func (r *Reconciler) handleResult(res passResult) {
 		if res.disk.err == nil && e.cfg == nil {
 			l.released[e.identity] = true
 			r.forget(e)
-			r.publish()
 			return
 		}
 	} else {
@@ -393,6 +392,25 @@ func (r *Reconciler) handleResult(res passResult) {
 		// The config changed meanwhile: a pass for the new one, now.
 		e.attempts, e.retryAt, e.dirty = 0, time.Time{}, false
 		r.want(e)
+	}
+}
+
+// maxBatch bounds how many finished passes one publish covers.
+const maxBatch = 64
+
+// handleResults takes res and every other pass that has finished meanwhile
+// (up to maxBatch), then publishes once: with many disks, one snapshot per
+// pass was most of a pass's cost.
+func (r *Reconciler) handleResults(res passResult) {
+	r.handleResult(res)
+	for range maxBatch - 1 {
+		select {
+		case res := <-r.results:
+			r.handleResult(res)
+		default:
+			r.publish()
+			return
+		}
 	}
 	r.publish()
 }

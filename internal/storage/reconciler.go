@@ -198,7 +198,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case lr := <-r.listed:
 			r.handleList(ctx, lr)
 		case res := <-r.results:
-			r.handleResult(res)
+			r.handleResults(res)
 		case <-wake.C:
 		}
 	}
