@@ -44,7 +44,8 @@ func LockDataDir(dataDir string) (*os.File, error) {
 		holder, _ := os.ReadFile(path)
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("data dir %s is %w (pid %s%s): one agent per data dir", dataDir, ErrInUse, strings.TrimSpace(string(holder)), openBy(path))
+			pid := strings.TrimSpace(string(holder))
+			return nil, fmt.Errorf("data dir %s is %w (pid %s%s%s): one agent per data dir", dataDir, ErrInUse, pid, processState(pid), openBy(path))
 		}
 		return nil, fmt.Errorf("locking data dir %s: %w", dataDir, err)
 	}
@@ -97,6 +98,24 @@ func LockHost(tag, dataDir string) (*os.File, error) {
 	return f, nil
 }
 
+// processState says what state the process pid is in, as ", state D
+// (disk sleep)", or ", gone" when there is no such process.
+func processState(pid string) string {
+	if _, err := strconv.Atoi(pid); err != nil {
+		return ""
+	}
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return ", gone"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if st, ok := strings.CutPrefix(l, "State:"); ok {
+			return ", state " + strings.TrimSpace(st)
+		}
+	}
+	return ""
+}
+
 // openBy names the processes that have path open, as "; open in pid N
 // (comm)…": the lock's holders, whose pid the file may not say (a process
 // that inherited the descriptor holds the lock too). "" if none is found.
@@ -115,6 +134,13 @@ func openBy(path string) string {
 		seen[pid] = true
 		comm, _ := os.ReadFile("/proc/" + pid + "/comm")
 		who = append(who, "pid "+pid+" ("+strings.TrimSpace(string(comm))+")")
+	}
+	// A loop device holds its backing file open without a descriptor.
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, bf := range loops {
+		if b, err := os.ReadFile(bf); err == nil && strings.TrimSpace(string(b)) == path {
+			who = append(who, "/dev/"+strings.Split(bf, "/")[3]+" (a loop device backed by it)")
+		}
 	}
 	if len(who) == 0 {
 		return ""
