@@ -256,7 +256,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	// One agent per data dir, and per host and zone tag: two would fight
 	// over the same zones. Taken before anything touches the OS.
-	lock, err := lockFor(cfg)
+	lock, err := lockFor(cfg, log)
 	if err != nil {
 		return nil, err
 	}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,25 +37,53 @@ var ErrInUse = errors.New("in use by another sled agent")
 // closing the file, or by the process ending however it ends. A dir held by
 // another process is an error naming that process.
 func LockDataDir(dataDir string) (*os.File, error) {
+	f, _, err := lockDataDir(dataDir)
+	return f, err
+}
+
+// lockReleaseWait bounds how long a lock whose holder is gone may take to be
+// released: an agent killed a moment ago (SIGKILL, then restarted by its
+// supervisor or the crash test) was seen to leave its data dir's lock held
+// for a moment with no process holding the file, and a restart must not fail
+// for it.
+const lockReleaseWait = 3 * time.Second
+
+// lockDataDir is LockDataDir, saying how long it waited for a holder that
+// was gone to release the lock.
+func lockDataDir(dataDir string) (*os.File, time.Duration, error) {
 	path := filepath.Join(dataDir, lockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("locking data dir: %w", err)
+		return nil, 0, fmt.Errorf("locking data dir: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(path)
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			pid := strings.TrimSpace(string(holder))
-			return nil, fmt.Errorf("data dir %s is %w (pid %s%s%s): one agent per data dir", dataDir, ErrInUse, pid, processState(pid), openBy(path))
+	start := time.Now()
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
 		}
-		return nil, fmt.Errorf("locking data dir %s: %w", dataDir, err)
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, 0, fmt.Errorf("locking data dir %s: %w", dataDir, err)
+		}
+		holder, _ := os.ReadFile(path)
+		pid := strings.TrimSpace(string(holder))
+		state := processState(pid)
+		if state == ", gone" && time.Since(start) < lockReleaseWait {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		f.Close()
+		if waited := time.Since(start).Round(time.Millisecond); waited > 0 && state == ", gone" {
+			state += fmt.Sprintf(", its lock still held %s later", waited)
+		}
+		return nil, 0, fmt.Errorf("data dir %s is %w (pid %s%s%s): one agent per data dir", dataDir, ErrInUse, pid, state, openBy(path))
 	}
 	// Who holds it, for the message above; the lock itself is the flock.
 	if err := f.Truncate(0); err == nil {
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return f, nil
+	return f, time.Since(start), nil
 }
 
 // LockHost takes the host's zones of the linux runtime's tag for this
@@ -181,10 +211,13 @@ func RemoveHostLock(tag string) error {
 // anything touches the OS. The sim runtime touches no OS object (its
 // simulated OS is a file in the data dir), so sim agents on one host need
 // only their own data dirs.
-func lockFor(cfg Config) (io.Closer, error) {
-	dir, err := LockDataDir(cfg.DataDir)
+func lockFor(cfg Config, log *slog.Logger) (io.Closer, error) {
+	dir, waited, err := lockDataDir(cfg.DataDir)
 	if err != nil {
 		return nil, err
+	}
+	if waited > 10*time.Millisecond && log != nil {
+		log.Warn("the data dir's lock was released only after a wait; its last holder had ended", "waited", waited.Round(time.Millisecond))
 	}
 	if cfg.Runtime != "linux" {
 		return dir, nil

@@ -35,7 +35,7 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, erro
 	if cfg.SimFaults != "" {
 		return nil, errors.New("teardown takes no sim faults")
 	}
-	lock, err := lockFor(cfg)
+	lock, err := lockFor(cfg, log)
 	if err != nil {
 		return nil, err
 	}
