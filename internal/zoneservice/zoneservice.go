@@ -59,8 +59,16 @@ func ServeListener(ctx context.Context, ln net.Listener, info Info) error {
 		ln.Close()
 		return fmt.Errorf("zone service: %w", err)
 	}
+	return ServeHandler(ctx, ln, handler(body), "zone service")
+}
+
+// ServeHandler serves h on ln (which it closes) until ctx ends, then shuts
+// down gracefully within a deadline, with the timeouts every server in a
+// zone has. It returns nil after a shutdown caused by ctx; what names the
+// server in errors.
+func ServeHandler(ctx context.Context, ln net.Listener, h http.Handler, what string) error {
 	srv := &http.Server{
-		Handler:           handler(body),
+		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -70,14 +78,14 @@ func ServeListener(ctx context.Context, ln net.Listener, info Info) error {
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("zone service on %s: %w", ln.Addr(), err)
+		return fmt.Errorf("%s on %s: %w", what, ln.Addr(), err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	err = srv.Shutdown(sctx)
+	err := srv.Shutdown(sctx)
 	if err != nil {
-		err = errors.Join(fmt.Errorf("zone service: graceful shutdown: %w", err), srv.Close())
+		err = errors.Join(fmt.Errorf("%s: graceful shutdown: %w", what, err), srv.Close())
 	}
 	<-errc // Serve returns ErrServerClosed at once after Shutdown or Close
 	return err

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"slices"
 	"sync"
@@ -57,9 +56,6 @@ var (
 	// lookupTimeout bounds the lookup of one name across all DNS servers.
 	lookupTimeout = 10 * time.Second
 )
-
-// shutdownTimeout bounds ntp-admin's graceful shutdown.
-const shutdownTimeout = 5 * time.Second
 
 // Run serves the NTP zone at opts.Root until ctx ends: it reads the zone's
 // mark, listens for /health on opts.Listen and for ntp-admin on the zone's
@@ -112,7 +108,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	})
 	wg.Go(func() {
-		if err := serveAdmin(ctx, adminLn, timesync.NewHandler(z, timesync.HandlerOptions{Log: log})); err != nil && ctx.Err() == nil {
+		if err := zoneservice.ServeHandler(ctx, adminLn, timesync.NewHandler(z, timesync.HandlerOptions{Log: log}), "ntp-admin"); err != nil && ctx.Err() == nil {
 			errc <- err
 		}
 	})
@@ -128,33 +124,6 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	cancel()
 	wg.Wait()
-	return err
-}
-
-// serveAdmin serves h on ln until ctx ends, then shuts down gracefully
-// within shutdownTimeout.
-func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       60 * time.Second,
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("ntp-admin on %s: %w", ln.Addr(), err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	err := srv.Shutdown(sctx)
-	if err != nil {
-		err = errors.Join(fmt.Errorf("ntp-admin: graceful shutdown: %w", err), srv.Close())
-	}
-	<-errc
 	return err
 }
 
