@@ -1,7 +1,6 @@
 package linux
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/procgroup"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
@@ -189,60 +189,25 @@ func checkHTTP(ctx context.Context, addr netip.AddrPort, path string, want int) 
 const commandWaitDelay = 100 * time.Millisecond
 
 // checkCommand runs argv (argv[0] an absolute path), started by start, in
-// its own process group; the group is killed at ctx's deadline, and
-// whatever of it is left once the command exits. The command is not in the
-// zone's cgroup: one the agent did not wait for (the agent died meanwhile)
-// outlives the zone.
+// its own process group (internal/procgroup); the group is killed at ctx's
+// deadline, and whatever of it is left once the command exits. The command
+// is not in the zone's cgroup: one the agent did not wait for (the agent
+// died meanwhile) outlives the zone.
 func checkCommand(ctx context.Context, argv []string, start func(*exec.Cmd) error) error {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var out limitedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = commandWaitDelay
-	if err := start(cmd); err != nil {
-		return err
-	}
-	pgid := cmd.Process.Pid
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	var err error
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		syscall.Kill(-pgid, syscall.SIGKILL)
-		<-done // bounded: the process is killed, its output waits WaitDelay at most
+	res, err := procgroup.Run(ctx, cmd, procgroup.Options{Start: start, WaitDelay: commandWaitDelay, Combined: true})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, procgroup.ErrKilled), errors.Is(err, procgroup.ErrStuck):
 		return &notReady{msg: "killed at its deadline", err: ctx.Err()}
 	}
-	// Whatever the command left running in its group goes with it (the
-	// group's id is not reused while any member is left).
-	syscall.Kill(-pgid, syscall.SIGKILL)
-	if err == nil {
-		return nil
-	}
-	if s := out.snippet(); s != "" {
+	if s := procgroup.Snippet(res.Stdout, 200); s != "" {
 		return fmt.Errorf("%w: %q", err, s)
 	}
 	return err
-}
-
-// limitedBuffer keeps the first 4 KiB written to it.
-type limitedBuffer struct{ b bytes.Buffer }
-
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	if room := 4<<10 - l.b.Len(); room > 0 {
-		l.b.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-func (l *limitedBuffer) snippet() string {
-	s := strings.TrimSpace(l.b.String())
-	if len(s) > 200 {
-		s = s[:200] + "…"
-	}
-	return s
 }
 
 // notReady is a check's answer cut to what a person needs ("connection

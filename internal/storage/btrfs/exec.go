@@ -1,7 +1,6 @@
 package btrfs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/procgroup"
 )
 
 // ErrHung: an earlier call on the same disk or pool has not returned
@@ -40,17 +40,18 @@ func lookTool(name string) (string, error) {
 }
 
 // runCommand runs argv (argv[0] a name looked up in toolDirs; the other
-// arguments are passed as they are, no shell) in its own process group.
-// At ctx's deadline the whole group is killed; the caller returns at most
-// commandWaitDelay later even if a member cannot die (a process stuck in
-// the kernel on a dead disk), in which case a goroutine is left waiting
-// for it. Whatever the command left in its group is killed when it exits.
+// arguments are passed as they are, no shell) in its own process group
+// (internal/procgroup): at ctx's deadline the whole group is killed, and
+// the caller returns at most 2×commandWaitDelay later even if a member
+// cannot die (a process stuck in the kernel on a dead disk), in which case
+// a goroutine is left waiting for it. Whatever the command left in its
+// group is killed when it exits. Stdout and stderr come back together.
 func runCommand(ctx context.Context, argv ...string) ([]byte, error) {
 	path, err := lookTool(argv[0])
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, path, argv[1:]...)
+	cmd := exec.Command(path, argv[1:]...)
 	// BLKID_FILE=/dev/null: no blkid cache. mkfs.btrfs checks that a
 	// filesystem UUID is unique against libblkid's cache, whose entries
 	// outlive what they describe (a loop device detached and attached
@@ -59,36 +60,16 @@ func runCommand(ctx context.Context, argv ...string) ([]byte, error) {
 	// place, so /dev/null stays /dev/null.
 	cmd.Env = []string{"PATH=" + strings.Join(toolDirs, ":"), "LC_ALL=C", "BLKID_FILE=/dev/null"}
 	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = commandWaitDelay
-	var out limitedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("%s: %w", argv[0], err)
+	res, err := procgroup.Run(ctx, cmd, procgroup.Options{WaitDelay: commandWaitDelay, Combined: true})
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return res.Stdout, nil
+	case errors.As(err, &ee):
+		return res.Stdout, &CommandError{Argv: argv, Err: err, Output: procgroup.Snippet(res.Stdout, 512)}
+	default: // not started, killed at the deadline, stuck
+		return res.Stdout, fmt.Errorf("%s: %w", argv[0], err)
 	}
-	pgid := cmd.Process.Pid
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		// CommandContext kills the group; Wait returns once the process is
-		// reaped, which a process stuck in the kernel may never be.
-		select {
-		case err = <-done:
-		case <-time.After(2 * commandWaitDelay):
-			return out.Bytes(), fmt.Errorf("%s: killed at its deadline, still not exited: %w", argv[0], ctx.Err())
-		}
-	}
-	syscall.Kill(-pgid, syscall.SIGKILL)
-	if ctx.Err() != nil {
-		return out.Bytes(), fmt.Errorf("%s: killed at its deadline: %w", argv[0], ctx.Err())
-	}
-	if err != nil {
-		return out.Bytes(), &CommandError{Argv: argv, Err: err, Output: out.snippet()}
-	}
-	return out.Bytes(), nil
 }
 
 // CommandError is a command that ran and failed.
@@ -114,26 +95,6 @@ func (e *CommandError) ExitCode() int {
 		return ee.ExitCode()
 	}
 	return -1
-}
-
-// limitedBuffer keeps the first 64 KiB written to it.
-type limitedBuffer struct{ b bytes.Buffer }
-
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	if room := 64<<10 - l.b.Len(); room > 0 {
-		l.b.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-func (l *limitedBuffer) Bytes() []byte { return l.b.Bytes() }
-
-func (l *limitedBuffer) snippet() string {
-	s := strings.TrimSpace(l.b.String())
-	if len(s) > 512 {
-		s = s[:512] + "…"
-	}
-	return s
 }
 
 // call runs fn, a syscall that can block on a dead disk or a hung mount,

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/procgroup"
 )
 
 // ErrNotRunning: no chronyd listens on the instance's command socket (the
@@ -201,7 +203,7 @@ func (d *Daemon) Tracking(ctx context.Context) (string, error) {
 	}
 	line := strings.TrimSpace(string(out))
 	if line == "" || strings.ContainsRune(line, '\n') || !strings.Contains(line, ",") {
-		return "", fmt.Errorf("chrony: tracking: not one CSV line: %q", truncate(line))
+		return "", fmt.Errorf("chrony: tracking: not one CSV line: %q", procgroup.Snippet([]byte(line), 512))
 	}
 	return line, nil
 }
@@ -264,65 +266,26 @@ func (d *Daemon) chronyc(ctx context.Context, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cmdTO)
 	defer cancel()
 	argv := append([]string{"-n", "-h", p.Socket}, args...)
-	cmd := exec.CommandContext(ctx, d.bins.Chronyc, argv...)
+	cmd := exec.Command(d.bins.Chronyc, argv...)
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = waitDelay
-	var stdout, stderr limitedBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
+	res, err := procgroup.Run(ctx, cmd, procgroup.Options{WaitDelay: waitDelay})
+	if errors.Is(err, procgroup.ErrStart) {
 		return nil, fmt.Errorf("chrony: start %s: %w", d.bins.Chronyc, err)
 	}
-	pid := cmd.Process.Pid
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	var err error
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		// CommandContext kills the group; Wait returns once the process is
-		// reaped, which one stuck in the kernel may never be.
-		select {
-		case err = <-done:
-		case <-time.After(2 * waitDelay):
-		}
-	}
-	syscall.Kill(-pid, syscall.SIGKILL) // whatever it left in its group
-	if err != nil || ctx.Err() != nil {
+	if err != nil {
 		// A chronyc that did not exit by itself leaves its own socket
 		// behind (it binds one in the server socket's directory).
-		os.Remove(filepath.Join(p.SocketDir, "chronyc."+strconv.Itoa(pid)+".sock"))
+		os.Remove(filepath.Join(p.SocketDir, "chronyc."+strconv.Itoa(res.Pid)+".sock"))
 	}
-	if ctx.Err() != nil {
+	if errors.Is(err, procgroup.ErrKilled) || errors.Is(err, procgroup.ErrStuck) {
 		return nil, fmt.Errorf("chronyc %s: killed at its deadline: %w", strings.Join(args, " "), ctx.Err())
 	}
 	if err != nil {
-		return nil, &CommandError{Args: args, Err: err, Output: truncate(strings.TrimSpace(stdout.String() + " " + stderr.String()))}
+		return nil, &CommandError{Args: args, Err: err, Output: procgroup.Snippet([]byte(string(res.Stdout)+" "+string(res.Stderr)), 512)}
 	}
-	return stdout.Bytes(), nil
+	return res.Stdout, nil
 }
-
-func truncate(s string) string {
-	if len(s) > 512 {
-		return s[:512] + "…"
-	}
-	return s
-}
-
-// limitedBuffer keeps the first 64 KiB written to it.
-type limitedBuffer struct{ b bytes.Buffer }
-
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	if room := 64<<10 - l.b.Len(); room > 0 {
-		l.b.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-func (l *limitedBuffer) Bytes() []byte  { return l.b.Bytes() }
-func (l *limitedBuffer) String() string { return l.b.String() }
 
 // lineLog logs chronyd's output a line at a time and keeps the last lines
 // for the error of an unexpected exit. exec writes to it from one
