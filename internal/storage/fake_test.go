@@ -18,13 +18,16 @@ import (
 // fakeBackend is an in-memory machine of disks, pools and datasets that
 // records every call and can make the calls on one disk hang or fail.
 type fakeBackend struct {
-	mu       sync.Mutex
-	disks    map[string]*storage.Disk // by serial; Content blank or foreign
-	pools    map[string]*fakePool     // by pool id
-	calls    []call
-	hang     map[string]bool  // by serial: its pool and dataset calls hang until their deadline
-	hangOp   string           // if set, only calls of this op hang
-	fail     map[string]error // by serial: its pool and dataset calls fail
+	mu     sync.Mutex
+	disks  map[string]*storage.Disk // by serial; Content blank or foreign
+	pools  map[string]*fakePool     // by pool id
+	calls  []call
+	hang   map[string]bool  // by serial: its pool and dataset calls hang until their deadline
+	hangOp string           // if set, only calls of this op hang
+	fail   map[string]error // by serial: its pool and dataset calls fail
+	// delay is how long a call takes, by "op target"
+	// ("open_pool oxp_pool-a").
+	delay    map[string]time.Duration
 	listFail error
 }
 
@@ -43,7 +46,7 @@ type call struct {
 func (c call) String() string { return strings.TrimSpace(c.op + " " + c.target) }
 
 func newFake() *fakeBackend {
-	return &fakeBackend{disks: map[string]*storage.Disk{}, pools: map[string]*fakePool{}, hang: map[string]bool{}, fail: map[string]error{}}
+	return &fakeBackend{disks: map[string]*storage.Disk{}, pools: map[string]*fakePool{}, hang: map[string]bool{}, fail: map[string]error{}, delay: map[string]time.Duration{}}
 }
 
 func ident(serial string) storage.DiskIdentity {
@@ -75,6 +78,19 @@ func (b *fakeBackend) addPool(serial, poolID string, datasets ...storage.Dataset
 func (b *fakeBackend) setHang(serial string, hang bool) {
 	b.mu.Lock()
 	b.hang[serial] = hang
+	b.mu.Unlock()
+}
+
+func (b *fakeBackend) setDelay(op, target string, d time.Duration) {
+	b.mu.Lock()
+	b.delay[op+" "+target] = d
+	b.mu.Unlock()
+}
+
+// removeDisk pulls a disk out of the machine: listings no longer show it.
+func (b *fakeBackend) removeDisk(serial string) {
+	b.mu.Lock()
+	delete(b.disks, serial)
 	b.mu.Unlock()
 }
 
@@ -130,11 +146,20 @@ func (b *fakeBackend) dataset(poolID, name string) (storage.Dataset, bool) {
 func (b *fakeBackend) gate(ctx context.Context, op, target, serial string) error {
 	b.mu.Lock()
 	b.calls = append(b.calls, call{at: time.Now(), op: op, target: target})
-	hang, fail := b.hang[serial] && (b.hangOp == "" || b.hangOp == op), b.fail[serial]
+	hang, fail, delay := b.hang[serial] && (b.hangOp == "" || b.hangOp == op), b.fail[serial], b.delay[op+" "+target]
 	b.mu.Unlock()
 	if hang {
 		<-ctx.Done()
 		return ctx.Err()
+	}
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
 	if fail != nil {
 		return fail

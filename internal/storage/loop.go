@@ -38,6 +38,9 @@ type loopState struct {
 	listing    bool
 	listingSeq uint64
 	listAgain  bool
+
+	// act is what the last published status said of calls in flight.
+	act activityState
 }
 
 type conflict struct {

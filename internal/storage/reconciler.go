@@ -65,7 +65,8 @@ type Options struct {
 	InUse func(dataset string) bool
 	// OnReadyChange, if set, is called whenever what ZoneStorage would
 	// answer may have changed (a pool became managed or stopped being, a
-	// dataset was ensured or failed). It is called from the reconciler's
+	// dataset was ensured or failed, a call on a disk became slow or
+	// ended, a disk left the listing). It is called from the reconciler's
 	// loop with no lock held and must not block: a Poke fits.
 	OnReadyChange func()
 	// OrphanHistory is how many destroyed orphans each pool's status
@@ -111,9 +112,11 @@ type Reconciler struct {
 	// poke asks for a pass of every disk soon.
 	poke chan struct{}
 
-	// results and listed carry finished backend work back to the loop.
+	// results and listed carry finished backend work back to the loop;
+	// slow says a call has become slow (activity.go).
 	results chan passResult
 	listed  chan listResult
+	slow    chan struct{}
 	// done is closed when Run returns, so late goroutines never block.
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -135,6 +138,7 @@ func New(backend Backend, opts Options) *Reconciler {
 		poke:    make(chan struct{}, 1),
 		results: make(chan passResult),
 		listed:  make(chan listResult),
+		slow:    make(chan struct{}, 1),
 		done:    make(chan struct{}),
 	}
 	r.loop.init()
@@ -183,7 +187,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.startList(ctx) // what is there, for status, before any config
 	for {
 		r.step(ctx, time.Now())
-		if d, ok := r.loop.nextRetryIn(time.Now()); ok {
+		r.refreshActivity(time.Now())
+		if d, ok := r.nextWakeIn(time.Now()); ok {
 			wake.Reset(d)
 		}
 		select {
@@ -199,6 +204,8 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			r.handleList(ctx, lr)
 		case res := <-r.results:
 			r.handleResults(res)
+		case <-r.slow:
+			r.loop.act.due = true
 		case <-wake.C:
 		}
 	}

@@ -27,9 +27,11 @@ func resultOf(err error) Result {
 
 // Status is a snapshot of the reconciler for readers.
 type Status struct {
-	// Version changes with every published snapshot (the activity of a
-	// call in flight aside): a reader may cache what it derives from a
-	// Status by it.
+	// Version changes with every published snapshot: a reader may cache
+	// what it derives from a Status by it. While a disk is busy with a
+	// slow call a snapshot is published every second (activity.go), so
+	// what a Status says of it is never more than a second old; only
+	// DiskStatus.Activity is read live, and is not covered by Version.
 	Version uint64 `json:"version"`
 	// Configured is false until the first Update.
 	Configured bool `json:"configured"`
@@ -57,7 +59,8 @@ type DiskStatus struct {
 	NextRetry *time.Time `json:"next_retry,omitempty"`
 	CheckedAt *time.Time `json:"checked_at,omitempty"`
 	// Activity is the backend call in flight on this disk, if any: what,
-	// for how long, and its deadline.
+	// for how long, and its deadline, as of the read. Once the call has
+	// taken a second, Result is err with it too.
 	Activity string `json:"activity,omitempty"`
 }
 
@@ -185,7 +188,9 @@ func (r *Reconciler) Status() Status {
 // ("oxp_<id>") is managed, its transient root dataset
 // "oxp_<id>/crypt/zone/<zone name>" is ensured, and so is its durable
 // dataset (a full name, "" if it has none). The error, wrapping
-// ErrNotReady, names what is missing.
+// ErrNotReady, names what is missing; a pool whose disk is busy with a call
+// slower than a second, or that the newest listing no longer shows, is not
+// managed, and the error says so with the call.
 func (r *Reconciler) ZoneStorage(filesystemPool, zoneName, durable string) (ZonePaths, error) {
 	r.store.mu.Lock()
 	rd := r.store.snap.ready
@@ -232,6 +237,8 @@ func (r *Reconciler) ZoneStorage(filesystemPool, zoneName, durable string) (Zone
 // readers; it calls OnReadyChange if ZoneStorage's answers may change.
 func (r *Reconciler) publish() {
 	l := &r.loop
+	now := time.Now()
+	l.act = activityState{publishedAt: now}
 	snap := &snapshot{
 		activity: map[string]*atomic.Pointer[activity]{},
 		ready:    readiness{configured: l.haveConfig, pools: map[string]poolReady{}, datasets: map[string]datasetReady{}},
@@ -251,6 +258,9 @@ func (r *Reconciler) publish() {
 	slices.SortFunc(st.Observed.Disks, func(a, b Disk) int { return strings.Compare(a.Identity.String(), b.Identity.String()) })
 
 	byPool := map[string]*entry{}
+	// waiting says, by pool id, why the datasets of a pool whose disk is
+	// busy with a slow call, or gone, are not as their last pass left them.
+	waiting := map[string]string{}
 	for _, e := range l.entries {
 		if e.cfg == nil {
 			continue
@@ -262,7 +272,7 @@ func (r *Reconciler) publish() {
 			t := e.retryAt
 			ds.NextRetry = &t
 		}
-		managed := false
+		adopted := false
 		switch {
 		case e.last == nil:
 			ds.Result = Result{Message: "not yet managed: its first pass has not finished"}
@@ -271,15 +281,39 @@ func (r *Reconciler) publish() {
 		case e.open != e.cfg.PoolID:
 			ds.Result = Result{Message: "not yet managed: the config changed since its last pass"}
 		default:
-			ds.Result, managed = Result{OK: true}, true
+			ds.Result, adopted = Result{OK: true}, true
 		}
+		// The newest listing and a call in flight are newer than the last
+		// pass: a disk the listing no longer shows is gone, though a call
+		// on it still hangs; one busy with a slow call is that call.
+		_, listed := l.disks[e.identity]
+		gone := l.haveList && !listed && (e.busy || e.last != nil)
+		act, slow := slowActivity(e, now)
+		switch {
+		case gone:
+			ds.Result = resultOf(fmt.Errorf("disk %s: %w", e.identity, ErrNoDisk))
+			if slow {
+				ds.Result.Message += "; a call on it is still in flight: " + act.at(now)
+			}
+		case slow:
+			ds.Result = Result{Message: act.at(now)}
+			waiting[e.cfg.PoolID] = fmt.Sprintf("waiting for disk %s: %s", e.cfg.ID, ds.Result.Message)
+		}
+		l.act.shown = l.act.shown || slow
+		managed := adopted && !gone && !slow
 		if e.last != nil {
 			t := e.last.at
 			ds.CheckedAt = &t
 		}
 		st.Disks = append(st.Disks, ds)
-		snap.ready.pools[e.cfg.PoolID] = poolReady{managed: managed, why: fmt.Sprintf("disk %s: %s", e.cfg.ID, ds.Result.Message)}
-		if e.last == nil || !managed {
+		why := fmt.Sprintf("disk %s: %s", e.cfg.ID, ds.Result.Message)
+		snap.ready.pools[e.cfg.PoolID] = poolReady{managed: managed, why: why}
+		if gone {
+			waiting[e.cfg.PoolID] = fmt.Sprintf("pool %s is not managed: %s", PoolName(e.cfg.PoolID), why)
+		}
+		// What the last pass read of a pool whose disk is busy is still
+		// shown, with when it was read.
+		if !adopted || gone {
 			continue
 		}
 		if e.last.pool != nil {
@@ -319,6 +353,8 @@ func (r *Reconciler) publish() {
 				why = p.why
 			}
 			s.Result = Result{Message: fmt.Sprintf("pool %s is not managed: %s", PoolName(ds.PoolID), why)}
+		case waiting[ds.PoolID] != "":
+			s.Result = Result{Message: waiting[ds.PoolID]}
 		case !have || o.err == nil && (o.dataset == nil || o.dataset.Name != name):
 			s.Result = Result{Message: fmt.Sprintf("dataset %s not yet ensured: its pool's pass has not reached it", name)}
 		default:

@@ -94,23 +94,17 @@ type worker struct {
 	jobs  chan job
 	stopc chan struct{}
 	// act is the call in flight, for status; written by the worker, read
-	// by Status.
+	// by Status and the loop.
 	act atomic.Pointer[activity]
-}
-
-// activity is a backend call in flight.
-type activity struct {
-	what    string
-	since   time.Time
-	timeout time.Duration
-}
-
-func (a *activity) String() string {
-	return fmt.Sprintf("%s for %s (deadline %s)", a.what, time.Since(a.since).Round(time.Second), a.timeout)
+	// slow tells the loop when a call has taken slowCall (activity.go);
+	// armed for each call, stopped when it returns.
+	slow *time.Timer
 }
 
 func (r *Reconciler) startWorker(id DiskIdentity) *worker {
 	w := &worker{r: r, id: id, jobs: make(chan job, 1), stopc: make(chan struct{})}
+	w.slow = time.AfterFunc(time.Hour, r.callSlow)
+	w.slow.Stop()
 	r.wg.Go(w.run)
 	return w
 }
@@ -153,7 +147,11 @@ func (e *hungError) Unwrap() error { return e.err }
 // call runs one backend call under its deadline.
 func (w *worker) call(ctx context.Context, timeout time.Duration, what string, f func(context.Context) error) error {
 	w.act.Store(&activity{what: what, since: time.Now(), timeout: timeout})
-	defer w.act.Store(nil)
+	w.slow.Reset(slowCall)
+	defer func() {
+		w.slow.Stop()
+		w.act.Store(nil)
+	}()
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	err := f(cctx)
