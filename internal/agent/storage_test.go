@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -177,4 +179,98 @@ func TestVanishedDisk(t *testing.T) {
 			t.Errorf("dataset %s: id %q after the disk came back, %q before", d.Dataset.Name, d.Dataset.ID, ids[d.Dataset.Name])
 		}
 	}
+}
+
+// A disk whose call is slow (sim) is err in upstream's last_reconciliation
+// and in our view, with the call, for how long and its deadline, rebuilt as
+// it lasts; its datasets wait for it; once the call ends they are ok. Every
+// GET /inventory is checked against upstream's document.
+func TestSlowDiskCallIsErrInInventory(t *testing.T) {
+	a := newAgent(t, agent.Config{DataDir: t.TempDir()})
+	run(t, a)
+	c := newClient(t, a)
+	w := newWire(t, a)
+	slow, fine := sledconfigtest.Crucible(0), sledconfigtest.Crucible(1)
+	disk := sledconfigtest.DiskFor(*slow.FilesystemPool)
+	setFaults(t, a, `{"zones": {}, "disks": {"`+disk.Identity.Serial+`": {"ensure": "6s"}}}`)
+	putZones(t, c, 1, slow, fine)
+
+	var onPool []string // the ids of the datasets on the slow disk's pool
+	for _, d := range sledconfigtest.Config(1, slow, fine).StorageDatasets() {
+		if d.PoolID == disk.PoolID {
+			onPool = append(onPool, d.ID)
+		}
+	}
+	if len(onPool) == 0 {
+		t.Fatal("no dataset on the slow disk's pool")
+	}
+	type result struct{ Result, Message string }
+	last := func() (disks, datasets map[string]result) {
+		x := w.do(http.MethodGet, "/inventory", nil, http.StatusOK)
+		var inv struct {
+			Last *struct {
+				ExternalDisks map[string]result `json:"external_disks"`
+				Datasets      map[string]result `json:"datasets"`
+			} `json:"last_reconciliation"`
+		}
+		if err := json.Unmarshal(x.Body, &inv); err != nil {
+			t.Fatal(err)
+		}
+		if inv.Last == nil {
+			return nil, nil
+		}
+		return inv.Last.ExternalDisks, inv.Last.Datasets
+	}
+	call := regexp.MustCompile(`^creating pool ` + regexp.QuoteMeta(*slow.FilesystemPool) + ` for ([1-9][0-9]*)s \(deadline 1m0s\)$`)
+	// slowFor says for how long the disk is reported busy with its call, if
+	// it is, and that its datasets wait for it with the same words.
+	slowFor := func() (int, string) {
+		disks, datasets := last()
+		d := disks[disk.ID]
+		m := call.FindStringSubmatch(d.Message)
+		if d.Result != "err" || m == nil {
+			return 0, fmt.Sprintf("disk %+v", d)
+		}
+		for _, id := range onPool {
+			if want := "waiting for disk " + disk.ID + ": " + d.Message; datasets[id] != (result{"err", want}) {
+				return 0, fmt.Sprintf("dataset %s %+v, want err %q", id, datasets[id], want)
+			}
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n, d.Message
+	}
+	var first int
+	waitFor(t, "the slow disk err with its call", func() (bool, string) {
+		n, state := slowFor()
+		first = n
+		return n > 0, state
+	})
+	waitFor(t, "the slow disk's call reported as it lasts", func() (bool, string) {
+		n, state := slowFor()
+		return n > first, state
+	})
+	inv, err := c.AgentInventory(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range inv.Storage.Disks {
+		if d.ID == disk.ID && (d.Result.OK || !call.MatchString(d.Result.Message) || d.Activity == "") {
+			t.Errorf("GET /agent/inventory: the slow disk %+v", d)
+		}
+	}
+
+	setFaults(t, a, `{"zones": {}}`)
+	waitFor(t, "the slow disk ok once its call ended", func() (bool, string) {
+		disks, datasets := last()
+		if disks[disk.ID].Result != "ok" {
+			return false, fmt.Sprintf("disk %+v", disks[disk.ID])
+		}
+		for _, id := range onPool {
+			if datasets[id].Result != "ok" {
+				return false, fmt.Sprintf("dataset %s %+v", id, datasets[id])
+			}
+		}
+		return true, ""
+	})
+	waitStates(t, c, map[string]string{fine.Name(): "running", slow.Name(): "running"})
 }
