@@ -75,3 +75,32 @@ func TestPulledDiskShowsInInventoryAtOnce(t *testing.T) {
 	})
 	t.Logf("put back: listed and ok after %s", time.Since(t0).Round(time.Millisecond))
 }
+
+// A disk pulled out while its call hangs is reported not found at once,
+// not when the hung call's deadline (a minute) ends.
+func TestDiskPulledWhileItsCallHangs(t *testing.T) {
+	a := newAgent(t, agent.Config{DataDir: t.TempDir(), StoragePeriod: 10 * time.Minute})
+	run(t, a)
+	c := newClient(t, a)
+	w := newWire(t, a)
+	z := sledconfigtest.Crucible(0)
+	disk := sledconfigtest.DiskFor(*z.FilesystemPool)
+	serial, diskID := disk.Identity.Serial, disk.ID
+	setFaults(t, a, `{"zones": {}, "disks": {"`+serial+`": {"ensure": "hang"}}}`)
+	putZones(t, c, 1, z)
+	waitFor(t, "the disk's call in flight", func() (bool, string) {
+		for _, d := range a.Storage().Status().Disks {
+			if d.ID == diskID {
+				return d.Activity != "", d.Activity
+			}
+		}
+		return false, "no such disk"
+	})
+	t0 := time.Now()
+	setFaults(t, a, `{"zones": {}, "disks": {"`+serial+`": {"ensure": "hang", "present": false}}}`)
+	waitFor(t, "the pulled disk missing from GET /inventory", func() (bool, string) {
+		listed, res := diskSeen(w, serial, diskID)
+		return !listed && strings.HasPrefix(res, "err") && strings.Contains(res, "not found"), res
+	})
+	t.Logf("pulled out during a hung call: not found in GET /inventory after %s", time.Since(t0).Round(time.Millisecond))
+}
