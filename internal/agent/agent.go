@@ -115,6 +115,11 @@ type Config struct {
 	// (default <data-dir>/storage).
 	VdevDir  string `json:"vdev-dir"`
 	PoolRoot string `json:"pool-root"`
+	// StoragePeriod is how often every disk is checked when nothing asks
+	// sooner (0: 30s): disks that come and go are followed by their events
+	// (the kernel's, the vdev dir's, the sim's faults), the period is the
+	// safety net.
+	StoragePeriod time.Duration `json:"-"`
 	// SkipTimesync lets zones that need synchronized time start without
 	// it (development; upstream's TimeSyncConfig::Skip).
 	SkipTimesync bool `json:"skip-timesync"`

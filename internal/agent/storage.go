@@ -21,6 +21,10 @@ import (
 // ones the config names; with the Linux runtime over btrfs
 // (internal/storage/btrfs) on the host's disks and the file-backed ones in
 // --vdev-dir. A zone starts only once its storage is ready (zoneStorage).
+// Both backends report disks that come and go (storage.DiskWatcher: the
+// sim's "present" fault; on Linux the kernel's uevents and the vdev dir's
+// files), which the reconciler follows at once; its period is the safety
+// net.
 
 // newStorage returns the storage reconciler over the runtime's machine.
 func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *slog.Logger) (*storage.Reconciler, error) {
@@ -41,7 +45,8 @@ func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *sl
 		backend = b
 	}
 	return storage.New(backend, storage.Options{
-		Log: log,
+		Log:    log,
+		Period: cfg.StoragePeriod,
 		// Zones waiting for their storage are looked at again at once.
 		OnReadyChange: rec.StorageChanged,
 		// A durable dataset the config no longer names is destroyed only

@@ -67,8 +67,12 @@ type entry struct {
 	busy    bool
 	cancel  context.CancelFunc
 	jobPool string // configured pool id of the pass in flight ("" for a close)
-	// dirty: the config changed while a pass was in flight.
+	// dirty: the config, or the disk's presence, changed while a pass was
+	// in flight.
 	dirty bool
+	// gone is the seq of the listing that found the disk gone while a pass
+	// was in flight (abandoned then); the next pass needs no newer one.
+	gone uint64
 
 	wantPass bool
 	needSeq  uint64 // a pass wants a listing started at or after this
@@ -277,6 +281,7 @@ func (r *Reconciler) handleList(ctx context.Context, lr listResult) {
 	l.listing = false
 	switch {
 	case lr.err == nil:
+		r.presenceChanged(lr)
 		clear(l.disks)
 		for _, d := range lr.disks {
 			l.disks[d.Identity] = d
@@ -392,10 +397,16 @@ func (r *Reconciler) handleResult(res passResult) {
 		e.attempts, e.retryAt = 0, time.Time{}
 	}
 	if e.dirty || (e.cfg == nil) != res.close {
-		// The config changed meanwhile: a pass for the new one, now.
+		// The config (or the disk's presence) changed meanwhile: a pass
+		// for the new one, now.
 		e.attempts, e.retryAt, e.dirty = 0, time.Time{}, false
 		r.want(e)
+		if e.gone != 0 {
+			// The listing that found the disk gone serves it.
+			e.needSeq = min(e.needSeq, e.gone)
+		}
 	}
+	e.gone = 0
 }
 
 // maxBatch bounds how many finished passes one publish covers.

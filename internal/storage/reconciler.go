@@ -3,6 +3,10 @@ package storage
 // The storage reconciler makes a Backend hold the configured disks' pools and
 // the configured datasets, level-triggered: on every Update and every
 // Options.Period it lists the disks and gives each configured disk a pass.
+// A backend that reports hardware events (DiskWatcher: uevents, a vdev
+// dir, the sim's faults) has the disks listed again at once on each, and
+// a disk that came or went gets its pass at once; the period is the
+// safety net.
 //
 // One goroutine (Run) owns the state. Every disk has a worker of its own that
 // makes that disk's backend calls (its pool's, and those of the datasets on
@@ -36,10 +40,11 @@ type Options struct {
 	// Period is how often everything is checked again when nothing asks
 	// sooner (default 30s). A pass is cheap (one listing of the disks, one of
 	// each pool's datasets: reads only, when nothing differs), and 30s is
-	// well inside how long a zone's restart takes, so a dataset deleted or
-	// a disk inserted behind the agent's back is noticed before anyone waits
-	// for it; config changes are acted on at once, and failures retry on
-	// Backoff, sooner.
+	// well inside how long a zone's restart takes, so a dataset deleted
+	// behind the agent's back is noticed before anyone waits for it; a disk
+	// inserted or pulled is noticed at once on a backend that reports it
+	// (DiskWatcher), at the period otherwise; config changes are acted on
+	// at once, and failures retry on Backoff, sooner.
 	Period time.Duration
 	// ListTimeout bounds one listing of the disks (default 30s).
 	ListTimeout time.Duration
@@ -184,6 +189,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	wake.Stop()
 	defer wake.Stop()
 
+	var events <-chan struct{}
+	if w, ok := r.backend.(DiskWatcher); ok {
+		events = w.DiskEvents(ctx)
+	}
 	r.startList(ctx) // what is there, for status, before any config
 	for {
 		r.step(ctx, time.Now())
@@ -200,6 +209,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			r.periodic(ctx)
 		case <-r.poke:
 			r.periodic(ctx)
+		case _, ok := <-events:
+			if !ok {
+				events = nil // the watcher stopped: the period goes on
+				break
+			}
+			r.diskEvent(ctx)
 		case lr := <-r.listed:
 			r.handleList(ctx, lr)
 		case res := <-r.results:

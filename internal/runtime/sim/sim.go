@@ -52,6 +52,7 @@ type Runtime struct {
 	faults      map[string]zoneFaults             // guarded by mu; by zone id
 	timeHeld    bool                              // guarded by mu: the NTP zones are held unsynchronized
 	diskFaults  map[string]diskFaults             // guarded by mu; by disk serial
+	diskWatch   []chan struct{}                   // guarded by mu; DiskEvents' channels
 	disks       map[storage.DiskIdentity]*simDisk // guarded by mu
 	pools       map[string]*simPool               // guarded by mu; by pool id
 	calls       []Call                            // guarded by mu
@@ -88,6 +89,9 @@ func (r *Runtime) SetFaults(f Faults) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if presenceChanged(r.diskFaults, c.disks) {
+		r.diskEventLocked()
+	}
 	r.faults, r.diskFaults = c.zones, c.disks
 	r.timeHeld = f.TimeSync != nil && f.TimeSync.Synced != nil && !*f.TimeSync.Synced
 	// Running zones follow the new map too: a zone running for longer than

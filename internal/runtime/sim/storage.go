@@ -16,8 +16,13 @@ import (
 // the state file with the zones, so a restarted agent finds its pools and
 // datasets as it left them and adopts them. Faults ("disks" in the fault
 // map) make one disk's calls hang, fail or take long, or pull the disk out.
+// A disk pulled out or put back (its "present" fault) or added is a
+// hardware event (DiskEvents), as a real disk's is on Linux.
 
-var _ storage.Backend = (*Runtime)(nil)
+var (
+	_ storage.Backend     = (*Runtime)(nil)
+	_ storage.DiskWatcher = (*Runtime)(nil)
+)
 
 // DiskSize is the size of every simulated disk.
 const DiskSize = 1 << 40
@@ -57,9 +62,53 @@ func (r *Runtime) AddDisks(ids ...storage.DiskIdentity) error {
 		}
 		r.disks[id] = &simDisk{id: id, slot: int64(len(r.disks))}
 		r.changedLocked()
+		r.diskEventLocked()
 	}
 	r.mu.Unlock()
 	return r.persist()
+}
+
+// DiskEvents reports, until ctx ends, every disk pulled out or put back by
+// the fault map, and every disk added: one value may stand for several.
+// The channel is closed when ctx ends.
+func (r *Runtime) DiskEvents(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	r.mu.Lock()
+	r.diskWatch = append(r.diskWatch, ch)
+	r.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.diskWatch = slices.DeleteFunc(r.diskWatch, func(c chan struct{}) bool { return c == ch })
+		close(ch)
+	})
+	return ch
+}
+
+// diskEventLocked tells every DiskEvents channel; it never blocks.
+func (r *Runtime) diskEventLocked() {
+	for _, ch := range r.diskWatch {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// presenceChanged reports whether a disk is pulled out in one fault map
+// and not in the other.
+func presenceChanged(old, new map[string]diskFaults) bool {
+	for serial, f := range new {
+		if old[serial].absent != f.absent {
+			return true
+		}
+	}
+	for serial, f := range old {
+		if _, ok := new[serial]; !ok && f.absent {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Runtime) recordStorageLocked(op, target string) {
