@@ -53,13 +53,6 @@ func (w *watchedFake) event() {
 	}
 }
 
-// removeDisk pulls a disk out of the machine (its pool stays on it).
-func (b *fakeBackend) removeDisk(serial string) {
-	b.mu.Lock()
-	delete(b.disks, serial)
-	b.mu.Unlock()
-}
-
 // putBack puts a disk pulled out back in.
 func (b *fakeBackend) putBack(d *storage.Disk) {
 	b.mu.Lock()
