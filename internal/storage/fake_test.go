@@ -24,6 +24,9 @@ type fakeBackend struct {
 	calls  []call
 	hang   map[string]bool  // by serial: its pool and dataset calls hang until their deadline
 	hangOp string           // if set, only calls of this op hang
+	// stuck: hanging calls do not heed cancellation either, only their
+	// deadline, as a call in the kernel on a dead disk may not.
+	stuck bool
 	fail   map[string]error // by serial: its pool and dataset calls fail
 	// delay is how long a call takes, by "op target"
 	// ("open_pool oxp_pool-a").
@@ -148,6 +151,12 @@ func (b *fakeBackend) gate(ctx context.Context, op, target, serial string) error
 	b.calls = append(b.calls, call{at: time.Now(), op: op, target: target})
 	hang, fail, delay := b.hang[serial] && (b.hangOp == "" || b.hangOp == op), b.fail[serial], b.delay[op+" "+target]
 	b.mu.Unlock()
+	if hang && b.stuck {
+		if dl, ok := ctx.Deadline(); ok {
+			time.Sleep(time.Until(dl))
+		}
+		return context.DeadlineExceeded
+	}
 	if hang {
 		<-ctx.Done()
 		return ctx.Err()
