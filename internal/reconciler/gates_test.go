@@ -20,11 +20,16 @@ import (
 type fakeStorage struct {
 	mu      sync.Mutex
 	missing map[string]string
+	asked   map[string]int // how often, by zone id
 }
 
 func (f *fakeStorage) ZoneStorage(z *sledconfig.Zone) (zone.Storage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.asked == nil {
+		f.asked = map[string]int{}
+	}
+	f.asked[z.ID]++
 	if why, ok := f.missing[z.ID]; ok {
 		return zone.Storage{}, errors.New(why)
 	}
@@ -232,6 +237,46 @@ func TestHeldZonesReadWaiting(t *testing.T) {
 			if zs, _ := h.r.Zone(z.Name()); zs.WaitingFor != "" || zs.NextRetry != nil || zs.LastError != "" {
 				t.Errorf("zone %s running: %+v", z.Name(), zs)
 			}
+		}
+	})
+}
+
+func (f *fakeStorage) askedFor(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.asked[id]
+}
+
+// A waiting zone's next_retry is when it is really looked at again, also
+// after it was held again for the same reason (its hold's backoff grew).
+func TestWaitingZonesNextLookIsTrue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		z := sledconfigtest.Crucible(0)
+		st := &fakeStorage{missing: map[string]string{z.ID: "pool oxp_x is not managed"}}
+		h := start(t, reconciler.Options{Storage: st, Backoff: reconciler.Backoff{Initial: time.Second, Max: time.Hour}}, sim.Options{})
+		h.r.Update(sledconfigtest.Config(1, z))
+		synctest.Wait()
+		for range 3 {
+			h.r.StorageChanged() // the same answer: held again, for longer
+			synctest.Wait()
+		}
+		zs, _ := h.r.Zone(z.Name())
+		if zs.State != reconciler.StateWaiting || zs.NextRetry == nil {
+			t.Fatalf("held zone: %+v", zs)
+		}
+		next, asked := *zs.NextRetry, st.askedFor(z.ID)
+		time.Sleep(time.Until(next) - time.Millisecond)
+		synctest.Wait()
+		if n := st.askedFor(z.ID); n != asked {
+			t.Fatalf("looked at again %d times before its next_retry %v", n-asked, next)
+		}
+		time.Sleep(2 * time.Millisecond)
+		synctest.Wait()
+		if n := st.askedFor(z.ID); n != asked+1 {
+			t.Fatalf("looked at again %d times at its next_retry %v, want once", n-asked, next)
+		}
+		if zs, _ := h.r.Zone(z.Name()); zs.NextRetry == nil || !zs.NextRetry.After(next) {
+			t.Fatalf("after the look at %v: next_retry %v", next, zs.NextRetry)
 		}
 	})
 }

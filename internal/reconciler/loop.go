@@ -492,7 +492,7 @@ func (r *Reconciler) hold(e *entry, now time.Time, gate string, err error) {
 	if msg == e.waitFor && e.state == StateWaiting {
 		// Said already; only when it is looked at again changed.
 		r.loop.lastStale = true
-		r.publishZone(e)
+		r.store.setNextRetry(e.name, e.nextTry)
 		return
 	}
 	e.waitFor = msg

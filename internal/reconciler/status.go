@@ -165,6 +165,17 @@ func (s *store) setZone(zs ZoneStatus) {
 	s.mu.Unlock()
 }
 
+// setNextRetry changes when a published zone is looked at again, and
+// nothing else of it: cheaper than publishing it again.
+func (s *store) setNextRetry(name string, t time.Time) {
+	s.mu.Lock()
+	if zs, ok := s.zones[name]; ok {
+		zs.NextRetry = &t
+		s.zones[name] = zs
+	}
+	s.mu.Unlock()
+}
+
 func (s *store) deleteZone(name string) {
 	s.mu.Lock()
 	delete(s.zones, name)
