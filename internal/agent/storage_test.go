@@ -109,7 +109,7 @@ func TestHungDiskHoldsBackOnlyItsZones(t *testing.T) {
 	hung, fine := sledconfigtest.Crucible(0), sledconfigtest.Crucible(1)
 	setFaults(t, a, `{"zones": {}, "disks": {"`+serialOf(hung)+`": {"ensure": "hang"}}}`)
 	putZones(t, c, 1, hung, fine)
-	waitStates(t, c, map[string]string{fine.Name(): "running", hung.Name(): "failed"})
+	waitStates(t, c, map[string]string{fine.Name(): "running", hung.Name(): "waiting"})
 	for range 5 {
 		// The hang detector is the client's timeout.
 		if res, msg := zoneResult(t, c, hung.ID); res != "err" || !strings.Contains(msg, "storage not ready: pool "+*hung.FilesystemPool+" is not managed") {
@@ -120,8 +120,8 @@ func TestHungDiskHoldsBackOnlyItsZones(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if zs, _ := c.Zone(t.Context(), hung.ID); zs.Attempts != 0 {
-		t.Errorf("the held zone counts %d failed attempts; waiting is not failing", zs.Attempts)
+	if zs, _ := c.Zone(t.Context(), hung.ID); zs.Attempts != 0 || zs.LastError != "" || !strings.HasPrefix(zs.WaitingFor, "storage not ready: pool "+*hung.FilesystemPool) {
+		t.Errorf("the held zone: %+v; waiting is not failing: no failed attempts, no error, why it waits", zs)
 	}
 	// The disk's status says what hangs and until when (its deadline; the
 	// call is abandoned then and retried on the backoff).

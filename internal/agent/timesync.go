@@ -77,8 +77,8 @@ func (a *Agent) locateNTP() (netip.AddrPort, error) {
 		state := "not known yet"
 		if zs, ok := a.rec.Zone(z.Name()); ok {
 			state = string(zs.State)
-			if zs.LastError != "" {
-				state += " (" + zs.LastError + ")"
+			if why := cmp.Or(zs.WaitingFor, zs.LastError); why != "" {
+				state += " (" + why + ")"
 			}
 		}
 		states = append(states, z.Name()+" is "+state)

@@ -34,9 +34,10 @@ func setFaults(t *testing.T, a *agent.Agent, doc string) {
 }
 
 // With the sim runtime: a crucible waits for its sled's NTP zone to say
-// time is synchronized (err, naming why), while the NTP and internal DNS
-// zones start; held unsynchronized by the fault map, then released, the
-// crucible starts, and our inventory says where time comes from.
+// time is synchronized (waiting, naming why; err in upstream's inventory),
+// while the NTP and internal DNS zones start; held unsynchronized by the
+// fault map, then released, the crucible starts, and our inventory says
+// where time comes from.
 func TestZonesThatNeedTimeWaitForTheNTPZone(t *testing.T) {
 	a := newTimedAgent(t, agent.Config{DataDir: t.TempDir()})
 	run(t, a)
@@ -44,14 +45,14 @@ func TestZonesThatNeedTimeWaitForTheNTPZone(t *testing.T) {
 	setFaults(t, a, `{"zones": {}, "timesync": {"synced": false}}`)
 	crucible, dns, ntp := sledconfigtest.Crucible(0), sledconfigtest.InternalDNS(0), sledconfigtest.InternalNTP(0)
 	putZones(t, c, 1, crucible, dns, ntp)
-	waitStates(t, c, map[string]string{dns.Name(): "running", ntp.Name(): "running", crucible.Name(): "failed"})
+	waitStates(t, c, map[string]string{dns.Name(): "running", ntp.Name(): "running", crucible.Name(): "waiting"})
 	waitFor(t, "the crucible held back by time", func() (bool, string) {
 		res, msg := zoneResult(t, c, crucible.ID)
 		return res == "err" && strings.Contains(msg, "time not yet synchronized: NTP zone reports no reference time yet"), res + " " + msg
 	})
 	zs, err := c.Zone(t.Context(), crucible.ID)
-	if err != nil || zs.Attempts != 0 {
-		t.Fatalf("held crucible: %+v, %v (waiting is not failing: no attempts)", zs, err)
+	if err != nil || zs.Attempts != 0 || zs.LastError != "" || !strings.HasPrefix(zs.WaitingFor, "time not yet synchronized: ") {
+		t.Fatalf("held crucible: %+v, %v (waiting is not failing: no attempts, no error, why it waits)", zs, err)
 	}
 	setFaults(t, a, `{"zones": {}, "timesync": {"synced": true}}`)
 	waitStates(t, c, map[string]string{dns.Name(): "running", ntp.Name(): "running", crucible.Name(): "running"})

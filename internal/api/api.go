@@ -236,11 +236,15 @@ func (s *Server) register() {
 
 func (s *Server) registerFaults() {
 	huma.Register(s.api, huma.Operation{
-		OperationID:   "debug_sim_faults_put",
-		Method:        http.MethodPut,
-		Path:          "/debug/sim/faults",
-		Summary:       "Replace the sim runtime's fault map",
-		Description:   `Only served when the runtime is sim. Body: {"zones": {"<zone uuid>": {"start": "hang" | "fail" | "<Go duration>", "stop": …, "vanish_after": "<Go duration>"}}}. Replaces the whole map.`,
+		OperationID: "debug_sim_faults_put",
+		Method:      http.MethodPut,
+		Path:        "/debug/sim/faults",
+		Summary:     "Replace the sim runtime's fault map",
+		Description: `Only served when the runtime is sim. Replaces the whole map; every member is optional, and what a member does not name behaves normally. ` +
+			`Body: {"zones": {"<zone uuid>": {"start": "hang" | "fail" | "<Go duration>", "stop": "hang" | "fail" | "<Go duration>", "vanish_after": "<Go duration>", "health": "fail" | "hang"}}, ` +
+			`"disks": {"<disk serial>": {"ensure": "hang" | "fail" | "<Go duration>", "present": false}}, ` +
+			`"timesync": {"synced": false}}. ` +
+			`An unknown member or a bad value is a 400 naming it, and changes nothing.`,
 		DefaultStatus: http.StatusNoContent,
 		Errors:        []int{400},
 	}, s.putFaults)

@@ -43,6 +43,13 @@ type sled struct {
 
 func newSled(t testing.TB, simOpts sim.Options, with ...func(*api.Deps)) *sled {
 	t.Helper()
+	return newSledWith(t, simOpts, reconciler.Options{}, with...)
+}
+
+// newSledWith is newSled with a reconciler set up by recOpts (its start
+// deadline always an hour).
+func newSledWith(t testing.TB, simOpts sim.Options, recOpts reconciler.Options, with ...func(*api.Deps)) *sled {
+	t.Helper()
 	base := t.TempDir()
 	s := &sled{t: t, dirs: []string{filepath.Join(base, "a"), filepath.Join(base, "b")}}
 	l, err := ledger.Open(s.dirs, "omicron-sled-config.json", nil)
@@ -50,7 +57,8 @@ func newSled(t testing.TB, simOpts sim.Options, with ...func(*api.Deps)) *sled {
 		t.Fatal(err)
 	}
 	s.rt = sim.New(simOpts)
-	s.rec = reconciler.New(s.rt, nil, reconciler.Options{StartTimeout: time.Hour})
+	recOpts.StartTimeout = time.Hour
+	s.rec = reconciler.New(s.rt, nil, recOpts)
 	s.rt.SetNotify(s.rec.Poke)
 	s.store = configstore.Open(l, nil, s.rec.Update, configstore.Options{})
 	deps := api.Deps{

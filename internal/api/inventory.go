@@ -79,12 +79,13 @@ type ZoneSummary struct {
 	ID         string            `json:"id"`
 	Kind       string            `json:"kind"`
 	Wanted     bool              `json:"wanted"`
-	State      string            `json:"state" enum:"pending,starting,running,stopping,failed,unmanaged"`
+	State      string            `json:"state" enum:"pending,starting,running,stopping,failed,waiting,unmanaged" doc:"waiting: its start is held until its storage is ready or time is synchronized (waiting_for says which, and why); it has not failed."`
 	Since      time.Time         `json:"since"`
 	ConfigHash string            `json:"config_hash,omitempty"`
 	Attempts   int               `json:"attempts"`
 	LastError  string            `json:"last_error,omitempty"`
-	NextRetry  *time.Time        `json:"next_retry,omitempty"`
+	WaitingFor string            `json:"waiting_for,omitempty" doc:"Why a waiting zone does not start yet: storage not ready: …, or time not yet synchronized: …."`
+	NextRetry  *time.Time        `json:"next_retry,omitempty" doc:"When a failed zone is tried again, or a waiting one looked at again (at once if its gate says something changed first)."`
 	Incidents  int               `json:"incidents"`
 	Activity   string            `json:"activity,omitempty" doc:"The runtime call in flight: what, for how long, its deadline, what it waits for."`
 	Health     reconciler.Health `json:"health" doc:"What the periodic health checks of the running zone found."`
@@ -100,7 +101,7 @@ func summary(zs reconciler.ZoneStatus) ZoneSummary {
 	return ZoneSummary{
 		Name: zs.Name, ID: zs.ID, Kind: zs.Kind, Wanted: zs.Wanted, State: string(zs.State),
 		Since: zs.Since, ConfigHash: zs.ConfigHash, Attempts: zs.Attempts, LastError: zs.LastError,
-		NextRetry: zs.NextRetry, Incidents: zs.Incidents, Activity: zs.Activity, Health: zs.Health,
+		WaitingFor: zs.WaitingFor, NextRetry: zs.NextRetry, Incidents: zs.Incidents, Activity: zs.Activity, Health: zs.Health,
 	}
 }
 

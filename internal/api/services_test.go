@@ -16,6 +16,8 @@ func TestNotOnlineState(t *testing.T) {
 	}{
 		{"starting", reconciler.ZoneStatus{Wanted: true, Exists: true, State: reconciler.StateStarting}, "offline"},
 		{"failed", reconciler.ZoneStatus{Wanted: true, Exists: true, State: reconciler.StateFailed}, "maintenance"},
+		{"waiting, something of it left", reconciler.ZoneStatus{Wanted: true, Exists: true, State: reconciler.StateWaiting}, "offline"},
+		{"waiting, not yet created", reconciler.ZoneStatus{Wanted: true, State: reconciler.StateWaiting}, ""},
 		{"running, failing health checks", reconciler.ZoneStatus{Wanted: true, Exists: true, State: reconciler.StateRunning, Health: failing}, "degraded"},
 		{"running and healthy", reconciler.ZoneStatus{Wanted: true, Exists: true, State: reconciler.StateRunning, Health: reconciler.Health{State: reconciler.HealthOK}}, ""},
 		{"failed and gone", reconciler.ZoneStatus{Wanted: true, State: reconciler.StateFailed}, ""},

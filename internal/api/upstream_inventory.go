@@ -64,15 +64,17 @@ func fileSourceResolver() OmicronFileSourceResolverInventory {
 func zoneFMRI(kind string) string { return "svc:/oxide/" + kind + ":default" }
 
 // notOnlineState says how a zone's supervised service stands if the zone
-// is wanted and exists but is not up, in svcs' words: a zone being started
-// is offline, one whose start or run failed is in maintenance, and a running
-// zone failing its health checks is degraded. "" for any other zone.
+// is wanted and exists but is not up, in svcs' words: a zone being started,
+// or waiting for its storage or synchronized time (SMF's waiting for its
+// dependencies), is offline, one whose start or run failed is in
+// maintenance, and a running zone failing its health checks is degraded.
+// "" for any other zone.
 func notOnlineState(z *reconciler.ZoneStatus) string {
 	if !z.Wanted || !z.Exists {
 		return ""
 	}
 	switch {
-	case z.State == reconciler.StateStarting:
+	case z.State == reconciler.StateStarting, z.State == reconciler.StateWaiting:
 		return "offline"
 	case z.State == reconciler.StateFailed:
 		return "maintenance"

@@ -426,6 +426,59 @@ func TestFailingZonesShown(t *testing.T) {
 	}
 }
 
+// Zones held by a gate read waiting, with why, in the operator commands;
+// nothing says they failed.
+func TestWaitingZonesShown(t *testing.T) {
+	zones := exampleZones(t)
+	faults := writeFile(t, "faults.json", []byte(`{"timesync": {"synced": false}}`))
+	a := startAgentWith(t, agent.Config{SimFaults: faults})
+	sledAt(t, a.url, "config", "put", writeFile(t, "sled-config.json", sledconfig.Example())).ok(t)
+	var crucible sledconfig.Zone
+	for _, n := range slices.Sorted(maps.Keys(zones)) {
+		if zones[n].ZoneType.Type == "crucible" {
+			crucible = zones[n]
+			break
+		}
+	}
+	const why = "time not yet synchronized: NTP zone reports no reference time yet"
+
+	deadline := time.Now().Add(waitDeadline)
+	for {
+		r := sledAt(t, a.url, "zones").ok(t)
+		var line string
+		for _, l := range strings.Split(r.stdout, "\n") {
+			if strings.HasPrefix(l, crucible.Name()+" ") {
+				line = l
+			}
+		}
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "waiting" && strings.Contains(line, why) {
+			if strings.Contains(r.stdout, "failed") {
+				t.Errorf("zones held by time read failed:\n%s", r.stdout)
+			}
+			if !strings.Contains(line, "looked at again when it changes, or in ") {
+				t.Errorf("waiting zone's line %q does not say when it is looked at again", line)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s, %s is not shown waiting for time:\n%s", waitDeadline, crucible.Name(), r.stdout)
+		}
+		time.Sleep(waitInterval)
+	}
+
+	r := sledAt(t, a.url, "zone", "show", crucible.ID).ok(t)
+	for _, want := range []string{"waiting since", "waiting for", why, "looked at again", "start held back"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("zone show of a waiting zone does not show %q:\n%s", want, r.stdout)
+		}
+	}
+	for _, not := range []string{"failed", "last error", "next retry"} {
+		if strings.Contains(r.stdout, not) {
+			t.Errorf("zone show of a waiting zone shows %q:\n%s", not, r.stdout)
+		}
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	dataDir := t.TempDir()
 	for _, tc := range []struct {
@@ -494,6 +547,27 @@ func TestDevConverges(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("dev output does not contain %q:\n%s", want, r.stdout)
 		}
+	}
+	// The zones that need synchronized time wait for the NTP zone (it takes
+	// at least 0.3 s to start): waiting, with why, never failed.
+	waiting := 0
+	for _, l := range strings.Split(r.stdout, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 3 || !strings.HasPrefix(f[1], "oxz_") {
+			continue
+		}
+		switch f[2] {
+		case "failed":
+			t.Errorf("dev output shows a zone failed: %q", l)
+		case "waiting":
+			waiting++
+			if !strings.Contains(l, "time not yet synchronized: ") && !strings.Contains(l, "storage not ready: ") {
+				t.Errorf("dev output shows a zone waiting without why: %q", l)
+			}
+		}
+	}
+	if waiting == 0 {
+		t.Errorf("dev output shows no zone waiting for the NTP zone:\n%s", r.stdout)
 	}
 	left, err := os.ReadDir(tmp)
 	if err != nil {

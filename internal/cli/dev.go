@@ -198,7 +198,13 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 	}
 
 	start := time.Now()
-	seen := map[string]reconciler.State{}
+	// seen is what was last printed of each zone: its state, and why it
+	// waits, if it does (a new reason is worth a line of its own).
+	type shown struct {
+		state reconciler.State
+		why   string
+	}
+	seen := map[string]shown{}
 	converged := false
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
@@ -227,13 +233,17 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 			}
 		}
 		for _, z := range zones {
-			if seen[z.Name] == z.State {
+			now := shown{z.State, z.WaitingFor}
+			if seen[z.Name] == now {
 				continue
 			}
-			seen[z.Name] = z.State
+			seen[z.Name] = now
 			detail := ""
-			if z.State == reconciler.StateFailed {
+			switch z.State {
+			case reconciler.StateFailed:
 				detail = "  " + z.LastError
+			case reconciler.StateWaiting:
+				detail = "  " + z.WaitingFor
 			}
 			fmt.Fprintf(out, "  %6.1fs  %-58s %-9s %d/%d running%s\n", time.Since(start).Seconds(), z.Name, z.State, running, wanted, detail)
 		}

@@ -195,20 +195,29 @@ func seconds(d *api.Duration) string {
 
 func printZoneTable(w io.Writer, zones []api.ZoneSummary) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ZONE\tSTATE\tFOR\tHEALTH\tATTEMPTS\tINCIDENTS\tLAST ERROR")
+	fmt.Fprintln(tw, "ZONE\tSTATE\tFOR\tHEALTH\tATTEMPTS\tINCIDENTS\tDETAIL")
 	for _, z := range zones {
 		state := z.State
 		if !z.Wanted {
 			state += " (removing)"
 		}
-		lastErr := z.LastError
-		if z.Activity != "" {
-			lastErr = z.Activity
+		detail := z.LastError
+		switch {
+		case z.Activity != "":
+			detail = z.Activity
+		case z.WaitingFor != "":
+			// Why it waits; a failure before the wait is in zone show.
+			detail = z.WaitingFor
 		}
-		if z.NextRetry != nil {
-			lastErr += fmt.Sprintf(" [retry in %s]", time.Until(*z.NextRetry).Round(time.Second))
+		// Shortened before when it is tried again, which always shows.
+		detail = truncate(detail, 100)
+		switch {
+		case z.NextRetry != nil && z.WaitingFor != "":
+			detail += fmt.Sprintf(" [looked at again when it changes, or in %s]", time.Until(*z.NextRetry).Round(time.Second))
+		case z.NextRetry != nil:
+			detail += fmt.Sprintf(" [retry in %s]", time.Until(*z.NextRetry).Round(time.Second))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", z.Name, state, time.Since(z.Since).Round(time.Second), health(z.Health), z.Attempts, z.Incidents, truncate(lastErr, 100))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", z.Name, state, time.Since(z.Since).Round(time.Second), health(z.Health), z.Attempts, z.Incidents, detail)
 	}
 	return tw.Flush()
 }
@@ -317,10 +326,16 @@ func printZone(w io.Writer, z *api.ZoneDetail) error {
 	if z.Health.LastError != "" {
 		fmt.Fprintf(tw, "last health error\t%s\n", z.Health.LastError)
 	}
+	if z.WaitingFor != "" {
+		fmt.Fprintf(tw, "waiting for\t%s\n", z.WaitingFor)
+	}
 	if z.LastError != "" {
 		fmt.Fprintf(tw, "last error\t%s\n", z.LastError)
 	}
-	if z.NextRetry != nil {
+	switch {
+	case z.NextRetry != nil && z.WaitingFor != "":
+		fmt.Fprintf(tw, "looked at again\twhen it changes, or at %s\n", z.NextRetry.Local().Format(time.DateTime))
+	case z.NextRetry != nil:
 		fmt.Fprintf(tw, "next retry\t%s\n", z.NextRetry.Local().Format(time.DateTime))
 	}
 	fmt.Fprintln(tw, "\nhistory:")

@@ -10,9 +10,10 @@ import (
 
 // Gates hold a zone's start until something outside the zone reconciler is
 // ready for it: its storage (the storage reconciler), synchronized time (the
-// time-sync watcher). A held zone is err with the gate's reason, is looked
-// at again at once when the gate says something changed, and otherwise on
-// a backoff of its own (hold): waiting is not failing.
+// time-sync watcher). A held zone is waiting (StateWaiting) with the gate's
+// reason, err with it in upstream's inventory, is looked at again at once
+// when the gate says something changed, and otherwise on a backoff of its
+// own (hold): waiting is not failing.
 
 // Storage says whether a zone's storage is ready: its filesystem pool
 // managed, its transient root and its durable dataset, if any, ensured. It

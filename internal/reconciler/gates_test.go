@@ -20,11 +20,16 @@ import (
 type fakeStorage struct {
 	mu      sync.Mutex
 	missing map[string]string
+	asked   map[string]int // how often, by zone id
 }
 
 func (f *fakeStorage) ZoneStorage(z *sledconfig.Zone) (zone.Storage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.asked == nil {
+		f.asked = map[string]int{}
+	}
+	f.asked[z.ID]++
 	if why, ok := f.missing[z.ID]; ok {
 		return zone.Storage{}, errors.New(why)
 	}
@@ -37,8 +42,8 @@ func (f *fakeStorage) ready(id string) {
 	f.mu.Unlock()
 }
 
-// A zone whose storage is not ready is not started: it is err naming what
-// is missing, retried on the backoff, and started at once when storage
+// A zone whose storage is not ready is not started: it is waiting, naming
+// what is missing (err in the last reconciliation), retried on the backoff, and started at once when storage
 // says it changed, with its storage's paths; other zones start meanwhile.
 func TestZoneWaitsForItsStorage(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -49,7 +54,7 @@ func TestZoneWaitsForItsStorage(t *testing.T) {
 		synctest.Wait()
 		h.wantState(zones[1], reconciler.StateRunning)
 		zs, _ := h.r.Zone(zones[0].Name())
-		if zs.State != reconciler.StateFailed || !strings.Contains(zs.LastError, "storage not ready: dataset oxp_x/crypt/zone/") {
+		if zs.State != reconciler.StateWaiting || !strings.Contains(zs.WaitingFor, "storage not ready: dataset oxp_x/crypt/zone/") {
 			t.Fatalf("zone without storage: %+v", zs)
 		}
 		if n := len(h.rec.times("ensure", zones[0].Name())); n != 0 {
@@ -84,7 +89,7 @@ func TestStorageWaitsDoNotConsumeTheBackoff(t *testing.T) {
 			h.r.StorageChanged()
 		}
 		synctest.Wait()
-		if zs, _ := h.r.Zone(z.Name()); zs.State != reconciler.StateFailed || zs.Attempts != 0 || !strings.Contains(zs.LastError, "storage not ready: pool oxp_x") {
+		if zs, _ := h.r.Zone(z.Name()); zs.State != reconciler.StateWaiting || zs.Attempts != 0 || !strings.Contains(zs.WaitingFor, "storage not ready: pool oxp_x") {
 			t.Fatalf("held zone: %+v", zs)
 		}
 		h.faults(map[string]sim.ZoneFaults{z.ID: {Start: "fail"}})
@@ -125,7 +130,7 @@ func (f *fakeTimeSync) set(synced bool) {
 	f.mu.Unlock()
 }
 
-// A zone that needs synchronized time waits for it, err with the reason,
+// A zone that needs synchronized time waits for it, waiting with the reason,
 // while a zone that does not starts; once time is synchronized it starts
 // at once; a later loss of sync stops nothing that runs.
 func TestZoneWaitsForTimeSync(t *testing.T) {
@@ -137,7 +142,7 @@ func TestZoneWaitsForTimeSync(t *testing.T) {
 		synctest.Wait()
 		h.wantState(dns, reconciler.StateRunning)
 		zs, _ := h.r.Zone(crucible.Name())
-		if zs.State != reconciler.StateFailed || zs.Attempts != 0 || !strings.Contains(zs.LastError, "time not yet synchronized: no NTP zone") {
+		if zs.State != reconciler.StateWaiting || zs.Attempts != 0 || !strings.Contains(zs.WaitingFor, "time not yet synchronized: no NTP zone") {
 			t.Fatalf("zone waiting for time: %+v", zs)
 		}
 		if res := h.r.Status().Last.Zones[crucible.ID]; res.OK || !strings.Contains(res.Message, "time not yet synchronized") {
@@ -157,6 +162,121 @@ func TestZoneWaitsForTimeSync(t *testing.T) {
 		h.wantState(crucible, reconciler.StateRunning)
 		if n := len(h.rec.times("ensure", crucible.Name())); n != 1 {
 			t.Fatalf("%d starts, want 1", n)
+		}
+	})
+}
+
+// Waiting is not failing: a zone held by the storage gate and one held by
+// the time gate read waiting, each with its gate's reason and when it is
+// looked at again, no failed attempt and no error of their own; the last
+// reconciliation (upstream's inventory) has them err with the reason. A
+// zone whose start failed before a gate held it keeps that failure's count
+// and error beside its reason for waiting. Once the gates open they run,
+// and nothing of the wait is left in their status.
+func TestHeldZonesReadWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		forStorage, forTime, failedFirst := sledconfigtest.Crucible(0), sledconfigtest.Crucible(1), sledconfigtest.InternalDNS(0)
+		const storageWhy = "pool oxp_x is not managed"
+		st := &fakeStorage{missing: map[string]string{forStorage.ID: storageWhy}}
+		ts := &fakeTimeSync{waiting: map[string]bool{"crucible": true}}
+		h := start(t, reconciler.Options{Storage: st, TimeSync: ts, Backoff: reconciler.Backoff{Initial: time.Minute, Max: time.Hour}}, sim.Options{})
+		h.faults(map[string]sim.ZoneFaults{failedFirst.ID: {Start: "fail"}})
+		h.r.Update(sledconfigtest.Config(1, forStorage, forTime, failedFirst))
+		synctest.Wait()
+		if zs, _ := h.r.Zone(failedFirst.Name()); zs.State != reconciler.StateFailed || zs.Attempts != 1 {
+			t.Fatalf("zone whose start fails: %+v", zs)
+		}
+		// Its retry comes while its storage is gone.
+		h.faults(nil)
+		st.mu.Lock()
+		st.missing[failedFirst.ID] = storageWhy
+		st.mu.Unlock()
+		time.Sleep(time.Minute + time.Second)
+		synctest.Wait()
+
+		for _, tc := range []struct {
+			z        sledconfig.Zone
+			why      string
+			attempts int
+			lastErr  string
+		}{
+			{forStorage, "storage not ready: " + storageWhy, 0, ""},
+			{forTime, "time not yet synchronized: no NTP zone in the config", 0, ""},
+			{failedFirst, "storage not ready: " + storageWhy, 1, "injected"},
+		} {
+			zs, _ := h.r.Zone(tc.z.Name())
+			if zs.State != reconciler.StateWaiting || zs.WaitingFor != tc.why || zs.Attempts != tc.attempts ||
+				zs.NextRetry == nil || !strings.Contains(zs.LastError, tc.lastErr) || (tc.lastErr == "" && zs.LastError != "") {
+				t.Errorf("zone %s: %+v; want waiting for %q, %d attempts, last error %q, a next look", tc.z.Name(), zs, tc.why, tc.attempts, tc.lastErr)
+			}
+			if last := zs.History[len(zs.History)-1]; last.Event != "start held back" || last.Detail != tc.why {
+				t.Errorf("zone %s: last event %+v", tc.z.Name(), last)
+			}
+			res, ok := h.r.Status().Last.Zones[tc.z.ID]
+			if !ok || res.OK || !strings.HasPrefix(res.Message, tc.why+" (looked at again when it changes, or at ") {
+				t.Errorf("zone %s: last reconciliation %+v, want err with %q", tc.z.Name(), res, tc.why)
+			}
+			if n := len(h.rec.times("ensure", tc.z.Name())); n != tc.attempts {
+				t.Errorf("zone %s started %d times, want %d", tc.z.Name(), n, tc.attempts)
+			}
+		}
+
+		st.ready(forStorage.ID)
+		st.ready(failedFirst.ID)
+		h.r.StorageChanged()
+		synctest.Wait()
+		h.wantState(failedFirst, reconciler.StateRunning)
+		if zs, _ := h.r.Zone(forStorage.Name()); zs.State != reconciler.StateWaiting || !strings.HasPrefix(zs.WaitingFor, "time not yet synchronized") {
+			t.Fatalf("storage ready, time not: %+v", zs)
+		}
+		ts.set(true)
+		h.r.TimeSyncChanged()
+		synctest.Wait()
+		for _, z := range []sledconfig.Zone{forStorage, forTime, failedFirst} {
+			h.wantState(z, reconciler.StateRunning)
+			if zs, _ := h.r.Zone(z.Name()); zs.WaitingFor != "" || zs.NextRetry != nil || zs.LastError != "" {
+				t.Errorf("zone %s running: %+v", z.Name(), zs)
+			}
+		}
+	})
+}
+
+func (f *fakeStorage) askedFor(id string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.asked[id]
+}
+
+// A waiting zone's next_retry is when it is really looked at again, also
+// after it was held again for the same reason (its hold's backoff grew).
+func TestWaitingZonesNextLookIsTrue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		z := sledconfigtest.Crucible(0)
+		st := &fakeStorage{missing: map[string]string{z.ID: "pool oxp_x is not managed"}}
+		h := start(t, reconciler.Options{Storage: st, Backoff: reconciler.Backoff{Initial: time.Second, Max: time.Hour}}, sim.Options{})
+		h.r.Update(sledconfigtest.Config(1, z))
+		synctest.Wait()
+		for range 3 {
+			h.r.StorageChanged() // the same answer: held again, for longer
+			synctest.Wait()
+		}
+		zs, _ := h.r.Zone(z.Name())
+		if zs.State != reconciler.StateWaiting || zs.NextRetry == nil {
+			t.Fatalf("held zone: %+v", zs)
+		}
+		next, asked := *zs.NextRetry, st.askedFor(z.ID)
+		time.Sleep(time.Until(next) - time.Millisecond)
+		synctest.Wait()
+		if n := st.askedFor(z.ID); n != asked {
+			t.Fatalf("looked at again %d times before its next_retry %v", n-asked, next)
+		}
+		time.Sleep(2 * time.Millisecond)
+		synctest.Wait()
+		if n := st.askedFor(z.ID); n != asked+1 {
+			t.Fatalf("looked at again %d times at its next_retry %v, want once", n-asked, next)
+		}
+		if zs, _ := h.r.Zone(z.Name()); zs.NextRetry == nil || !zs.NextRetry.After(next) {
+			t.Fatalf("after the look at %v: next_retry %v", next, zs.NextRetry)
 		}
 	})
 }

@@ -99,10 +99,11 @@ type entry struct {
 	incidents    int
 	health       Health
 	// heldBy names the gate (gates.go) that held the last start back,
-	// held counts how many times in a row; opStorage is where the zone's
-	// storage is for the start dispatched.
+	// held counts how many times in a row, waitFor is what the gate said;
+	// opStorage is where the zone's storage is for the start dispatched.
 	heldBy    string
 	held      int
+	waitFor   string
 	opStorage zone.Storage
 	history   []Event
 }
@@ -315,7 +316,7 @@ func (r *Reconciler) evaluate(ctx context.Context, e *entry, now time.Time) {
 		r.hold(e, now, gateTimeSync, err)
 		return
 	}
-	e.heldBy, e.held, e.opStorage = "", 0, st
+	e.heldBy, e.held, e.waitFor, e.opStorage = "", 0, "", st
 	r.dispatch(ctx, e, opStart, "")
 }
 
@@ -477,21 +478,25 @@ func (r *Reconciler) fail(e *entry, now time.Time, err error, what string) {
 }
 
 // hold keeps e from starting because a gate (gates.go) is not ready. The
-// zone is err with the gate's reason, and is looked at again at once when
-// the gate says something changed, else on the normal backoff of its own
-// count: a held zone has not failed, so the backoff of its start failures
-// is not consumed by waiting.
+// zone is waiting, with the gate's reason (err in upstream's inventory), and
+// is looked at again at once when the gate says something changed, else on
+// the normal backoff of its own count: a held zone has not failed, so its
+// attempts and the backoff of its start failures are not consumed by
+// waiting, and its last error stays what it was.
 func (r *Reconciler) hold(e *entry, now time.Time, gate string, err error) {
 	e.heldBy = gate
 	e.held++
 	e.nextTry = now.Add(r.opts.Backoff.Delay(e.held))
 	r.loop.waiting[e.name] = struct{}{}
 	msg := err.Error()
-	if msg == e.lastErr && e.state == StateFailed {
-		return // said already
+	if msg == e.waitFor && e.state == StateWaiting {
+		// Said already; only when it is looked at again changed.
+		r.loop.lastStale = true
+		r.store.setNextRetry(e.name, e.nextTry)
+		return
 	}
-	e.lastErr = msg
-	r.setState(e, StateFailed, msg)
+	e.waitFor = msg
+	r.setState(e, StateWaiting, "")
 	r.record(e, "start held back", msg)
 	r.log.Info("zone start held back", "zone", e.name, "gate", gate, "reason", msg)
 }

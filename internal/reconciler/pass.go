@@ -117,8 +117,10 @@ func (e *entry) problem(now time.Time) string {
 		return e.activity(now)
 	case e.state == StatePending:
 		return "waiting for a zone it replaces to shut down"
-	case e.state == StateFailed && e.heldBy != "" && !e.nextTry.IsZero():
-		return fmt.Sprintf("%s (looked at again when it changes, or at %s)", e.lastErr, e.nextTry.UTC().Format(time.RFC3339))
+	case e.state == StateWaiting && !e.nextTry.IsZero():
+		return fmt.Sprintf("%s (looked at again when it changes, or at %s)", e.waitFor, e.nextTry.UTC().Format(time.RFC3339))
+	case e.state == StateWaiting:
+		return e.waitFor
 	case e.state == StateFailed && e.lastErr != "" && !e.nextTry.IsZero():
 		// The time, not how long until it: nothing rebuilds this while
 		// the zone waits.
@@ -259,9 +261,12 @@ func (r *Reconciler) publishZone(e *entry) {
 	} else {
 		zs.ConfigHash = e.runHash
 	}
-	if !e.nextTry.IsZero() && e.state == StateFailed {
+	if !e.nextTry.IsZero() && (e.state == StateFailed || e.state == StateWaiting) {
 		t := e.nextTry
 		zs.NextRetry = &t
+	}
+	if e.state == StateWaiting {
+		zs.WaitingFor = e.waitFor
 	}
 	r.store.setZone(zs)
 }

@@ -26,6 +26,12 @@ const (
 	StateStopping State = "stopping"
 	// StateFailed: the last attempt failed; the next one is at NextRetry.
 	StateFailed State = "failed"
+	// StateWaiting: its start is held back by a gate (gates.go): its
+	// storage is not ready, or time is not yet synchronized. WaitingFor
+	// says why. It is looked at again as soon as the gate says something
+	// changed, else at NextRetry. Waiting is not failing: it counts no
+	// failed attempt.
+	StateWaiting State = "waiting"
 	// StateUnmanaged: exists but there is no valid config yet to judge it
 	// against; left alone.
 	StateUnmanaged State = "unmanaged"
@@ -52,8 +58,14 @@ type ZoneStatus struct {
 	ConfigHash string `json:"config_hash,omitempty"`
 	// Attempts counts consecutive failed attempts (starts, stops, and deaths of a
 	// zone that had not yet been running stably).
-	Attempts  int        `json:"attempts"`
-	LastError string     `json:"last_error,omitempty"`
+	Attempts  int    `json:"attempts"`
+	LastError string `json:"last_error,omitempty"`
+	// WaitingFor is why a waiting zone (StateWaiting) does not start yet,
+	// as its gate says ("storage not ready: …", "time not yet
+	// synchronized: …"); "" in any other state.
+	WaitingFor string `json:"waiting_for,omitempty"`
+	// NextRetry is when a failed zone is tried again, or a waiting one
+	// looked at again.
 	NextRetry *time.Time `json:"next_retry,omitempty"`
 	// Incidents counts how often the zone died, vanished or turned unhealthy
 	// while running.
@@ -150,6 +162,17 @@ type store struct {
 func (s *store) setZone(zs ZoneStatus) {
 	s.mu.Lock()
 	s.zones[zs.Name] = zs
+	s.mu.Unlock()
+}
+
+// setNextRetry changes when a published zone is looked at again, and
+// nothing else of it: cheaper than publishing it again.
+func (s *store) setNextRetry(name string, t time.Time) {
+	s.mu.Lock()
+	if zs, ok := s.zones[name]; ok {
+		zs.NextRetry = &t
+		s.zones[name] = zs
+	}
 	s.mu.Unlock()
 }
 

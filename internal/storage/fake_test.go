@@ -22,12 +22,12 @@ type fakeBackend struct {
 	disks  map[string]*storage.Disk // by serial; Content blank or foreign
 	pools  map[string]*fakePool     // by pool id
 	calls  []call
-	hang   map[string]bool  // by serial: its pool and dataset calls hang until their deadline
-	hangOp string           // if set, only calls of this op hang
+	hang   map[string]bool // by serial: its pool and dataset calls hang until their deadline
+	hangOp string          // if set, only calls of this op hang
 	// stuck: hanging calls do not heed cancellation either, only their
 	// deadline, as a call in the kernel on a dead disk may not.
 	stuck bool
-	fail   map[string]error // by serial: its pool and dataset calls fail
+	fail  map[string]error // by serial: its pool and dataset calls fail
 	// delay is how long a call takes, by "op target"
 	// ("open_pool oxp_pool-a").
 	delay    map[string]time.Duration

@@ -34,25 +34,27 @@ import (
 // pool and datasets come back with it); timesync synced false holds the
 // NTP zones unsynchronized (timesync.go). Zones and disks not in the map
 // behave normally.
+// Every member is optional: a map with only disks, or only timesync, leaves
+// every zone fault-free.
 type Faults struct {
-	Zones    map[string]ZoneFaults `json:"zones"`
-	Disks    map[string]DiskFaults `json:"disks,omitempty"`
-	TimeSync *TimeSyncFaults       `json:"timesync,omitempty"`
+	Zones    map[string]ZoneFaults `json:"zones,omitempty" doc:"Faults of zones, by zone UUID."`
+	Disks    map[string]DiskFaults `json:"disks,omitempty" doc:"Faults of disks, by serial."`
+	TimeSync *TimeSyncFaults       `json:"timesync,omitempty" doc:"Faults of the NTP zones' time synchronization."`
 }
 
 // DiskFaults are the faults of one disk, by serial.
 type DiskFaults struct {
-	Ensure string `json:"ensure,omitempty"`
+	Ensure string `json:"ensure,omitempty" doc:"\"hang\", \"fail\" or a Go duration (delay, then succeed): every call on the disk, its pool and its datasets."`
 	// Present false: the disk is not in the machine. Absent: it is.
-	Present *bool `json:"present,omitempty"`
+	Present *bool `json:"present,omitempty" doc:"false: the disk is not in the machine until the fault is cleared."`
 }
 
 // ZoneFaults are the faults of one zone.
 type ZoneFaults struct {
-	Start       string `json:"start,omitempty"`
-	Stop        string `json:"stop,omitempty"`
-	VanishAfter string `json:"vanish_after,omitempty"`
-	Health      string `json:"health,omitempty"`
+	Start       string `json:"start,omitempty" doc:"\"hang\" (until the call's deadline), \"fail\" or a Go duration (delay, then succeed)."`
+	Stop        string `json:"stop,omitempty" doc:"\"hang\", \"fail\" or a Go duration, as start."`
+	VanishAfter string `json:"vanish_after,omitempty" doc:"A Go duration: the running zone disappears that long after it started."`
+	Health      string `json:"health,omitempty" enum:"fail,hang" doc:"The zone's health checks fail at once (\"fail\") or do not answer until their deadline (\"hang\")."`
 }
 
 // behavior is one parsed "hang" | "fail" | duration.

@@ -23,7 +23,7 @@ import (
 type TimeSyncFaults struct {
 	// Synced false holds the NTP zones unsynchronized; absent or true:
 	// they are synchronized as soon as they run.
-	Synced *bool `json:"synced,omitempty"`
+	Synced *bool `json:"synced,omitempty" doc:"false holds the NTP zones unsynchronized; absent or true: synchronized once they run."`
 }
 
 // unsyncedLine is what chronyc -c tracking says before chronyd's first
