@@ -167,13 +167,32 @@ func (w *Watcher) Status() Status {
 // Check is nil when zones that need synchronized time may start: the last
 // check found time synchronized, or the gate is skipped. Otherwise it is a
 // *NotSyncedError saying why not. It never waits for a check.
+//
+// A synchronized answer holds only while Locate still names the NTP zone
+// that gave it: a config that has just removed the NTP zone, or one whose
+// NTP zone stopped running, is not synchronized even though the check that
+// will say so has not run yet (it is asked for at once).
 func (w *Watcher) Check() error {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.status.Synced || w.status.Skipped {
+	st := w.status
+	w.mu.Unlock()
+	switch {
+	case st.Skipped:
 		return nil
+	case !st.Synced:
+		return &NotSyncedError{Reason: st.Reason, Err: st.err}
 	}
-	return &NotSyncedError{Reason: w.status.Reason, Err: w.status.err}
+	addr, err := w.opts.Locate()
+	switch {
+	case err != nil:
+		w.Poke()
+		return &NotSyncedError{Reason: err.Error(), Err: err}
+	case addr.String() != st.NTPAdmin:
+		w.Poke()
+		err := fmt.Errorf("%w: the NTP zone at %s is not yet asked (the last answer was %s's)", ErrNotSynced, addr, st.NTPAdmin)
+		return &NotSyncedError{Reason: err.Error(), Err: err}
+	}
+	return nil
 }
 
 // Poke asks for a check now (as when the NTP zone has started). It never

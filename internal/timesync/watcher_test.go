@@ -372,3 +372,35 @@ func TestWatcherOverTCP(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 }
+
+// A synchronized answer is the NTP zone's that gave it: the moment Locate
+// no longer names that zone (the config dropped it, it stopped running),
+// Check holds new starts, before the next check has run, and asks for one.
+func TestWatcherCheckFollowsLocateBetweenChecks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, recSyncedV6, true, Options{SyncedPeriod: time.Hour}).run()
+		defer r.stop()
+		synctest.Wait()
+		if err := r.w.Check(); err != nil {
+			t.Fatalf("Check = %v, want synchronized", err)
+		}
+		asks := r.asks()
+
+		r.locate(ErrNoNTPZone)
+		notSynced(t, r.w.Check(), "time not yet synchronized: "+ErrNoNTPZone.Error(), ErrNoNTPZone)
+		synctest.Wait() // the check Check asked for, well before the hour
+		if got := r.asks(); got != asks {
+			t.Fatalf("ntp-admin asked %d times with no NTP zone located, want %d", got, asks)
+		}
+		if st := r.w.Status(); st.Synced {
+			t.Fatalf("status after the asked-for check: %+v", st)
+		}
+
+		r.locate(nil)
+		r.w.Poke()
+		synctest.Wait()
+		if err := r.w.Check(); err != nil {
+			t.Fatalf("Check = %v with the NTP zone back", err)
+		}
+	})
+}
