@@ -89,6 +89,8 @@ func (r *Runtime) sledGone(c claim) (gone bool, why string, release func()) {
 	switch {
 	case lock == "":
 		return false, "its claim names no data dir, so whether its agent runs cannot be told", noop
+	case !filepath.IsAbs(lock):
+		return false, "its claim names its lock by a relative path (" + lock + "), so whether its agent runs cannot be told", noop
 	case filepath.Clean(lock) == r.opts.DataDirLock:
 		return true, "it used this sled's data dir before (one agent per data dir)", noop
 	}
