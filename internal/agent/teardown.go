@@ -101,13 +101,13 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, erro
 }
 
 // releaseStorage unmounts the pools under cfg's pool root and detaches the
-// loop devices of its vdev files (btrfs.Backend.Release), under a deadline.
+// loop devices of its vdev files (btrfs.Backend.Release). Each command and
+// syscall of it runs under the backend's deadline; the whole takes as long
+// as the sled has disks.
 func releaseStorage(ctx context.Context, cfg Config, log *slog.Logger) ([]string, error) {
 	b, err := newBtrfs(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	return b.Release(rctx)
+	return b.Release(ctx)
 }
