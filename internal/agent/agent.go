@@ -597,6 +597,7 @@ func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
 		runDir := cmp.Or(cfg.RunDir, DefaultRunDir)
 		return linux.New(linux.Options{
 			DataDir:     cfg.DataDir,
+			DataDirLock: filepath.Join(cfg.DataDir, lockFile),
 			RunDir:      runDir,
 			TmpfsRunDir: runDir == DefaultRunDir,
 			Tag:         cfg.ZoneTag,

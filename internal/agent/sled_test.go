@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 )
 
 // hostZones are crucibles on addresses no other test uses, on pools of
@@ -102,12 +104,27 @@ func TestLinuxAgentOfAnotherDataDirLeavesTheZonesAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The second sled's zone goes, then its storage is released: its
+	// pool unmounted, its vdev's loop device detached.
+	want := []string{"zone " + zonesB[0].Name()}
+	loops := btrfs.LoopsBackedBy(cfgB.VdevDir)
+	pools := sledconfigtest.Pools(zonesB...)
+	if len(loops) != 1 || len(pools) != 1 {
+		t.Fatalf("the second sled's loop devices %v and pools %v: want one each", loops, pools)
+	}
+	pool := strings.TrimPrefix(pools[0], "oxp_")
+	want = append(want,
+		"pool "+pool+" mounted at "+filepath.Join(cfgB.DataDir, "storage", "ext", pool)+" (unmounted)",
+		"loop device "+loops[0]+" of "+filepath.Join(cfgB.VdevDir, "u2_"+sledconfigtest.VdevNames(tag+"-", zonesB...)[0]+".vdev")+" (detached)")
 	removed, err := agent.Teardown(t.Context(), cfgB, testLogger(t))
 	if err != nil {
 		t.Fatalf("teardown: %v (removed %q)", err, removed)
 	}
-	if want := []string{"zone " + zonesB[0].Name()}; strings.Join(removed, "\n") != strings.Join(want, "\n") {
+	if strings.Join(removed, "\n") != strings.Join(want, "\n") {
 		t.Errorf("teardown removed %q, want %q", removed, want)
+	}
+	if l := btrfs.LoopsBackedBy(cfgB.VdevDir); len(l) != 0 {
+		t.Errorf("the second sled's loop devices after its teardown: %v", l)
 	}
 	if zonenet.NetnsExists(prefix + zonesB[0].Name()) {
 		t.Errorf("teardown left the second sled's zone %s", zonesB[0].Name())

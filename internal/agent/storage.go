@@ -30,17 +30,9 @@ import (
 func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *slog.Logger) (*storage.Reconciler, error) {
 	var backend storage.Backend = rt
 	if rt == nil {
-		b, err := btrfs.New(btrfs.Options{
-			VdevDir:  cfg.VdevDir,
-			PoolRoot: poolRoot(cfg),
-			// An agent with a tag of its own (tests, the crash test,
-			// benchmarks) looks only at its own file-backed disks, never
-			// at the host's.
-			Tag: cfg.ZoneTag,
-			Log: log,
-		})
+		b, err := newBtrfs(cfg, log)
 		if err != nil {
-			return nil, fmt.Errorf("storage: %w", err)
+			return nil, err
 		}
 		backend = b
 	}
@@ -53,6 +45,23 @@ func newStorage(cfg Config, rt *sim.Runtime, rec *reconciler.Reconciler, log *sl
 		// once no zone that is still present uses it.
 		InUse: func(name string) bool { return datasetInUse(rec.PresentSpecs(), name) },
 	}), nil
+}
+
+// newBtrfs returns the Linux storage backend cfg describes.
+func newBtrfs(cfg Config, log *slog.Logger) (*btrfs.Backend, error) {
+	b, err := btrfs.New(btrfs.Options{
+		VdevDir:  cfg.VdevDir,
+		PoolRoot: poolRoot(cfg),
+		// An agent with a tag of its own (tests, the crash test,
+		// benchmarks) looks only at its own file-backed disks, never at
+		// the host's.
+		Tag: cfg.ZoneTag,
+		Log: log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: %w", err)
+	}
+	return b, nil
 }
 
 // poolRoot is where the pools are mounted: --pool-root, by default

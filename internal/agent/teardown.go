@@ -20,8 +20,11 @@ const teardownZoneTimeout = time.Minute
 // the data dir and, for the linux runtime, the host's zones of its tag, so it
 // refuses to run beside an agent of either. Within those it removes only what
 // is proven this sled's: parts of another sled (another data dir) are logged
-// as not ours and left alone. The ledger is left as it is; an agent started
-// later creates the ledgered zones again.
+// as not ours and left alone. With the linux runtime it then releases the
+// sled's storage: the pools under its pool root are unmounted and the loop
+// devices of its vdev files detached (nothing is formatted, and a real
+// disk is only unmounted). The ledger is left as it is; an agent started
+// later creates the ledgered zones again, on its pools as they were.
 func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -79,10 +82,32 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, erro
 			errs = append(errs, fmt.Errorf("removing leftovers: %w", err))
 		}
 	}
+	// What the storage backend attached, once no zone is left on it: its
+	// pools unmounted, the loop devices of its vdev files detached. A
+	// later agent attaches and mounts them again, as they are.
+	if cfg.Runtime == "linux" && len(errs) == 0 {
+		released, err := releaseStorage(ctx, cfg, log)
+		done = append(done, released...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("releasing storage: %w", err))
+		}
+	}
 	// The runtime's own directories (the linux runtime's cgroup of its tag),
 	// if nothing is left in them.
 	if d, ok := rt.(interface{ RemoveEmptyDirs() }); ok && len(errs) == 0 {
 		d.RemoveEmptyDirs()
 	}
 	return done, errors.Join(errs...)
+}
+
+// releaseStorage unmounts the pools under cfg's pool root and detaches the
+// loop devices of its vdev files (btrfs.Backend.Release). Each command and
+// syscall of it runs under the backend's deadline; the whole takes as long
+// as the sled has disks.
+func releaseStorage(ctx context.Context, cfg Config, log *slog.Logger) ([]string, error) {
+	b, err := newBtrfs(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return b.Release(ctx)
 }

@@ -20,8 +20,13 @@ part that belongs to no zone (links, processes, zone roots). Stopping the agent
 never does this; this command is how an operator empties a sled. It refuses to
 run while an agent uses the data dir or, with the linux runtime, while any agent
 of the same zone tag runs on the host, and it removes only this data dir's sled's
-parts (others are logged as not ours and left alone). The ledger is kept: an
-agent started later creates the ledgered zones again.`,
+parts (others are logged as not ours and left alone). With the linux runtime it
+then unmounts the pools under --pool-root and detaches the loop devices of the
+--vdev-dir files; nothing is formatted, and real disks are only unmounted. The
+ledger is kept: an agent started later creates the ledgered zones again.
+
+To clear the zones of a sled whose data dir is gone, give its id and an empty
+data dir: --sled-id <its id> --data-dir <an empty dir>.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !yes {

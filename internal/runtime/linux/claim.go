@@ -1,6 +1,7 @@
 package linux
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,19 +51,29 @@ import (
 // process mark would mean a new supervisor) when this version adopts it.
 // Sweep writes the claims of such zones, whose roots are ours.
 //
+// A claim outlives its sled's agent when that agent is killed: parts of a
+// zone claimed by a sled whose agent is gone and of which nothing lives are
+// debris, removed when they are in the way (debris.go).
+//
 // ClaimFile is the claim's name in the service directory: JSON, with the
-// sled's id as "sled_id".
+// sled's id as "sled_id", its data dir as "data_dir" and the lock its agent
+// holds while it runs as "lock".
 const ClaimFile = "sled.json"
 
 // claim names the sled whose zone a service directory is.
 type claim struct {
 	Sled string `json:"sled_id"`
-	// DataDir is where the sled's zone roots are, for people.
+	// DataDir is where the sled's zone roots are (absolute): for people,
+	// and for the teardown that clears them.
 	DataDir string `json:"data_dir"`
+	// Lock is the file the sled's agent holds an flock on while it runs
+	// (its data dir's agent.lock): free, that agent is gone. Empty in the
+	// claims of the previous version, whose lock was in DataDir.
+	Lock string `json:"lock,omitempty"`
 }
 
-// ErrOtherSled is wrapped when a zone's parts are claimed by another sled:
-// they are left alone, and Ensure cannot proceed.
+// ErrOtherSled is wrapped when a zone's parts are claimed by another sled
+// and are not debris: they are left alone, and Ensure cannot proceed.
 var ErrOtherSled = errors.New("the zone's parts are another sled's")
 
 // claimPath is where the named zone's claim is.
@@ -81,16 +92,19 @@ func (r *Runtime) readClaim(zoneName string) (c claim, ok bool) {
 }
 
 // claimZone writes the named zone's claim for our sled, unless it holds
-// one already. A claim of another sled is an error wrapping ErrOtherSled.
-// It is not fsynced: the run dir lasts one boot.
-func (r *Runtime) claimZone(zoneName string) error {
+// one already. A claim of another sled is taken over if what it claims is
+// debris (removed first, see debris.go); else it is an OtherSledError,
+// which wraps ErrOtherSled. It is not fsynced: the run dir lasts one boot.
+func (r *Runtime) claimZone(ctx context.Context, zoneName string) error {
 	if c, ok := r.readClaim(zoneName); ok {
-		if c.Sled != r.opts.Sled {
-			return fmt.Errorf("zone %s: claimed by sled %s (data dir %s): %w", zoneName, c.Sled, c.DataDir, ErrOtherSled)
+		if c.Sled == r.opts.Sled {
+			return nil
 		}
-		return nil
+		if err := r.clearDebris(ctx, zoneName, c); err != nil {
+			return err
+		}
 	}
-	b, err := json.Marshal(claim{Sled: r.opts.Sled, DataDir: r.opts.DataDir})
+	b, err := json.Marshal(claim{Sled: r.opts.Sled, DataDir: r.dataDir, Lock: r.opts.DataDirLock})
 	if err != nil {
 		return err
 	}

@@ -56,6 +56,11 @@ type Options struct {
 	// Tag marks every object as this agent's (default "sled-agent"). Tests
 	// use a unique tag.
 	Tag string
+	// DataDirLock is the file the agent holds an flock on while it runs
+	// (agent.LockDataDir's), written into every zone's claim so that
+	// another sled's runtime can tell whether this sled's agent still runs
+	// (debris.go). Default <DataDir>/agent.lock, the agent's.
+	DataDirLock string
 	// Sled is the id of the sled whose zones these are (a UUID in lower
 	// case): written into every zone's marks, and what Sweep, Owned and
 	// Destroy go by (see claim.go). Required.
@@ -83,8 +88,9 @@ type Options struct {
 
 // Runtime creates, lists and destroys zones on Linux. It needs root.
 type Runtime struct {
-	opts  Options
-	agent string // the kept agent binary
+	opts    Options
+	agent   string // the kept agent binary
+	dataDir string // opts.DataDir, absolute (claims name it)
 
 	cg cgroups
 
@@ -96,9 +102,9 @@ type Runtime struct {
 // New prepares the runtime: it checks the tools it needs and keeps a copy
 // of the agent binary in the data dir.
 func New(opts Options) (*Runtime, error) {
-	opts.Tag = cmp.Or(opts.Tag, "sled-agent")
+	opts.Tag = cmp.Or(opts.Tag, defaultTag)
 	opts.HealthTimeout = cmp.Or(opts.HealthTimeout, time.Second)
-	opts.RunDir = cmp.Or(opts.RunDir, "/run/sled-agent")
+	opts.RunDir = cmp.Or(opts.RunDir, defaultRunDir)
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
@@ -118,7 +124,14 @@ func New(opts Options) (*Runtime, error) {
 		return nil, fmt.Errorf("pool root: %w", err)
 	}
 	opts.PoolRoot = poolRoot
-	r := &Runtime{opts: opts, watchers: map[string]watcher{}, roots: map[string][]string{}, cg: newCgroups(opts.Tag)}
+	dataDir, err := filepath.Abs(opts.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	if opts.DataDirLock, err = filepath.Abs(cmp.Or(opts.DataDirLock, filepath.Join(dataDir, DataDirLockFile))); err != nil {
+		return nil, fmt.Errorf("data dir lock: %w", err)
+	}
+	r := &Runtime{opts: opts, dataDir: dataDir, watchers: map[string]watcher{}, roots: map[string][]string{}, cg: newCgroups(opts.Tag)}
 	if !r.cg.available() {
 		opts.Log.Warn("no cgroup v2 file system: zone processes will be found by walking /proc")
 	}
@@ -130,6 +143,12 @@ func New(opts Options) (*Runtime, error) {
 	}
 	return r, nil
 }
+
+// The defaults of Options.
+const (
+	defaultTag    = "sled-agent"
+	defaultRunDir = "/run/sled-agent"
+)
 
 // owner is the file in a zone root that proves the zone is ours.
 type owner struct {
@@ -231,7 +250,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	}
 	r.noteRoot(spec.Name, root)
 	// Then the claim, before the zone has any part outside our data dir.
-	if err := r.claimZone(spec.Name); err != nil {
+	if err := r.claimZone(ctx, spec.Name); err != nil {
 		return err
 	}
 	if err := zonenet.Ensure(ctx, netCfg); err != nil {

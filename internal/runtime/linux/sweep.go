@@ -30,9 +30,10 @@ import (
 // is in it. Roots whose mark carries another tag or names another sled are not
 // ours and are left alone, as are parts whose names no zone could have, and
 // parts of a zone whose root is not ours that no claim of our sled proves
-// ours (see claim.go): those are logged as not ours. It writes the claims of
-// our zones that have none (made by the previous version). It returns one
-// line per thing removed, for people (e.g. "link
+// ours (see claim.go): those are logged as not ours, unless they are the
+// debris of a dead sled (see debris.go), which it removes. It writes the
+// claims of our zones that have none (made by the previous version). It
+// returns one line per thing removed, for people (e.g. "link
 // ozu0123456789ab of zone <id>", "namespace <name>", "process 1234 (sleep)
 // of service dir ...", "zone root <path> without a valid mark").
 //
@@ -46,10 +47,13 @@ func (r *Runtime) Sweep(ctx context.Context) ([]string, error) {
 		// Without knowing every zone, anything could be one's.
 		return nil, fmt.Errorf("sweep: %w", err)
 	}
+	// Debris of dead sleds first: what it removes is no orphan's.
+	debris, errs := r.sweepDebris(ctx, zones.claims)
 	o, err := r.findOrphans(zones)
-	errs := []error{err}
+	errs = append(errs, err)
 	errs = append(errs, r.removeOrphans(ctx, o)...)
 	lines, err := r.gone(o)
+	lines = append(debris, lines...)
 	errs = append(errs, err)
 	removed, rerrs := r.removeUnmarkedRoots(ctx, unmarked)
 	lines = append(lines, removed...)
@@ -118,7 +122,7 @@ func (r *Runtime) knownZones(ctx context.Context) (zoneSet, []string, error) {
 		if _, ok := r.readClaim(name); ok || missing(r.serviceDir(name)) && !zonenet.NetnsExists(r.netnsName(name)) {
 			continue
 		}
-		if err := r.claimZone(name); err != nil {
+		if err := r.claimZone(ctx, name); err != nil {
 			r.opts.Log.Warn("sweep: not claiming a zone of ours", "zone", name, "err", err)
 		}
 	}

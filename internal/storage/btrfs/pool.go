@@ -40,6 +40,11 @@ func (b *Backend) CreatePool(ctx context.Context, disk storage.DiskIdentity, poo
 		}
 		return fmt.Errorf("create pool %s on %s (%s): it holds %s: %w", poolID, disk, d.path, what, storage.ErrNotBlank)
 	}
+	// A loop device left holding this pool by a deleted vdev file would
+	// make mkfs refuse the UUID (release.go).
+	if err := b.releaseStale(ctx, poolID); err != nil {
+		return fmt.Errorf("create pool %s on %s: %w", poolID, disk, err)
+	}
 	// --nodiscard: a blank disk has nothing to discard, and discarding a
 	// large one can take longer than any deadline we would set.
 	if _, err := b.command(ctx, "mkfs.btrfs", "--nodiscard", "-U", poolID, "-L", poolLabel(poolID), d.path); err != nil {
@@ -69,6 +74,16 @@ func (b *Backend) open(ctx context.Context, d blockDev, poolID string) (storage.
 	m, mounted, err := mountAt(mnt)
 	if err != nil {
 		return storage.Pool{}, err
+	}
+	if mounted && (m.fstype != "btrfs" || !sameDevice(m.source, d.path)) {
+		// The stale loop device of a deleted vdev file of the pool, if
+		// that is what is mounted there, is let go (release.go).
+		if err := b.releaseStale(ctx, poolID); err != nil {
+			return storage.Pool{}, fmt.Errorf("open pool %s: %w", poolID, err)
+		}
+		if m, mounted, err = mountAt(mnt); err != nil {
+			return storage.Pool{}, err
+		}
 	}
 	if mounted {
 		if m.fstype != "btrfs" || !sameDevice(m.source, d.path) {
