@@ -112,10 +112,12 @@ type Ledger struct {
 	// their own disk reads and writes; Read and Status never take it.
 	commitMu sync.Mutex
 	// notDurable[i] is set while copy i is known to be in place but not
-	// durable (see StateNotDurable). Guarded by commitMu.
+	// durable (see StateNotDurable). Guarded by commitMu; Commit's writer
+	// of copy i alone touches notDurable[i].
 	notDurable []bool
 
-	// fault, set only by tests, makes single steps of a write fail.
+	// fault, set only by tests, makes single steps of a write fail; it is
+	// called from the writers of several copies at once.
 	fault faultFunc
 
 	// seq orders status snapshots: Read takes a number when it starts, Commit
@@ -311,8 +313,8 @@ func (l *Ledger) noValidCopyError(statuses []CopyStatus) error {
 	}
 }
 
-// Commit writes rec to every directory, replacing each copy atomically (see
-// the package doc). It returns the status of every copy, in the order of the
+// Commit writes rec to every directory, all at once, replacing each copy
+// atomically (see the package doc). It returns the status of every copy, in the order of the
 // directories given to Open.
 //
 // A copy counts as written once its new contents are in place, which is what
@@ -336,10 +338,16 @@ func (l *Ledger) Commit(rec Record) ([]CopyStatus, error) {
 	l.commitMu.Lock()
 	defer l.commitMu.Unlock()
 
+	// The copies are written at once: a commit waits for the slowest
+	// copy's fsyncs rather than for every copy's in turn. Each copy is
+	// replaced atomically on its own, so a crash leaves each either old or
+	// new, as when they are written one after another.
 	statuses := make([]CopyStatus, len(l.dirs))
+	var wg sync.WaitGroup
 	for i := range l.dirs {
-		statuses[i] = l.writeLocked(i, rec, contents)
+		wg.Go(func() { statuses[i] = l.writeLocked(i, rec, contents) })
 	}
+	wg.Wait()
 	l.publish(l.seq.Add(1), statuses)
 
 	written := countWritten(statuses)

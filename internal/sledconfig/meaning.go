@@ -223,7 +223,7 @@ var (
 	})
 	// hashText: artifact hashes are hex, in either letter case.
 	hashText = text(func(s string) (string, bool) {
-		if !artifactHashPattern.MatchString(s) {
+		if !isArtifactHash(s) {
 			return "", false
 		}
 		return strings.ToLower(s), true

@@ -58,6 +58,9 @@ func (z Zone) UnderlayAddrs() []netip.Addr {
 	t := &z.ZoneType
 	var out []netip.Addr
 	add := func(s string) {
+		if s == "" {
+			return // not set (and parsing "" would allocate its error)
+		}
 		ap, err := netip.ParseAddrPort(s)
 		if err != nil || !ap.Addr().Is6() || ap.Addr().Is4In6() {
 			return

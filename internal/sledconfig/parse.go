@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iter"
-	"maps"
 	"reflect"
 	"slices"
 	"strconv"
@@ -39,58 +37,128 @@ func Parse(data []byte) (*Config, error) {
 	if len(data) > MaxDocumentBytes {
 		return nil, fmt.Errorf("config is %d bytes, more than the limit of %d", len(data), MaxDocumentBytes)
 	}
-	doc, err := decodeDocument(data)
+	root, err := readTree(data)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkFieldNames(doc, reflect.TypeFor[Config](), "", false); err != nil {
-		// Walk again in key order, so the message names the same problem
-		// every time.
-		return nil, checkFieldNames(doc, reflect.TypeFor[Config](), "", true)
-	}
-	canonical, err := encodeCanonical(doc)
-	if err != nil {
+	if err := checkCase(root, planFor(reflect.TypeFor[Config]())); err != nil {
 		return nil, err
 	}
-	// Decode the typed view and each zone's raw object (for its hash).
-	var top struct {
-		Config
-		Zones map[string]json.RawMessage `json:"zones"`
-	}
-	if err := json.Unmarshal(canonical, &top); err != nil {
-		return nil, describeJSONError(err, "")
-	}
-	cfg := top.Config
-	cfg.Zones = make(map[string]Zone, len(top.Zones))
-	for key, raw := range top.Zones {
-		var z Zone
-		if err := json.Unmarshal(raw, &z); err != nil {
-			return nil, describeJSONError(err, fmt.Sprintf("zones[%q]", key))
-		}
-		sum := sha256.Sum256(raw)
-		z.hash = hex.EncodeToString(sum[:])
-		cfg.Zones[key] = z
+	canonical := appendCanonical(make([]byte, 0, len(data)), root)
+	cfg, zones, err := decodeTop(canonical, root)
+	if err != nil {
+		return nil, err
 	}
 	cfg.canonical = canonical
-	cfg.disks = decodeItems[DiskConfig](cfg.Disks, doc["disks"])
-	cfg.datasets = decodeItems[DatasetConfig](cfg.Datasets, doc["datasets"])
+	cfg.Zones = make(map[string]Zone, len(zones))
+	for i := range zones {
+		m := &zones[i]
+		var z Zone
+		if err := decode(canonical, m, &z); err != nil {
+			return nil, describeJSONError(err, fmt.Sprintf("zones[%q]", m.key))
+		}
+		sum := sha256.Sum256(canonical[m.start:m.end])
+		z.hash = hex.EncodeToString(sum[:])
+		cfg.Zones[m.key] = z
+	}
+	cfg.disks = decodeItems[DiskConfig](canonical, root.member("disks"))
+	cfg.datasets = decodeItems[DatasetConfig](canonical, root.member("datasets"))
 	for _, f := range []string{"datasets", "disks", "generation", "measurements", "zones"} {
-		if doc[f] == nil {
+		if m := root.member(f); m == nil || m.kind == 'n' {
 			cfg.missing = append(cfg.missing, f)
 		}
 	}
-	return &cfg, nil
+	return cfg, nil
+}
+
+// readTree reads a document that must be one JSON object.
+func readTree(data []byte) (*node, error) {
+	if !utf8.Valid(data) {
+		return nil, errors.New("config is not valid UTF-8")
+	}
+	root, ok := parseTree(data)
+	if !ok {
+		// decodeDocument refuses what parseTree refuses, and says why.
+		if _, err := decodeDocument(data); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("malformed JSON")
+	}
+	if root.kind != '{' {
+		return nil, errors.New("config must be a JSON object")
+	}
+	return root, nil
+}
+
+// topPlans are the plans of Config's members, as decodeTop decodes them.
+var topPlans = sync.OnceValue(func() map[string]*plan {
+	return map[string]*plan{
+		"generation":              planFor(reflect.TypeFor[uint64]()),
+		"disks":                   planFor(reflect.TypeFor[map[string]json.RawMessage]()),
+		"datasets":                planFor(reflect.TypeFor[map[string]json.RawMessage]()),
+		"zones":                   planFor(reflect.TypeFor[map[string]json.RawMessage]()),
+		"measurements":            planFor(reflect.TypeFor[[]json.RawMessage]()),
+		"remove_mupdate_override": planFor(reflect.TypeFor[*string]()),
+		"host_phase_2":            planFor(reflect.TypeFor[json.RawMessage]()),
+	}
+})
+
+// decodeTop decodes the members of the document root but the zones, and
+// returns the zones' members to be decoded one by one, as encoding/json
+// decodes a struct embedding Config with zones as raw JSON: the first type
+// mismatch fails it.
+func decodeTop(canonical []byte, root *node) (*Config, []node, error) {
+	cfg := &Config{}
+	var zones []node
+	d := decoder{canonical: canonical}
+	plans := topPlans()
+	for i := range root.kids {
+		m := &root.kids[i]
+		p, ok := plans[m.key]
+		if !ok {
+			continue // kept in the canonical form; checkCase refused other spellings
+		}
+		var v reflect.Value
+		switch m.key {
+		case "generation":
+			v = reflect.ValueOf(&cfg.Generation)
+		case "disks":
+			v = reflect.ValueOf(&cfg.Disks)
+		case "datasets":
+			v = reflect.ValueOf(&cfg.Datasets)
+		case "zones":
+			// Decoded as raw JSON first: a zone whose value is of the
+			// wrong type is reported after the other members.
+			var raw map[string]json.RawMessage
+			v = reflect.ValueOf(&raw)
+			if m.kind == '{' {
+				zones = m.kids
+			}
+		case "measurements":
+			v = reflect.ValueOf(&cfg.Measurements)
+		case "remove_mupdate_override":
+			v = reflect.ValueOf(&cfg.RemoveMupdateOverride)
+		case "host_phase_2":
+			v = reflect.ValueOf(&cfg.HostPhase2)
+		}
+		d.structType, d.fields = reflect.TypeFor[Config](), append(d.fields[:0], m.key)
+		d.value(m, v.Elem(), p)
+	}
+	if d.err != nil {
+		return nil, nil, describeJSONError(d.err, "")
+	}
+	return cfg, zones, nil
 }
 
 // Canonicalize returns the canonical form of a JSON object: object keys
 // sorted, no insignificant white space, numbers exactly as written. Two documents
 // with the same meaning have the same canonical form.
 func Canonicalize(data []byte) ([]byte, error) {
-	doc, err := decodeDocument(data)
+	root, err := readTree(data)
 	if err != nil {
 		return nil, err
 	}
-	return encodeCanonical(doc)
+	return appendCanonical(make([]byte, 0, len(data)), root), nil
 }
 
 // decodeDocument decodes one JSON object (numbers as json.Number) and nothing
@@ -277,66 +345,10 @@ func encodeCanonical(doc map[string]any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// checkFieldNames refuses object keys that differ from a field name of the
-// struct they decode into only in letter case: encoding/json matches field
-// names case-insensitively, so it would decode them into the field, while
-// upstream treats them as unknown fields. t is the Go type v decodes into.
-// With sorted, keys are visited in order, so the first problem is always the
-// same one; without, the walk is cheaper.
-func checkFieldNames(v any, t reflect.Type, path string, sorted bool) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t == reflect.TypeFor[json.RawMessage]() {
-		return nil
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return nil // a type mismatch; decoding reports it
-		}
-		fields := jsonFields(t)
-		for key := range keys(obj, sorted) {
-			sub := key
-			if path != "" {
-				sub = path + "." + key
-			}
-			if ft, ok := fields[key]; ok {
-				if err := checkFieldNames(obj[key], ft, sub, sorted); err != nil {
-					return err
-				}
-				continue
-			}
-			for name := range fields {
-				if strings.EqualFold(name, key) {
-					return &caseError{path: sub, want: name}
-				}
-			}
-		}
-	case reflect.Map:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return nil
-		}
-		for key := range keys(obj, sorted) {
-			if err := checkFieldNames(obj[key], t.Elem(), path+"["+strconv.Quote(key)+"]", sorted); err != nil {
-				return err
-			}
-		}
-	case reflect.Slice:
-		arr, ok := v.([]any)
-		if !ok {
-			return nil
-		}
-		for i, elem := range arr {
-			if err := checkFieldNames(elem, t.Elem(), path+"["+strconv.Itoa(i)+"]", sorted); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
+// checkCase (decode.go) refuses object keys that differ from a field name
+// of the struct they decode into only in letter case: encoding/json
+// matches field names case-insensitively, so it would decode them into the
+// field, while upstream treats them as unknown fields.
 
 // caseError is a key that differs from the field name want only in letter
 // case.
@@ -348,40 +360,6 @@ func (e *caseError) Error() string {
 
 func (e *caseError) message() string {
 	return fmt.Sprintf("unknown field; field names are case-sensitive (did you mean %q?)", e.want)
-}
-
-func keys(obj map[string]any, sorted bool) iter.Seq[string] {
-	if sorted {
-		return slices.Values(slices.Sorted(maps.Keys(obj)))
-	}
-	return maps.Keys(obj)
-}
-
-// fieldsByType caches jsonFields.
-var fieldsByType sync.Map // reflect.Type → map[string]reflect.Type
-
-// jsonFields maps the JSON names of t's fields to their types.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	if f, ok := fieldsByType.Load(t); ok {
-		return f.(map[string]reflect.Type)
-	}
-	fields := make(map[string]reflect.Type, t.NumField())
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if !f.IsExported() {
-			continue
-		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		fields[name] = f.Type
-	}
-	fieldsByType.Store(t, fields)
-	return fields
 }
 
 // describeJSONError turns a decoding error into a message naming the field;

@@ -3,6 +3,7 @@ package sledconfig
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -286,6 +287,22 @@ func TestParseAccepts(t *testing.T) {
 	} {
 		if _, err := Parse([]byte(doc)); err != nil {
 			t.Errorf("Parse(%.60s…): %v", doc, err)
+		}
+	}
+}
+
+// TestParseNamesFirstBadZone checks that of several zones that do not
+// decode, the error names the first by id, every time.
+func TestParseNamesFirstBadZone(t *testing.T) {
+	var zones []string
+	for i := range 20 {
+		zones = append(zones, fmt.Sprintf(`"z%02d": {"id": %d}`, i, i))
+	}
+	doc := []byte(`{"zones": {` + strings.Join(zones, ",") + `}}`)
+	for range 50 {
+		_, err := Parse(doc)
+		if err == nil || !strings.Contains(err.Error(), `field zones["z00"].id: expected a string`) {
+			t.Fatalf("error %v, want one naming zones[\"z00\"].id", err)
 		}
 	}
 }

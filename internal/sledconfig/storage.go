@@ -3,11 +3,11 @@ package sledconfig
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"maps"
 	"reflect"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/sled-agent/sled-agent/internal/storage"
 )
@@ -15,8 +15,10 @@ import (
 // item is one member of an id-keyed map (disks, datasets), decoded.
 type item[T any] struct {
 	val T
-	// members are the object's members; nil if it is not a JSON object.
-	members map[string]json.RawMessage
+	// members is the object; nil if the member is not a JSON object.
+	members *node
+	// canonical holds the canonical form the nodes' spans are in.
+	canonical []byte
 	// err is the first member of the wrong JSON type (encoding/json decodes
 	// the rest as best it can).
 	err error
@@ -26,42 +28,62 @@ type item[T any] struct {
 	caseErr *caseError
 }
 
-// decodeItems decodes each object of an id-keyed map. docs, if not nil, is
-// the same map as decoded by decodeDocument (Parse has it at hand).
-func decodeItems[T any](raw map[string]json.RawMessage, docs any) map[string]item[T] {
-	decoded, _ := docs.(map[string]any)
+// decodeItems decodes each object of an id-keyed map, m, whose spans are
+// in canonical.
+func decodeItems[T any](canonical []byte, m *node) map[string]item[T] {
+	if m == nil || m.kind != '{' {
+		return map[string]item[T]{}
+	}
+	out := make(map[string]item[T], len(m.kids))
+	p := planFor(reflect.TypeFor[T]())
+	for i := range m.kids {
+		n := &m.kids[i]
+		out[n.key] = decodeItem[T](canonical, n, p)
+	}
+	return out
+}
+
+// decodeRawItems decodes the items of a config built in code.
+func decodeRawItems[T any](raw map[string]json.RawMessage) map[string]item[T] {
 	out := make(map[string]item[T], len(raw))
 	for key, r := range raw {
-		var it item[T]
-		if err := json.Unmarshal(r, &it.members); err != nil || it.members == nil {
+		n, ok := parseTree(r)
+		if !ok || !utf8.Valid(r) {
 			out[key] = item[T]{}
 			continue
 		}
-		doc, ok := decoded[key]
-		if !ok {
-			doc, _ = decodeDocument(r)
-		}
-		if err := checkFieldNames(doc, reflect.TypeFor[T](), "", true); err != nil {
-			errors.As(err, &it.caseErr)
-		}
-		it.err = json.Unmarshal(r, &it.val)
-		out[key] = it
+		out[key] = decodeItem[T](appendCanonical(nil, n), n, planFor(reflect.TypeFor[T]()))
 	}
 	return out
+}
+
+// decodeItem decodes one item, n, of plan p (T's).
+func decodeItem[T any](canonical []byte, n *node, p *plan) item[T] {
+	if n.kind != '{' {
+		return item[T]{}
+	}
+	it := item[T]{members: n, canonical: canonical}
+	it.caseErr = checkCase(n, p)
+	d := decoder{canonical: canonical}
+	d.value(n, reflect.ValueOf(&it.val).Elem(), p)
+	if d.err != nil {
+		it.err = d.err
+	}
+	return it
 }
 
 func (c *Config) diskItems() map[string]item[DiskConfig] {
 	if c.disks != nil || c.canonical != nil {
 		return c.disks
 	}
-	return decodeItems[DiskConfig](c.Disks, nil) // built in code
+	return decodeRawItems[DiskConfig](c.Disks) // built in code
 }
 
 func (c *Config) datasetItems() map[string]item[DatasetConfig] {
 	if c.datasets != nil || c.canonical != nil {
 		return c.datasets
 	}
-	return decodeItems[DatasetConfig](c.Datasets, nil)
+	return decodeRawItems[DatasetConfig](c.Datasets)
 }
 
 // DiskConfigs returns the typed view of Disks, keyed as Disks is: every
@@ -155,7 +177,7 @@ func copyPtr[T any](p *T) *T {
 // externalPoolID is the id in an external pool's name, "oxp_<id>", if the
 // name is one Validate accepts.
 func externalPoolID(name string) (string, bool) {
-	if !zpoolPattern.MatchString(name) {
+	if !isZpoolName(name) {
 		return "", false
 	}
 	return storage.PoolIDFromName(name)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/google/uuid"
@@ -152,7 +153,18 @@ func (v *validator) generation(g uint64) {
 	}
 }
 
-func zonePath(key string) string { return fmt.Sprintf("zones[%q]", key) }
+func zonePath(key string) string { return keyPath("zones", key) }
+
+// keyPath is the path of a member of an id-keyed map: field["key"], the key
+// quoted as %q quotes it.
+func keyPath(field, key string) string {
+	for i := range len(key) {
+		if c := key[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return field + "[" + strconv.Quote(key) + "]"
+		}
+	}
+	return field + "[\"" + key + "\"]"
+}
 
 // requiredTopLevel checks that a parsed document had the fields upstream
 // requires. A config built in code cannot tell absent from empty, so it is
@@ -475,17 +487,55 @@ func (v *validator) ipList(path string, list []string) {
 	}
 }
 
-// zpoolPattern is upstream ZpoolName: an external (oxp_) or internal (oxi_)
-// pool named by a lowercase version-4 UUID.
-var zpoolPattern = regexp.MustCompile(`^ox[ip]_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+// isZpoolName reports whether s is upstream's ZpoolName: an external (oxp_)
+// or internal (oxi_) pool named by a lowercase version-4 UUID.
+func isZpoolName(s string) bool {
+	return len(s) == len("oxp_")+36 && (strings.HasPrefix(s, "oxp_") || strings.HasPrefix(s, "oxi_")) &&
+		isLowerUUID(s[len("oxp_"):], true)
+}
+
+// isLowerUUID reports whether s is a UUID in the 36-character hyphenated
+// form in lowercase ([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12});
+// with v4, a version-4 one (4 first in the third group, one of 8, 9, a, b
+// first in the fourth).
+func isLowerUUID(s string, v4 bool) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+			continue
+		}
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return !v4 || s[14] == '4' && strings.IndexByte("89ab", s[19]) >= 0
+}
 
 func (v *validator) zpool(path, s string) {
-	if !zpoolPattern.MatchString(s) {
+	if !isZpoolName(s) {
 		v.add(path, "%q is not a zpool name like oxp_<uuid> or oxi_<uuid> (lowercase version-4 UUID)", s)
 	}
 }
 
-var artifactHashPattern = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+// isArtifactHash reports whether s is a SHA-256 hash: 64 hex digits.
+func isArtifactHash(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := range len(s) {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
 
 func (v *validator) imageSource(path string, is *ImageSource) {
 	switch is.Type {
@@ -494,7 +544,7 @@ func (v *validator) imageSource(path string, is *ImageSource) {
 			v.add(path+".hash", "is not a field of image source install_dataset")
 		}
 	case "artifact":
-		if !artifactHashPattern.MatchString(is.Hash) {
+		if !isArtifactHash(is.Hash) {
 			v.add(path+".hash", "%q is not a SHA-256 hash (64 hex digits)", is.Hash)
 		}
 	case "":

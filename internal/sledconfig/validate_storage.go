@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -53,18 +52,25 @@ var datasetKinds = map[string]bool{
 	"local_storage_unencrypted": false,
 }
 
-// zoneNamePattern matches the zone names this agent gives (Zone.Name):
-// oxz_<kind prefix>_<lowercase zone id>.
-var zoneNamePattern = func() *regexp.Regexp {
-	var prefixes []string
+// zoneNamePrefixes are the kind prefixes of zone names (Zone.Name).
+var zoneNamePrefixes = func() map[string]bool {
+	m := make(map[string]bool, len(zoneKinds))
 	for _, p := range zoneKinds {
-		prefixes = append(prefixes, regexp.QuoteMeta(p))
+		m[p] = true
 	}
-	slices.Sort(prefixes)
-	prefixes = slices.Compact(prefixes)
-	return regexp.MustCompile(`^` + ZoneNamePrefix + `(` + strings.Join(prefixes, "|") +
-		`)_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	return m
 }()
+
+// isZoneName reports whether name is one this agent gives (Zone.Name):
+// oxz_<kind prefix>_<lowercase zone id>.
+func isZoneName(name string) bool {
+	rest, ok := strings.CutPrefix(name, ZoneNamePrefix)
+	const idLen = 36
+	if !ok || len(rest) < idLen+2 || rest[len(rest)-idLen-1] != '_' {
+		return false
+	}
+	return zoneNamePrefixes[rest[:len(rest)-idLen-1]] && isLowerUUID(rest[len(rest)-idLen:], false)
+}
 
 // checkDatasetKind says what is wrong with a dataset kind, or returns "".
 func checkDatasetKind(kind string) string {
@@ -80,7 +86,7 @@ func checkDatasetKind(kind string) string {
 	// sled, and names the agent puts on the sled come only from validated
 	// UUIDs: so only the names of zones, as upstream and this agent name
 	// them, are taken.
-	if !zoneNamePattern.MatchString(name) {
+	if !isZoneName(name) {
 		return fmt.Sprintf("%q: the name after zone/ must be a zone name, oxz_<zone kind>_<lowercase zone id>", kind)
 	}
 	return ""
@@ -102,21 +108,15 @@ func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, o
 	if it.caseErr != nil {
 		v.add(path+"."+it.caseErr.path, "%s", it.caseErr.message())
 	}
-	switch raw := it.members["id"]; {
+	switch id := it.members.member("id"); {
 	case !present(it.members, "id"):
 		v.add(path+".id", "is required")
-	default:
-		var id string
-		if err := json.Unmarshal(raw, &id); err != nil {
-			v.add(path+".id", "%s is not a string", raw)
-			break
-		}
-		switch {
-		case !isUUID(id):
-			v.add(path+".id", "%q is not a UUID (want the 36-character hyphenated form)", id)
-		case id != key:
-			v.add(path+".id", "%q does not match its key %q", id, key)
-		}
+	case id.kind != '"':
+		v.add(path+".id", "%s is not a string", it.canonical[id.start:id.end])
+	case !isUUID(id.str):
+		v.add(path+".id", "%q is not a UUID (want the 36-character hyphenated form)", id.str)
+	case id.str != key:
+		v.add(path+".id", "%q does not match its key %q", id.str, key)
 	}
 	var typeErr *json.UnmarshalTypeError
 	switch {
@@ -124,7 +124,7 @@ func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, o
 	case errors.As(it.err, &typeErr):
 		bad = typeErr.Field
 		if bad != "id" { // said above
-			v.add(path+"."+bad, "%s is not %s", literalAt(it.members, bad), describeType(typeErr.Type))
+			v.add(path+"."+bad, "%s is not %s", literalAt(it.canonical, it.members, bad), describeType(typeErr.Type))
 		}
 	default:
 		v.add(path, "does not decode: %v", it.err)
@@ -133,21 +133,18 @@ func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, o
 	return bad, true
 }
 
-// literalAt is the JSON at a dotted path of member names below members.
-func literalAt(members map[string]json.RawMessage, path string) string {
+// literalAt is the JSON at a dotted path of member names below members,
+// an object whose spans are in canonical.
+func literalAt(canonical []byte, members *node, path string) string {
 	first, rest, nested := strings.Cut(path, ".")
-	raw, ok := members[first]
-	if !ok {
+	m := members.member(first)
+	switch {
+	case m == nil:
 		return "the value"
+	case !nested || m.kind != '{' && m.kind != 'n':
+		return string(canonical[m.start:m.end])
 	}
-	if !nested {
-		return string(raw)
-	}
-	var sub map[string]json.RawMessage
-	if json.Unmarshal(raw, &sub) != nil {
-		return string(raw)
-	}
-	return literalAt(sub, rest)
+	return literalAt(canonical, m, rest)
 }
 
 // under reports whether field is bad or inside it.
@@ -156,18 +153,17 @@ func under(field, bad string) bool {
 }
 
 // present reports whether an object has a member, not null.
-func present(members map[string]json.RawMessage, name string) bool {
-	raw, ok := members[name]
-	return ok && string(raw) != "null"
+func present(members *node, name string) bool {
+	m := members.member(name)
+	return m != nil && m.kind != 'n'
 }
 
-// subMembers are the members of an object member, nil if it is not one.
-func subMembers(members map[string]json.RawMessage, name string) map[string]json.RawMessage {
-	var sub map[string]json.RawMessage
-	if json.Unmarshal(members[name], &sub) != nil {
-		return nil
+// subMembers is an object's member name if it is an object, else nil.
+func subMembers(members *node, name string) *node {
+	if m := members.member(name); m != nil && m.kind == '{' {
+		return m
 	}
-	return sub
+	return nil
 }
 
 // idCaseDuplicates reports keys that differ only in letter case: upstream
@@ -192,7 +188,7 @@ func (v *validator) disks(items map[string]item[DiskConfig]) {
 	pools := make(map[string]string)
 	for _, key := range keys {
 		it := items[key]
-		path := fmt.Sprintf("disks[%q]", key)
+		path := keyPath("disks", key)
 		bad, ok := itemStart(v, path, key, it)
 		if !ok {
 			continue
@@ -259,7 +255,7 @@ func (v *validator) datasets(items map[string]item[DatasetConfig]) {
 	names := make(map[DatasetName]string)
 	for _, key := range keys {
 		it := items[key]
-		path := fmt.Sprintf("datasets[%q]", key)
+		path := keyPath("datasets", key)
 		bad, ok := itemStart(v, path, key, it)
 		if !ok {
 			continue
@@ -312,7 +308,7 @@ func (v *validator) datasetName(path string, it *item[DatasetConfig], bad string
 	case !present(sub, "pool_name"):
 		v.add(path+".name.pool_name", "is required")
 		ok = false
-	case !zpoolPattern.MatchString(n.PoolName):
+	case !isZpoolName(n.PoolName):
 		v.add(path+".name.pool_name", "%q is not a zpool name like oxp_<uuid> (lowercase version-4 UUID)", n.PoolName)
 		ok = false
 	case !strings.HasPrefix(n.PoolName, "oxp_"):

@@ -252,10 +252,20 @@ func (r *Reconciler) publish() {
 	if l.listErr != nil {
 		st.ListError = l.listErr.Error()
 	}
-	for _, d := range l.disks {
-		st.Observed.Disks = append(st.Observed.Disks, d)
+	// Sorted by identity as written: each disk's written once, not at
+	// each comparison (a thousand disks are twenty thousand comparisons).
+	type keyed struct {
+		key  string
+		disk Disk
 	}
-	slices.SortFunc(st.Observed.Disks, func(a, b Disk) int { return strings.Compare(a.Identity.String(), b.Identity.String()) })
+	disks := make([]keyed, 0, len(l.disks))
+	for _, d := range l.disks {
+		disks = append(disks, keyed{d.Identity.String(), d})
+	}
+	slices.SortFunc(disks, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
+	for _, k := range disks {
+		st.Observed.Disks = append(st.Observed.Disks, k.disk)
+	}
 
 	byPool := map[string]*entry{}
 	// waiting says, by pool id, why the datasets of a pool whose disk is

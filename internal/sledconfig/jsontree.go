@@ -1,0 +1,499 @@
+package sledconfig
+
+import (
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// node is one value of a document read by parseTree: the whole document is
+// read once into nodes, which Parse then encodes in canonical form and
+// decodes into the typed fields, without reading the bytes again.
+type node struct {
+	kind byte // 'n', 't', 'f', '"' (string), '0' (number), '{', '['
+	// escape says that the canonical form of str (keyEscape: of key)
+	// cannot be copied as written (it had escapes, or may hold U+2028 or
+	// U+2029, which the canonical form escapes).
+	escape, keyEscape bool
+	// key is the member's name, for a member of an object.
+	key string
+	// str is a string's value, a number as written.
+	str string
+	// kids are an object's members (sorted by key) or an array's elements.
+	kids []node
+	// start and end bound the value in the canonical form, once
+	// appendCanonical has written it.
+	start, end int32
+}
+
+// member returns the object's member named key, or nil.
+func (n *node) member(key string) *node {
+	if n == nil || n.kind != '{' {
+		return nil
+	}
+	if len(n.kids) <= 8 {
+		for i := range n.kids {
+			if n.kids[i].key == key {
+				return &n.kids[i]
+			}
+		}
+		return nil
+	}
+	i, ok := slices.BinarySearchFunc(n.kids, key, func(m node, k string) int { return strings.Compare(m.key, k) })
+	if !ok {
+		return nil
+	}
+	return &n.kids[i]
+}
+
+// kindName is how encoding/json names the JSON kind of a value in its type
+// errors.
+func (n *node) kindName() string {
+	switch n.kind {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case '0':
+		return "number"
+	case 't', 'f':
+		return "bool"
+	}
+	return "null"
+}
+
+// parseTree reads one JSON value (and nothing after it but white space) into
+// nodes, each object's members sorted by key. It reports false for anything
+// decodeDocument refuses (malformed JSON, a duplicate key, nesting deeper
+// than maxNesting), without saying why: decodeDocument, which reads token by
+// token, says what and where. data must be valid UTF-8.
+func parseTree(data []byte) (*node, bool) {
+	p := treeParser{src: string(data), stack: make([]node, 0, 64)}
+	if !p.value(0) {
+		return nil, false
+	}
+	p.space()
+	if p.i != len(p.src) {
+		return nil, false
+	}
+	root := p.stack[0] // not a pointer into the stack, which can then go
+	return &root, true
+}
+
+// nodeChunk is how many nodes parseTree allocates at a time.
+const nodeChunk = 1024
+
+type treeParser struct {
+	src string
+	i   int
+	// stack holds the values read whose container is still being read.
+	stack []node
+	// free is room for the kids of containers yet to be closed: kids
+	// are copied there, so that no slice of kids is ever moved.
+	free []node
+}
+
+func (p *treeParser) space() {
+	for p.i < len(p.src) {
+		switch p.src[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// value reads a value and pushes it on the stack.
+func (p *treeParser) value(depth int) bool {
+	p.space()
+	if p.i >= len(p.src) {
+		return false
+	}
+	switch c := p.src[p.i]; {
+	case c == '{':
+		if depth >= maxNesting {
+			return false
+		}
+		return p.object(depth)
+	case c == '[':
+		if depth >= maxNesting {
+			return false
+		}
+		return p.array(depth)
+	case c == '"':
+		s, esc, ok := p.string()
+		p.stack = append(p.stack, node{kind: '"', str: s, escape: esc})
+		return ok
+	case c == '-' || '0' <= c && c <= '9':
+		s, ok := p.number()
+		p.stack = append(p.stack, node{kind: '0', str: s})
+		return ok
+	default:
+		for _, lit := range []string{"null", "true", "false"} {
+			if strings.HasPrefix(p.src[p.i:], lit) {
+				p.stack = append(p.stack, node{kind: lit[0]})
+				p.i += len(lit)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func (p *treeParser) object(depth int) bool {
+	p.i++ // '{'
+	mark := len(p.stack)
+	p.space()
+	if p.i < len(p.src) && p.src[p.i] == '}' {
+		p.i++
+		p.stack = append(p.stack, node{kind: '{'})
+		return true
+	}
+	for {
+		p.space()
+		if p.i >= len(p.src) || p.src[p.i] != '"' {
+			return false
+		}
+		key, esc, ok := p.string()
+		if !ok {
+			return false
+		}
+		p.space()
+		if p.i >= len(p.src) || p.src[p.i] != ':' {
+			return false
+		}
+		p.i++
+		if !p.value(depth + 1) {
+			return false
+		}
+		m := &p.stack[len(p.stack)-1]
+		m.key, m.keyEscape = key, esc
+		p.space()
+		if p.i >= len(p.src) {
+			return false
+		}
+		c := p.src[p.i]
+		p.i++
+		if c == '}' {
+			break
+		}
+		if c != ',' {
+			return false
+		}
+	}
+	members := p.stack[mark:]
+	sortMembers(members)
+	for i := 1; i < len(members); i++ {
+		if members[i].key == members[i-1].key {
+			return false // decodeDocument names the first duplicate
+		}
+	}
+	kids := p.keep(members)
+	p.stack = append(p.stack[:mark], node{kind: '{', kids: kids})
+	return true
+}
+
+func (p *treeParser) array(depth int) bool {
+	p.i++ // '['
+	mark := len(p.stack)
+	p.space()
+	if p.i < len(p.src) && p.src[p.i] == ']' {
+		p.i++
+		p.stack = append(p.stack, node{kind: '['})
+		return true
+	}
+	for {
+		if !p.value(depth + 1) {
+			return false
+		}
+		p.space()
+		if p.i >= len(p.src) {
+			return false
+		}
+		c := p.src[p.i]
+		p.i++
+		if c == ']' {
+			break
+		}
+		if c != ',' {
+			return false
+		}
+	}
+	kids := p.keep(p.stack[mark:])
+	p.stack = append(p.stack[:mark], node{kind: '[', kids: kids})
+	return true
+}
+
+// keep copies the kids of a container to where they stay.
+func (p *treeParser) keep(kids []node) []node {
+	if len(kids) > cap(p.free)-len(p.free) {
+		p.free = make([]node, 0, max(nodeChunk, len(kids)))
+	}
+	start := len(p.free)
+	p.free = append(p.free, kids...)
+	return p.free[start:len(p.free):len(p.free)]
+}
+
+// sortMembers sorts an object's members by key, as encoding/json sorts the
+// keys of a map: byte by byte.
+func sortMembers(m []node) {
+	if len(m) <= 12 {
+		for i := 1; i < len(m); i++ {
+			for j := i; j > 0 && m[j].key < m[j-1].key; j-- {
+				m[j], m[j-1] = m[j-1], m[j]
+			}
+		}
+		return
+	}
+	slices.SortFunc(m, func(a, b node) int { return strings.Compare(a.key, b.key) })
+}
+
+// string reads a string, returning its value and whether its canonical form
+// differs from its bytes as written.
+func (p *treeParser) string() (s string, escape, ok bool) {
+	p.i++ // '"'
+	start := p.i
+	for p.i < len(p.src) {
+		c := p.src[p.i]
+		switch {
+		case c == '"':
+			s = p.src[start:p.i]
+			p.i++
+			return s, escape, true
+		case c == '\\':
+			return p.escapedString(start)
+		case c < 0x20:
+			return "", false, false
+		case c == 0xE2: // the first byte of U+2028 and U+2029
+			escape = true
+		}
+		p.i++
+	}
+	return "", false, false
+}
+
+// escapedString reads the rest of a string that has an escape, from start.
+func (p *treeParser) escapedString(start int) (string, bool, bool) {
+	b := []byte(p.src[start:p.i])
+	for p.i < len(p.src) {
+		c := p.src[p.i]
+		switch {
+		case c == '"':
+			p.i++
+			return string(b), true, true
+		case c < 0x20:
+			return "", false, false
+		case c != '\\':
+			b = append(b, c)
+			p.i++
+			continue
+		}
+		if p.i+1 >= len(p.src) {
+			return "", false, false
+		}
+		e := p.src[p.i+1]
+		p.i += 2
+		switch e {
+		case '"', '\\', '/':
+			b = append(b, e)
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r, ok := p.hex4()
+			if !ok {
+				return "", false, false
+			}
+			switch {
+			case 0xD800 <= r && r < 0xDC00:
+				// A high surrogate must be followed by a low one.
+				if !strings.HasPrefix(p.src[p.i:], `\u`) {
+					return "", false, false
+				}
+				p.i += 2
+				lo, ok := p.hex4()
+				if !ok || lo < 0xDC00 || lo >= 0xE000 {
+					return "", false, false
+				}
+				r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+			case 0xDC00 <= r && r < 0xE000:
+				return "", false, false
+			}
+			b = utf8.AppendRune(b, r)
+		default:
+			return "", false, false
+		}
+	}
+	return "", false, false
+}
+
+func (p *treeParser) hex4() (rune, bool) {
+	if p.i+4 > len(p.src) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range []byte(p.src[p.i : p.i+4]) {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	p.i += 4
+	return r, true
+}
+
+// number reads a number (RFC 8259: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?).
+func (p *treeParser) number() (string, bool) {
+	start := p.i
+	digits := func() int {
+		s := p.i
+		for p.i < len(p.src) && '0' <= p.src[p.i] && p.src[p.i] <= '9' {
+			p.i++
+		}
+		return p.i - s
+	}
+	if p.src[p.i] == '-' {
+		p.i++
+	}
+	switch {
+	case p.i < len(p.src) && p.src[p.i] == '0':
+		p.i++
+	case digits() == 0:
+		return "", false
+	}
+	if p.i < len(p.src) && p.src[p.i] == '.' {
+		p.i++
+		if digits() == 0 {
+			return "", false
+		}
+	}
+	if p.i < len(p.src) && (p.src[p.i] == 'e' || p.src[p.i] == 'E') {
+		p.i++
+		if p.i < len(p.src) && (p.src[p.i] == '+' || p.src[p.i] == '-') {
+			p.i++
+		}
+		if digits() == 0 {
+			return "", false
+		}
+	}
+	// A digit right after the number ("01") is refused by the caller,
+	// which expects a separator.
+	return p.src[start:p.i], true
+}
+
+// appendCanonical appends the canonical form of n (keys sorted, no
+// insignificant white space, strings escaped as encoding/json escapes them
+// without HTML escaping, numbers as written: what encodeCanonical writes)
+// and records where each value of it is.
+func appendCanonical(b []byte, n *node) []byte {
+	n.start = int32(len(b))
+	switch n.kind {
+	case 'n':
+		b = append(b, "null"...)
+	case 't':
+		b = append(b, "true"...)
+	case 'f':
+		b = append(b, "false"...)
+	case '0':
+		b = append(b, n.str...)
+	case '"':
+		b = appendJSONString(b, n.str, n.escape)
+	case '{':
+		b = append(b, '{')
+		for i := range n.kids {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			m := &n.kids[i]
+			b = appendJSONString(b, m.key, m.keyEscape)
+			b = append(b, ':')
+			b = appendCanonical(b, m)
+		}
+		b = append(b, '}')
+	case '[':
+		b = append(b, '[')
+		for i := range n.kids {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendCanonical(b, &n.kids[i])
+		}
+		b = append(b, ']')
+	}
+	n.end = int32(len(b))
+	return b
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as encoding/json writes a string with HTML
+// escaping off. Unless escape, s needs no escaping.
+func appendJSONString(b []byte, s string, escape bool) []byte {
+	b = append(b, '"')
+	if !escape {
+		b = append(b, s...)
+		return append(b, '"')
+	}
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '\\', '"':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
