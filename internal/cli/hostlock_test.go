@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
+	"github.com/sled-agent/sled-agent/internal/syncbuf"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
 )
 
@@ -146,13 +145,13 @@ func TestSecondLinuxAgentOnTheHostExits(t *testing.T) {
 // startBinary starts this test binary as the sled-agent binary with args;
 // it is killed when the test ends if it still runs. out collects its
 // output.
-func startBinary(t *testing.T, args ...string) (cmd *exec.Cmd, out *syncBuffer) {
+func startBinary(t *testing.T, args ...string) (cmd *exec.Cmd, out *syncbuf.Buffer) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out = &syncBuffer{}
+	out = &syncbuf.Buffer{}
 	cmd = exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), runAgentEnv+"=1")
 	cmd.Stdout, cmd.Stderr = out, out
@@ -185,22 +184,4 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-// syncBuffer is a bytes.Buffer for a process's output, read while it runs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

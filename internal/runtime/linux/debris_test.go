@@ -1,7 +1,6 @@
 package linux_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,34 +18,17 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/syncbuf"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 // lockFile is the file in a data dir whose flock the agent using it holds.
 const lockFile = "agent.lock"
 
-// logBuffer collects a runtime's log, for tests that check what it said.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // newEnvLogged is newEnv whose runtime logs into the returned buffer.
-func newEnvLogged(t *testing.T) (*env, *logBuffer) {
+func newEnvLogged(t *testing.T) (*env, *syncbuf.Buffer) {
 	t.Helper()
-	log := &logBuffer{}
+	log := &syncbuf.Buffer{}
 	e := newEnvWith(t, nil, func(o *linux.Options) { o.Log = slog.New(slog.NewTextHandler(log, nil)) })
 	return e, log
 }

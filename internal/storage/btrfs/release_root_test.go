@@ -1,41 +1,22 @@
 package btrfs
 
 import (
-	"bytes"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/syncbuf"
 )
-
-// logBuffer collects a backend's log.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // loggedBackend is a backend on the rig's dirs, as a new agent's, that logs
 // into the returned buffer.
-func (r *rig) loggedBackend() (*Backend, *logBuffer) {
-	log := &logBuffer{}
+func (r *rig) loggedBackend() (*Backend, *syncbuf.Buffer) {
+	log := &syncbuf.Buffer{}
 	b, err := New(Options{VdevDir: r.vdevDir, PoolRoot: r.poolRoot, Tag: r.tag, CommandTimeout: time.Minute, Log: slog.New(slog.NewTextHandler(log, nil))})
 	if err != nil {
 		r.t.Fatal(err)
