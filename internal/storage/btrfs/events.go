@@ -1,9 +1,7 @@
 package btrfs
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sled-agent/sled-agent/internal/inotify"
 	"github.com/sled-agent/sled-agent/internal/storage"
 )
 
@@ -175,18 +174,11 @@ type dirWatch struct {
 // watchDir watches path for entries closed after being written, moved in,
 // deleted or moved out, and for its own removal or move.
 func watchDir(path string) (*dirWatch, error) {
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	f, err := inotify.Watch(path, unix.IN_CLOSE_WRITE|unix.IN_MOVED_TO|unix.IN_DELETE|unix.IN_MOVED_FROM|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF)
 	if err != nil {
-		return nil, fmt.Errorf("inotify_init1: %w", err)
+		return nil, err
 	}
-	mask := uint32(unix.IN_CLOSE_WRITE | unix.IN_MOVED_TO | unix.IN_DELETE | unix.IN_MOVED_FROM |
-		unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR)
-	if _, err := unix.InotifyAddWatch(fd, path, mask); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("inotify on %s: %w", path, err)
-	}
-	// Non-blocking, so reads wait in the runtime poller and Close ends them.
-	return &dirWatch{f: os.NewFile(uintptr(fd), "inotify:"+path), path: path}, nil
+	return &dirWatch{f: f, path: path}, nil
 }
 
 // errWatchGone: the watched directory was removed or moved.
@@ -202,7 +194,7 @@ func (w *dirWatch) run(ctx context.Context, fn func(name string)) error {
 			w.f.Close()
 		}
 	}()
-	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+	buf := make([]byte, inotify.BufferSize)
 	for {
 		n, err := w.f.Read(buf)
 		if ctx.Err() != nil {
@@ -211,11 +203,8 @@ func (w *dirWatch) run(ctx context.Context, fn func(name string)) error {
 		if err != nil {
 			return fmt.Errorf("reading inotify of %s: %w", w.path, err)
 		}
-		for b := buf[:n]; len(b) >= unix.SizeofInotifyEvent; {
-			mask := binary.NativeEndian.Uint32(b[4:8])
-			size := unix.SizeofInotifyEvent + int(binary.NativeEndian.Uint32(b[12:16]))
-			name := string(bytes.TrimRight(b[unix.SizeofInotifyEvent:min(size, len(b))], "\x00"))
-			b = b[min(size, len(b)):]
+		for ev := range inotify.Events(buf[:n]) {
+			mask, name := ev.Mask, ev.Name
 			switch {
 			case mask&unix.IN_Q_OVERFLOW != 0:
 				fn("")

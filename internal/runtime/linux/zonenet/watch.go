@@ -1,9 +1,7 @@
 package zonenet
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/sled-agent/sled-agent/internal/inotify"
 )
 
 // Event kinds.
@@ -98,23 +98,13 @@ func Watch(ctx context.Context, netnsPrefix, tag string, notify func(Event)) err
 }
 
 func watchDir(path string) (*os.File, error) {
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
-		return nil, fmt.Errorf("inotify_init1: %w", err)
-	}
-	mask := uint32(unix.IN_CREATE | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_DELETE_SELF | unix.IN_ONLYDIR)
-	if _, err := unix.InotifyAddWatch(fd, path, mask); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("inotify on %s: %w", path, err)
-	}
-	// Non-blocking, so reads wait in the runtime poller and Close ends them.
-	return os.NewFile(uintptr(fd), "inotify:"+path), nil
+	return inotify.Watch(path, unix.IN_CREATE|unix.IN_DELETE|unix.IN_MOVED_FROM|unix.IN_MOVED_TO|unix.IN_DELETE_SELF)
 }
 
 // readDirEvents turns inotify events on /run/netns into Events until ctx ends
 // (nil) or the watch breaks (an error).
 func readDirEvents(ctx context.Context, f *os.File, prefix string, emit func(Event)) error {
-	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+	buf := make([]byte, inotify.BufferSize)
 	for {
 		n, err := f.Read(buf)
 		if ctx.Err() != nil {
@@ -123,11 +113,8 @@ func readDirEvents(ctx context.Context, f *os.File, prefix string, emit func(Eve
 		if err != nil {
 			return fmt.Errorf("reading inotify: %w", err)
 		}
-		for b := buf[:n]; len(b) >= unix.SizeofInotifyEvent; {
-			mask := binary.NativeEndian.Uint32(b[4:8])
-			size := unix.SizeofInotifyEvent + int(binary.NativeEndian.Uint32(b[12:16]))
-			name := string(bytes.TrimRight(b[unix.SizeofInotifyEvent:min(size, len(b))], "\x00"))
-			b = b[min(size, len(b)):]
+		for ev := range inotify.Events(buf[:n]) {
+			mask, name := ev.Mask, ev.Name
 			switch {
 			case mask&unix.IN_Q_OVERFLOW != 0:
 				emit(Event{Kind: EventResync})
