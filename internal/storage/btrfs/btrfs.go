@@ -69,6 +69,9 @@ type Backend struct {
 	// attaching holds, per vdev file, a channel closed when the loop
 	// device being attached for it is ready: one attach per file at once.
 	attaching map[string]chan struct{}
+	// loops is, per vdev file (its real path), the loop device last found
+	// for it (see loopOf).
+	loops map[string]string
 	// poolSem serialises dataset changes on one pool (the reservation
 	// admission check reads every reservation, then records one).
 	poolSem map[string]chan struct{}
@@ -102,6 +105,7 @@ func New(opts Options) (*Backend, error) {
 		run:       runCommand,
 		lingering: map[string]int{},
 		attaching: map[string]chan struct{}{},
+		loops:     map[string]string{},
 		poolSem:   map[string]chan struct{}{},
 	}, nil
 }
