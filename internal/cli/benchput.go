@@ -13,6 +13,7 @@ import (
 func newBenchPutCmd() *cobra.Command {
 	opts := bench.PutOptions{}
 	var agentLog bool
+	var cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "put",
 		Short: "Time a PUT /omicron-config of --count crucible zones with their datasets until every zone answers, against the Linux runtime alone; needs root; prints JSON",
@@ -36,6 +37,14 @@ is removed at the end.`,
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				opts.CPUProfile = f
+			}
 			res, err := bench.Put(ctx, opts)
 			if err != nil {
 				return err
@@ -47,6 +56,7 @@ is removed at the end.`,
 	f.IntVar(&opts.Count, "count", 200, "crucible zones the timed PUT brings up, each with a pool of its own")
 	f.IntVar(&opts.Rounds, "rounds", 3, "rounds, each on blank disks; medians are reported")
 	f.DurationVar(&opts.Timeout, "timeout", 5*time.Minute, "bound on each wait: the pools made, the zones up")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write the CPU profile of the first round's timed PUT (until every zone answers) to this file")
 	f.BoolVar(&agentLog, "agent-log", false, "write the agent's debug log to stderr as JSON")
 	return cmd
 }
