@@ -10,7 +10,9 @@
 // btrfs property. btrfs has no reservations: they are recorded in an xattr
 // and enforced as an admission check against the pool's size.
 //
-// Every command runs in its own process group, killed at its deadline;
+// The commands made for every dataset and pass are the ioctls those
+// commands make, without a process (native.go); every other command runs
+// in its own process group, killed at its deadline;
 // every syscall that can block on a dead disk runs in a goroutine the
 // caller stops waiting for at its deadline (see call). Upstream's agent
 // could wedge for days behind one `zfs get` on a dead disk; this one gives
