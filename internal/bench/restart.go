@@ -266,9 +266,14 @@ func timeRestart(ctx context.Context, a *agent.Agent, c *client.Client, t0 time.
 	return round, nil
 }
 
-// waitAllOK polls the inventory until its last reconciliation reports n
-// zones, every one ok, and returns the milliseconds since t0.
+// waitAllOK polls the inventory every 5 ms until its last reconciliation
+// reports n zones, every one ok, and returns the milliseconds since t0.
 func waitAllOK(ctx context.Context, c *client.Client, n int, t0 time.Time, timeout time.Duration) (float64, error) {
+	return waitAllOKEvery(ctx, c, n, t0, timeout, 5*time.Millisecond)
+}
+
+// waitAllOKEvery is waitAllOK polling every poll.
+func waitAllOKEvery(ctx context.Context, c *client.Client, n int, t0 time.Time, timeout, poll time.Duration) (float64, error) {
 	deadline := time.Now().Add(timeout)
 	last := "no inventory"
 	for {
@@ -293,7 +298,7 @@ func waitAllOK(ctx context.Context, c *client.Client, n int, t0 time.Time, timeo
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("not every zone ok within %s: %s", timeout, last)
 		}
-		if err := sleepCtx(ctx, 5*time.Millisecond); err != nil {
+		if err := sleepCtx(ctx, poll); err != nil {
 			return 0, err
 		}
 	}

@@ -10,6 +10,11 @@ package bench
 // runtime does the same through Ensure and Destroy. Both run N zones at
 // once, as the reconciler does, alternately over a few rounds.
 //
+// The host forwards what arrives on a zone's host end (zonenet.ForwardFrom),
+// in the floor as in the runtime: zones on one host reach each other
+// through it, and the kernel's cost of turning that on, which grows with
+// the number of zones made at once, is the zone's, not the runtime's.
+//
 // The floor also waits, as the runtime does, for the kernel to finish the
 // network (zonenet.WaitLive, one request per check): without that, a health
 // check sent too early is dropped and costs a 1 s retransmission, and the
@@ -164,6 +169,22 @@ func Zones(ctx context.Context, opts ZonesOptions) (res *ZonesResult, err error)
 	if opts.PhaseTimeout <= 0 {
 		opts.PhaseTimeout = 2 * time.Minute
 	}
+	b, err := newZonesBench(opts)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := b.cleanup(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))
+			res = nil
+		}
+	}()
+	return b.run(ctx)
+}
+
+// newZonesBench prepares a run of the zone benchmark: its names, data and
+// run dirs, and the runtime. Its cleanup removes all it made.
+func newZonesBench(opts ZonesOptions) (*zonesBench, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("bench zones needs root: it creates network namespaces, links and supervised processes")
 	}
@@ -178,14 +199,13 @@ func Zones(ctx context.Context, opts ZonesOptions) (res *ZonesResult, err error)
 	rand.Read(rnd[:])
 	id := "bz" + hex.EncodeToString(rnd[:])
 	b := &zonesBench{opts: opts, prefix: id + "-", tag: id, agent: agent}
-
 	if b.dataDir, err = os.MkdirTemp(opts.TempDir, "sled-agent-bench-zones-"); err != nil {
 		return nil, err
 	}
+	ok := false
 	defer func() {
-		if cerr := b.cleanup(); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("cleaning up: %w", cerr))
-			res = nil
+		if !ok {
+			b.cleanup()
 		}
 	}()
 	if err := prepareNetnsDir(); err != nil {
@@ -206,7 +226,8 @@ func Zones(ctx context.Context, opts ZonesOptions) (res *ZonesResult, err error)
 		z.ZoneType.Address = netip.AddrPortFrom(zoneAddr(i), servicePort).String()
 		b.specs = append(b.specs, zone.SpecFor(&z))
 	}
-	return b.run(ctx)
+	ok = true
+	return b, nil
 }
 
 func (b *zonesBench) run(ctx context.Context) (*ZonesResult, error) {
@@ -422,6 +443,7 @@ func (b *zonesBench) floorUp(ctx context.Context, i int) error {
 		{"zone end up", func() error { return zh.LinkSetUp(zl) }},
 		{"host address", func() error { return hh.AddrAdd(veth, nodadAddr(hostLinkLocal)) }},
 		{"host end up", func() error { return hh.LinkSetUp(veth) }},
+		{"forwarding from the host end", func() error { return zonenet.ForwardFrom(z.host) }},
 		{"host route", func() error {
 			return hh.RouteAdd(&netlink.Route{LinkIndex: veth.Index, Dst: ipNet(netip.PrefixFrom(z.addr, 128))})
 		}},

@@ -10,7 +10,9 @@
 // btrfs property. btrfs has no reservations: they are recorded in an xattr
 // and enforced as an admission check against the pool's size.
 //
-// Every command runs in its own process group, killed at its deadline;
+// The commands made for every dataset and pass are the ioctls those
+// commands make, without a process (native.go); every other command runs
+// in its own process group, killed at its deadline;
 // every syscall that can block on a dead disk runs in a goroutine the
 // caller stops waiting for at its deadline (see call). Upstream's agent
 // could wedge for days behind one `zfs get` on a dead disk; this one gives
@@ -69,6 +71,9 @@ type Backend struct {
 	// attaching holds, per vdev file, a channel closed when the loop
 	// device being attached for it is ready: one attach per file at once.
 	attaching map[string]chan struct{}
+	// loops is, per vdev file (its real path), the loop device last found
+	// for it (see loopOf).
+	loops map[string]string
 	// poolSem serialises dataset changes on one pool (the reservation
 	// admission check reads every reservation, then records one).
 	poolSem map[string]chan struct{}
@@ -102,6 +107,7 @@ func New(opts Options) (*Backend, error) {
 		run:       runCommand,
 		lingering: map[string]int{},
 		attaching: map[string]chan struct{}{},
+		loops:     map[string]string{},
 		poolSem:   map[string]chan struct{}{},
 	}, nil
 }

@@ -171,7 +171,7 @@ func (b *Backend) devices(ctx context.Context) ([]blockDev, error) {
 		return nil, err
 	}
 	for _, d := range vdevs {
-		dev, err := b.loopFor(ctx, d.vdev)
+		dev, err := b.loopOf(ctx, d.vdev)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, err
@@ -194,7 +194,7 @@ func (b *Backend) find(ctx context.Context, id storage.DiskIdentity) (blockDev, 
 		}
 		for _, d := range vdevs {
 			if d.identity == id {
-				dev, err := b.loopFor(ctx, d.vdev)
+				dev, err := b.loopOf(ctx, d.vdev)
 				if err != nil {
 					return blockDev{}, fmt.Errorf("disk %s: %w", id, err)
 				}
@@ -300,4 +300,37 @@ func hasAnyPrefix(s string, prefixes []string) bool {
 		}
 	}
 	return false
+}
+
+// loopOf returns the loop device of the synthetic disk file, as loopFor
+// does. The device it returned last time for the same file is checked
+// first (it is still backed by the whole file), rather than every loop
+// device's backing file read again: with a loop device per disk, each
+// disk's pass would read them all.
+func (b *Backend) loopOf(ctx context.Context, file string) (string, error) {
+	abs, err := filepath.EvalSymlinks(file)
+	if err == nil {
+		b.mu.Lock()
+		dev, ok := b.loops[abs]
+		b.mu.Unlock()
+		if ok && backedBy(dev, abs) {
+			return dev, nil
+		}
+	}
+	dev, err := b.loopFor(ctx, file)
+	if err == nil && abs != "" {
+		b.mu.Lock()
+		b.loops[abs] = dev
+		b.mu.Unlock()
+	}
+	return dev, err
+}
+
+// backedBy reports whether loop device dev is backed by the whole of file,
+// as findLoop requires.
+func backedBy(dev, file string) bool {
+	dir := filepath.Join(sysBlock, filepath.Base(dev), "loop")
+	whole := func(v string) bool { return v == "" || v == "0" }
+	return readTrim(filepath.Join(dir, "backing_file")) == file &&
+		whole(readTrim(filepath.Join(dir, "offset"))) && whole(readTrim(filepath.Join(dir, "sizelimit")))
 }

@@ -220,13 +220,13 @@ type mount struct {
 // mountAt returns what is mounted at dir (the topmost mount), reading
 // /proc/self/mountinfo, which never waits on a disk.
 func mountAt(dir string) (mount, bool, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.current()
 	if err != nil {
-		return mount{}, false, fmt.Errorf("mountinfo: %w", err)
+		return mount{}, false, err
 	}
 	var found mount
 	ok := false
-	for _, m := range parseMountinfo(data) {
+	for _, m := range mounts {
 		if m.point == dir {
 			found, ok = m, true // later lines are mounted over earlier ones
 		}

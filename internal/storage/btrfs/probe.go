@@ -62,12 +62,24 @@ const (
 //     signatures only is not taken to be blank: zero its first MiB to
 //     reuse it);
 //   - blank: none of those.
+//
+// The superblock is read first, alone: a disk that holds one (every pool's,
+// in every listing of the disks) is told by it, and the first MiB is read
+// only for a disk that has none.
 func (b *Backend) probe(ctx context.Context, path string) (content, error) {
-	head, err := syscallOn(ctx, b, path, func() ([]byte, error) { return readHead(path) })
+	head, err := syscallOn(ctx, b, path, func() ([]byte, error) { return readHeadN(path, superOffset+superSize) })
 	if err != nil {
 		return content{}, err
 	}
-	if fsid, label, temp, ok := parseSuper(head); ok {
+	fsid, label, temp, ok := parseSuper(head)
+	if !ok {
+		head, err = syscallOn(ctx, b, path, func() ([]byte, error) { return readHead(path) })
+		if err != nil {
+			return content{}, err
+		}
+		fsid, label, temp, ok = parseSuper(head)
+	}
+	if ok {
 		switch {
 		case label == poolLabel(fsid):
 			return content{kind: storage.ContentPool, poolID: fsid, halfMade: temp}, nil
@@ -93,13 +105,16 @@ func (b *Backend) probe(ctx context.Context, path string) (content, error) {
 
 // readHead reads the first headSize bytes of path (fewer if it is
 // smaller). Opening a disk read-only writes nothing to it.
-func readHead(path string) ([]byte, error) {
+func readHead(path string) ([]byte, error) { return readHeadN(path, headSize) }
+
+// readHeadN reads the first n bytes of path (fewer if it is smaller).
+func readHeadN(path string, size int) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	buf := make([]byte, headSize)
+	buf := make([]byte, size)
 	n, err := io.ReadFull(f, buf)
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
