@@ -123,7 +123,8 @@ type phaseTimes struct {
 }
 
 const (
-	// zonePrefix is the /64 the zones' addresses come from (host 0x10+i).
+	// zonePrefix is the /64 the zones' addresses come from (host 0x10+i,
+	// salted: zoneAddr).
 	zonePrefix  = "fd00:1122:3344:1f0::"
 	servicePort = 32345
 	// zoneIfName is the zone end of a floor zone's veth pair.
@@ -635,9 +636,19 @@ func ipNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// zoneAddr is zone i's address: host 0x10+i of the benchmark's /64.
+// addrSalt makes this process's zone addresses its own: two benchmarks
+// running on one host at once (or a test beside one) never ask for a host
+// route to the same address.
+var addrSalt = func() (b [4]byte) {
+	rand.Read(b[:])
+	return b
+}()
+
+// zoneAddr is zone i's address: host 0x10+i of the benchmark's /64, with
+// the process's salt in the interface id's upper half.
 func zoneAddr(i int) netip.Addr {
 	a := netip.MustParseAddr(zonePrefix).As16()
+	copy(a[8:12], addrSalt[:])
 	v := uint32(0x10 + i)
 	a[12], a[13], a[14], a[15] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
 	return netip.AddrFrom16(a)
