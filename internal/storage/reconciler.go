@@ -196,6 +196,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.startList(ctx) // what is there, for status, before any config
 	for {
 		r.step(ctx, time.Now())
+		r.flush(time.Now())
 		r.refreshActivity(time.Now())
 		if d, ok := r.nextWakeIn(time.Now()); ok {
 			wake.Reset(d)
