@@ -15,10 +15,10 @@ import (
 // item is one member of an id-keyed map (disks, datasets), decoded.
 type item[T any] struct {
 	val T
-	// members is the object; nil if the member is not a JSON object.
+	// members is the object, a node of t (canonicalized); nil if the
+	// member is not a JSON object.
 	members *node
-	// canonical holds the canonical form the nodes' spans are in.
-	canonical []byte
+	t       *tree
 	// err is the first member of the wrong JSON type (encoding/json decodes
 	// the rest as best it can).
 	err error
@@ -28,17 +28,18 @@ type item[T any] struct {
 	caseErr *caseError
 }
 
-// decodeItems decodes each object of an id-keyed map, m, whose spans are
-// in canonical.
-func decodeItems[T any](canonical []byte, m *node) map[string]item[T] {
+// decodeItems decodes each object of an id-keyed map, m, a node of t
+// (canonicalized).
+func decodeItems[T any](t *tree, m *node) map[string]item[T] {
 	if m == nil || m.kind != '{' {
 		return map[string]item[T]{}
 	}
-	out := make(map[string]item[T], len(m.kids))
+	kids := t.kids(m)
+	out := make(map[string]item[T], len(kids))
 	p := planFor(reflect.TypeFor[T]())
-	for i := range m.kids {
-		n := &m.kids[i]
-		out[n.key] = decodeItem[T](canonical, n, p)
+	for i := range kids {
+		n := &kids[i]
+		out[t.key(n)] = decodeItem[T](t, n, p)
 	}
 	return out
 }
@@ -47,24 +48,29 @@ func decodeItems[T any](canonical []byte, m *node) map[string]item[T] {
 func decodeRawItems[T any](raw map[string]json.RawMessage) map[string]item[T] {
 	out := make(map[string]item[T], len(raw))
 	for key, r := range raw {
-		n, ok := parseTree(r)
-		if !ok || !utf8.Valid(r) {
+		if !utf8.Valid(r) {
 			out[key] = item[T]{}
 			continue
 		}
-		out[key] = decodeItem[T](appendCanonical(nil, n), n, planFor(reflect.TypeFor[T]()))
+		t, ok := parseTree(r)
+		if !ok {
+			out[key] = item[T]{}
+			continue
+		}
+		t.canonicalize()
+		out[key] = decodeItem[T](t, t.root(), planFor(reflect.TypeFor[T]()))
 	}
 	return out
 }
 
-// decodeItem decodes one item, n, of plan p (T's).
-func decodeItem[T any](canonical []byte, n *node, p *plan) item[T] {
+// decodeItem decodes one item, n, a node of t, of plan p (T's).
+func decodeItem[T any](t *tree, n *node, p *plan) item[T] {
 	if n.kind != '{' {
 		return item[T]{}
 	}
-	it := item[T]{members: n, canonical: canonical}
-	it.caseErr = checkCase(n, p)
-	d := decoder{canonical: canonical}
+	it := item[T]{members: n, t: t}
+	it.caseErr = checkCase(t, n, p)
+	d := decoder{t: t}
 	d.value(n, reflect.ValueOf(&it.val).Elem(), p)
 	if d.err != nil {
 		it.err = d.err

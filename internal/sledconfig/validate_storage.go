@@ -108,15 +108,15 @@ func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, o
 	if it.caseErr != nil {
 		v.add(path+"."+it.caseErr.path, "%s", it.caseErr.message())
 	}
-	switch id := it.members.member("id"); {
-	case !present(it.members, "id"):
+	switch id := it.t.member(it.members, "id"); {
+	case !present(it.t, it.members, "id"):
 		v.add(path+".id", "is required")
 	case id.kind != '"':
-		v.add(path+".id", "%s is not a string", it.canonical[id.start:id.end])
-	case !isUUID(id.str):
-		v.add(path+".id", "%q is not a UUID (want the 36-character hyphenated form)", id.str)
-	case id.str != key:
-		v.add(path+".id", "%q does not match its key %q", id.str, key)
+		v.add(path+".id", "%s is not a string", it.t.canonical[id.start:id.end])
+	case !isUUID(it.t.str(id)):
+		v.add(path+".id", "%q is not a UUID (want the 36-character hyphenated form)", it.t.str(id))
+	case it.t.str(id) != key:
+		v.add(path+".id", "%q does not match its key %q", it.t.str(id), key)
 	}
 	var typeErr *json.UnmarshalTypeError
 	switch {
@@ -124,7 +124,7 @@ func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, o
 	case errors.As(it.err, &typeErr):
 		bad = typeErr.Field
 		if bad != "id" { // said above
-			v.add(path+"."+bad, "%s is not %s", literalAt(it.canonical, it.members, bad), describeType(typeErr.Type))
+			v.add(path+"."+bad, "%s is not %s", literalAt(it.t, it.members, bad), describeType(typeErr.Type))
 		}
 	default:
 		v.add(path, "does not decode: %v", it.err)
@@ -134,17 +134,17 @@ func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, o
 }
 
 // literalAt is the JSON at a dotted path of member names below members,
-// an object whose spans are in canonical.
-func literalAt(canonical []byte, members *node, path string) string {
+// an object of t (canonicalized).
+func literalAt(t *tree, members *node, path string) string {
 	first, rest, nested := strings.Cut(path, ".")
-	m := members.member(first)
+	m := t.member(members, first)
 	switch {
 	case m == nil:
 		return "the value"
 	case !nested || m.kind != '{' && m.kind != 'n':
-		return string(canonical[m.start:m.end])
+		return string(t.canonical[m.start:m.end])
 	}
-	return literalAt(canonical, m, rest)
+	return literalAt(t, m, rest)
 }
 
 // under reports whether field is bad or inside it.
@@ -152,15 +152,15 @@ func under(field, bad string) bool {
 	return bad != "" && (field == bad || strings.HasPrefix(field, bad+".") || bad == ".")
 }
 
-// present reports whether an object has a member, not null.
-func present(members *node, name string) bool {
-	m := members.member(name)
+// present reports whether an object of t has a member, not null.
+func present(t *tree, members *node, name string) bool {
+	m := t.member(members, name)
 	return m != nil && m.kind != 'n'
 }
 
 // subMembers is an object's member name if it is an object, else nil.
-func subMembers(members *node, name string) *node {
-	if m := members.member(name); m != nil && m.kind == '{' {
+func subMembers(t *tree, members *node, name string) *node {
+	if m := t.member(members, name); m != nil && m.kind == '{' {
 		return m
 	}
 	return nil
@@ -198,18 +198,18 @@ func (v *validator) disks(items map[string]item[DiskConfig]) {
 		switch {
 		case under("identity", bad):
 			idOK = false
-		case !present(it.members, "identity"):
+		case !present(it.t, it.members, "identity"):
 			v.add(path+".identity", "is required")
 			idOK = false
 		default:
-			sub := subMembers(it.members, "identity")
+			sub := subMembers(it.t, it.members, "identity")
 			for _, f := range []struct{ name, value string }{
 				{"vendor", d.Identity.Vendor}, {"model", d.Identity.Model}, {"serial", d.Identity.Serial},
 			} {
 				switch {
 				case under("identity."+f.name, bad):
 					idOK = false
-				case !present(sub, f.name):
+				case !present(it.t, sub, f.name):
 					v.add(path+".identity."+f.name, "is required")
 					idOK = false
 				case strings.TrimSpace(f.value) == "":
@@ -230,7 +230,7 @@ func (v *validator) disks(items map[string]item[DiskConfig]) {
 		switch {
 		case under("pool_id", bad):
 			continue
-		case !present(it.members, "pool_id"):
+		case !present(it.t, it.members, "pool_id"):
 			v.add(path+".pool_id", "is required")
 			continue
 		}
@@ -295,17 +295,17 @@ func (v *validator) datasetName(path string, it *item[DatasetConfig], bad string
 	if under("name", bad) {
 		return false
 	}
-	if !present(it.members, "name") {
+	if !present(it.t, it.members, "name") {
 		v.add(path+".name", "is required")
 		return false
 	}
 	n := &it.val.Name
-	sub := subMembers(it.members, "name")
+	sub := subMembers(it.t, it.members, "name")
 	ok := true
 	switch {
 	case under("name.pool_name", bad):
 		ok = false
-	case !present(sub, "pool_name"):
+	case !present(it.t, sub, "pool_name"):
 		v.add(path+".name.pool_name", "is required")
 		ok = false
 	case !isZpoolName(n.PoolName):
@@ -320,7 +320,7 @@ func (v *validator) datasetName(path string, it *item[DatasetConfig], bad string
 	switch {
 	case under("name.kind", bad):
 		ok = false
-	case !present(sub, "kind"):
+	case !present(it.t, sub, "kind"):
 		v.add(path+".name.kind", "is required")
 		ok = false
 	default:
@@ -336,7 +336,7 @@ func (v *validator) compression(path string, it *item[DatasetConfig], bad string
 	if under("compression", bad) {
 		return
 	}
-	if !present(it.members, "compression") {
+	if !present(it.t, it.members, "compression") {
 		v.add(path+".compression", "is required")
 		return
 	}
