@@ -113,8 +113,8 @@ func (n *node) kindName() string {
 // than maxNesting), without saying why: decodeDocument, which reads token by
 // token, says what and where. data must be valid UTF-8.
 func parseTree(data []byte) (*tree, bool) {
-	// About one value in every 24 bytes of a config.
-	p := treeParser{src: string(data), stack: make([]node, 0, 64), nodes: make([]node, 0, len(data)/24+1)}
+	// About one value in every 30 bytes of a config.
+	p := treeParser{src: string(data), stack: make([]node, 0, 64), nodes: make([]node, 0, len(data)/28+1)}
 	if !p.value(0) {
 		return nil, false
 	}
@@ -310,6 +310,10 @@ func (p *treeParser) string() (s span, escape, ok bool) {
 	start := p.i
 	for p.i < len(p.src) {
 		c := p.src[p.i]
+		if !stringStops[c] {
+			p.i++
+			continue
+		}
 		switch {
 		case c == '"':
 			s = srcSpan(start, p.i)
@@ -326,6 +330,16 @@ func (p *treeParser) string() (s span, escape, ok bool) {
 	}
 	return span{}, false, false
 }
+
+// stringStops are the bytes of a string that string looks at: its end, an
+// escape, a control character, the first byte of U+2028 and U+2029.
+var stringStops = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'], t[0xE2] = true, true, true
+	return t
+}()
 
 // escapedString reads the rest of a string that has an escape, from start,
 // into text.

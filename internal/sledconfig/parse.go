@@ -62,8 +62,8 @@ func Parse(data []byte) (*Config, error) {
 		z.hash = hex.EncodeToString(sum[:])
 		cfg.Zones[t.key(m)] = z
 	}
-	cfg.disks = decodeItems[DiskConfig](t, t.member(root, "disks"))
-	cfg.datasets = decodeItems[DatasetConfig](t, t.member(root, "datasets"))
+	cfg.disks, cfg.diskKeys = decodeItems[DiskConfig](t, t.member(root, "disks"))
+	cfg.datasets, cfg.datasetKeys = decodeItems[DatasetConfig](t, t.member(root, "datasets"))
 	for _, f := range []string{"datasets", "disks", "generation", "measurements", "zones"} {
 		if m := t.member(root, f); m == nil || m.kind == 'n' {
 			cfg.missing = append(cfg.missing, f)

@@ -29,19 +29,21 @@ type item[T any] struct {
 }
 
 // decodeItems decodes each object of an id-keyed map, m, a node of t
-// (canonicalized).
-func decodeItems[T any](t *tree, m *node) map[string]item[T] {
+// (canonicalized), and returns them with their keys, sorted.
+func decodeItems[T any](t *tree, m *node) (map[string]item[T], []string) {
 	if m == nil || m.kind != '{' {
-		return map[string]item[T]{}
+		return map[string]item[T]{}, []string{}
 	}
 	kids := t.kids(m)
 	out := make(map[string]item[T], len(kids))
+	keys := make([]string, len(kids))
 	p := planFor(reflect.TypeFor[T]())
 	for i := range kids {
 		n := &kids[i]
-		out[t.key(n)] = decodeItem[T](t, n, p)
+		keys[i] = t.key(n) // members are sorted by key
+		out[keys[i]] = decodeItem[T](t, n, p)
 	}
-	return out
+	return out, keys
 }
 
 // decodeRawItems decodes the items of a config built in code.
@@ -83,6 +85,22 @@ func (c *Config) diskItems() map[string]item[DiskConfig] {
 		return c.disks
 	}
 	return decodeRawItems[DiskConfig](c.Disks) // built in code
+}
+
+// diskItemKeys and datasetItemKeys are the keys of diskItems and
+// datasetItems, sorted.
+func (c *Config) diskItemKeys() []string {
+	if c.diskKeys != nil {
+		return c.diskKeys
+	}
+	return sortedKeys(c.diskItems())
+}
+
+func (c *Config) datasetItemKeys() []string {
+	if c.datasetKeys != nil {
+		return c.datasetKeys
+	}
+	return sortedKeys(c.datasetItems())
 }
 
 func (c *Config) datasetItems() map[string]item[DatasetConfig] {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // The rules for disks and datasets are upstream's (sled-agent API 48.0.0,
@@ -169,6 +170,9 @@ func subMembers(t *tree, members *node, name string) *node {
 // idCaseDuplicates reports keys that differ only in letter case: upstream
 // parses both into one id, so the document names the thing twice.
 func (v *validator) idCaseDuplicates(field, what string, keys []string) {
+	if !mayFoldCase(keys) {
+		return
+	}
 	first := make(map[string]string, len(keys))
 	for _, key := range keys {
 		lower := strings.ToLower(key)
@@ -180,10 +184,22 @@ func (v *validator) idCaseDuplicates(field, what string, keys []string) {
 	}
 }
 
-// disks checks the configured disks: an identity of three strings and a
-// pool id, a UUID; no two with one identity or one pool.
-func (v *validator) disks(items map[string]item[DiskConfig]) {
-	keys := sortedKeys(items)
+// mayFoldCase reports whether lowercasing could make two of keys (distinct
+// strings) equal: whether one has an upper-case or a non-ASCII letter.
+func mayFoldCase(keys []string) bool {
+	for _, k := range keys {
+		for i := range len(k) {
+			if c := k[i]; 'A' <= c && c <= 'Z' || c >= utf8.RuneSelf {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// disks checks the configured disks (keys: items', sorted): an identity of
+// three strings and a pool id, a UUID; no two with one identity or one pool.
+func (v *validator) disks(items map[string]item[DiskConfig], keys []string) {
 	identities := make(map[DiskIdentity]string)
 	pools := make(map[string]string)
 	for _, key := range keys {
@@ -250,8 +266,7 @@ func (v *validator) disks(items map[string]item[DiskConfig]) {
 // datasets checks the configured datasets: a name of an external pool and
 // a kind upstream knows, a compression algorithm, a quota and reservation
 // upstream can hold, the reservation within the quota; no two with one name.
-func (v *validator) datasets(items map[string]item[DatasetConfig]) {
-	keys := sortedKeys(items)
+func (v *validator) datasets(items map[string]item[DatasetConfig], keys []string) {
 	names := make(map[DatasetName]string)
 	for _, key := range keys {
 		it := items[key]
