@@ -137,8 +137,10 @@ func values[T any](items map[string]item[T]) map[string]T {
 // vocabulary, sorted by id; ids are lowercase. For a config that passed
 // Validate, that is every disk; otherwise the disks that decode.
 func (c *Config) StorageDisks() []storage.DiskConfig {
-	var out []storage.DiskConfig
-	for _, it := range c.diskItems() {
+	items := c.diskItems()
+	out := make([]storage.DiskConfig, 0, len(items))
+	for _, key := range c.diskItemKeys() {
+		it := items[key]
 		d := it.val
 		if it.members == nil || it.err != nil || !isUUID(d.ID) || !isUUID(d.PoolID) {
 			continue
@@ -153,7 +155,14 @@ func (c *Config) StorageDisks() []storage.DiskConfig {
 			PoolID: strings.ToLower(d.PoolID),
 		})
 	}
-	slices.SortFunc(out, func(a, b storage.DiskConfig) int { return cmp.Compare(a.ID, b.ID) })
+	// In key order, which is the ids' in a config that passes validation.
+	if len(out) == 0 {
+		return nil
+	}
+	byID := func(a, b storage.DiskConfig) int { return cmp.Compare(a.ID, b.ID) }
+	if !slices.IsSortedFunc(out, byID) {
+		slices.SortFunc(out, byID)
+	}
 	return out
 }
 
@@ -163,8 +172,10 @@ func (c *Config) StorageDisks() []storage.DiskConfig {
 // decode, are on an external pool and have a kind this agent knows (the
 // kind becomes part of a path on the sled, so no other is ever passed on).
 func (c *Config) StorageDatasets() []storage.DatasetConfig {
-	var out []storage.DatasetConfig
-	for _, it := range c.datasetItems() {
+	items := c.datasetItems()
+	out := make([]storage.DatasetConfig, 0, len(items))
+	for _, key := range c.datasetItemKeys() {
+		it := items[key]
 		d := it.val
 		if it.members == nil || it.err != nil || !isUUID(d.ID) {
 			continue
@@ -186,7 +197,13 @@ func (c *Config) StorageDatasets() []storage.DatasetConfig {
 		}
 		out = append(out, sd)
 	}
-	slices.SortFunc(out, func(a, b storage.DatasetConfig) int { return cmp.Compare(a.ID, b.ID) })
+	if len(out) == 0 {
+		return nil
+	}
+	byID := func(a, b storage.DatasetConfig) int { return cmp.Compare(a.ID, b.ID) }
+	if !slices.IsSortedFunc(out, byID) {
+		slices.SortFunc(out, byID)
+	}
 	return out
 }
 
