@@ -140,8 +140,8 @@ func (r *Reconciler) makePart(e *entry, key partKey, now time.Time) *diskPart {
 
 	p.datasets = make([]DatasetStatus, 0, len(e.datasets))
 	p.ready = make([]datasetReady, 0, len(e.datasets))
-	for _, cfg := range sortedByName(e.datasets) {
-		name := cfg.Name()
+	for _, nd := range sortedByName(e.datasets) {
+		cfg, name := nd.cfg, nd.name
 		s := DatasetStatus{ID: cfg.ID, Name: name}
 		var o datasetOutcome
 		var have bool
@@ -168,24 +168,21 @@ func (r *Reconciler) makePart(e *entry, key partKey, now time.Time) *diskPart {
 	return p
 }
 
-// sortedByName returns datasets sorted by full name (a copy, unless they
-// already are).
-func sortedByName(ds []DatasetConfig) []DatasetConfig {
-	names := make([]string, len(ds))
+// named is a configured dataset with its full name.
+type named struct {
+	cfg  DatasetConfig
+	name string
+}
+
+// sortedByName returns datasets with their names, sorted by name.
+func sortedByName(ds []DatasetConfig) []named {
+	out := make([]named, len(ds))
 	for i, d := range ds {
-		names[i] = d.Name()
+		out[i] = named{d, d.Name()}
 	}
-	if slices.IsSorted(names) {
-		return ds
-	}
-	idx := make([]int, len(ds))
-	for i := range idx {
-		idx[i] = i
-	}
-	slices.SortStableFunc(idx, func(a, b int) int { return strings.Compare(names[a], names[b]) })
-	out := make([]DatasetConfig, len(ds))
-	for i, j := range idx {
-		out[i] = ds[j]
+	byName := func(a, b named) int { return strings.Compare(a.name, b.name) }
+	if !slices.IsSortedFunc(out, byName) {
+		slices.SortStableFunc(out, byName)
 	}
 	return out
 }
@@ -408,12 +405,21 @@ func (r *Reconciler) publish() {
 		slices.SortFunc(st.Disks, func(a, b DiskStatus) int { return strings.Compare(a.ID, b.ID) })
 	}
 
-	nds := len(l.loose)
+	nds, npools, nobserved := len(l.loose), 0, 0
 	for _, e := range l.byPool {
 		nds += len(e.part.datasets)
+		if e.part.shown {
+			npools, nobserved = npools+1, nobserved+len(e.part.observed)
+		}
 	}
 	if nds > 0 {
 		st.Datasets = make([]DatasetStatus, 0, nds)
+	}
+	if npools > 0 {
+		st.Observed.Pools = make([]Pool, 0, npools)
+	}
+	if nobserved > 0 {
+		st.Observed.Datasets = make([]ObservedDataset, 0, nobserved)
 	}
 	for _, e := range l.byPool {
 		p := e.part
