@@ -74,8 +74,8 @@ func roundDone(r *storage.Reconciler, since time.Time, n int) error {
 }
 
 // BenchmarkRound1000 is one round of passes of 1,000 disks (3,000
-// datasets) that finds everything as configured, as every config update
-// asks for: from the update until every disk's pass is published.
+// datasets) that finds everything as configured, as the period (or a Poke)
+// asks for: from the Poke until every disk's pass is published.
 // publishes/round is how many snapshots the round published.
 func BenchmarkRound1000(b *testing.B) {
 	fb, disks, datasets := sled1000(1000)
@@ -85,7 +85,7 @@ func BenchmarkRound1000(b *testing.B) {
 	rounds := 0
 	for b.Loop() {
 		t0 := time.Now()
-		r.Update(disks, datasets)
+		r.Poke()
 		if err := roundDone(r, t0, len(disks)); err != nil {
 			b.Fatal(err)
 		}

@@ -100,8 +100,10 @@ type entry struct {
 
 	wantPass bool
 	needSeq  uint64 // a pass wants a listing started at or after this
-	retryAt  time.Time
-	attempts int
+	// passStart is when the last pass (or close) began.
+	passStart time.Time
+	retryAt   time.Time
+	attempts  int
 
 	// open is the pool this reconciler has open on the disk, as far as
 	// it knows ("" none).
@@ -126,10 +128,27 @@ func (r *Reconciler) want(e *entry) {
 	r.loop.scan = true
 }
 
+// recheckMinGap is how recent a disk's pass may be for an update of the
+// config that leaves its storage as it was not to ask for another.
+const recheckMinGap = time.Second
+
 // setDesired makes d the desired storage and asks every disk for a pass.
+// When d is the storage already desired, only disks whose last pass began
+// recheckMinGap ago or more are asked: a control plane that puts configs
+// back to back (their zones changing, their storage not) has every disk
+// looked at again within a second, not a thousand passes per put.
 func (r *Reconciler) setDesired(d *desired) {
 	l := &r.loop
-	same := l.haveConfig && l.desired != nil && sameDesired(l.desired, d)
+	if l.haveConfig && l.desired != nil && sameDesired(l.desired, d) {
+		l.desired = d
+		now := time.Now()
+		for _, e := range l.entries {
+			if e.retryAt.IsZero() && !e.wantPass && (e.passStart.IsZero() || now.Sub(e.passStart) >= recheckMinGap) {
+				r.want(e)
+			}
+		}
+		return // nothing a reader sees changed: the passes will say
+	}
 	l.haveConfig, l.desired = true, d
 	l.datasets = d.datasets
 	clear(l.conflicts)
@@ -190,9 +209,6 @@ func (r *Reconciler) setDesired(d *desired) {
 		if e.retryAt.IsZero() {
 			r.want(e)
 		}
-	}
-	if same {
-		return // nothing a reader sees changed: the passes will say
 	}
 	l.order()
 	r.changed()
@@ -427,6 +443,7 @@ func (r *Reconciler) dispatch(ctx context.Context, e *entry) {
 	jctx, cancel := context.WithCancel(ctx)
 	j.ctx = jctx
 	e.busy, e.cancel, e.wantPass, e.dirty = true, cancel, false, false
+	e.passStart = time.Now()
 	r.loop.inflight++
 	e.worker.jobs <- j // capacity 1, and the worker is idle: never blocks
 }

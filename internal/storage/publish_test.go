@@ -41,7 +41,8 @@ func TestQuietRoundPublishesOnce(t *testing.T) {
 
 		time.Sleep(time.Second)
 		v0, changes0, t1 := h.r.Status().Version, readyChanges, time.Now()
-		h.update(disks, datasets) // the same storage: a pass of every disk
+		h.r.Poke() // a pass of every disk, as the period asks for
+		synctest.Wait()
 		st := h.r.Status()
 		if st.Version > v0+2 {
 			t.Errorf("the round published %d snapshots, want at most 2", st.Version-v0)
@@ -97,6 +98,47 @@ func TestPassPublishedWhileAnotherRuns(t *testing.T) {
 		}
 		if _, err := h.r.ZoneStorage(storage.PoolName(quiet.PoolID), "oxz_ntp", ""); err == nil {
 			t.Error("ZoneStorage of a failing disk's pool: ready")
+		}
+	})
+}
+
+// A config put again with its storage as it was asks every disk for a
+// pass, but not a disk whose pass began less than a second ago: configs
+// put back to back do not each cost a pass of every disk.
+func TestSameStoragePutAgainRechecksAtMostOnceASecond(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, disks, datasets := quietSled(t, 3)
+		h := start(t, b, storage.Options{})
+		defer h.stop()
+		h.update(disks, datasets)
+		opens := func() int { return len(b.callTimes("open_pool", storage.PoolName(disks[0].PoolID))) }
+
+		time.Sleep(time.Second)
+		n0, t1 := opens(), time.Now()
+		h.update(disks, datasets)
+		if got := opens(); got != n0+1 {
+			t.Fatalf("put again a second later: %d passes, want 1", got-n0)
+		}
+		if at := h.disk(disks[0].ID).CheckedAt; at == nil || !at.Equal(t1) {
+			t.Errorf("checked at %v, want %v", at, t1)
+		}
+		time.Sleep(500 * time.Millisecond)
+		h.update(disks, datasets)
+		if got := opens(); got != n0+1 {
+			t.Errorf("put again half a second after a pass: %d more passes, want none", got-n0-1)
+		}
+		time.Sleep(500 * time.Millisecond)
+		h.update(disks, datasets)
+		if got := opens(); got != n0+2 {
+			t.Errorf("put again a second after a pass: %d passes in all, want 2", got-n0)
+		}
+
+		// A changed config is acted on at once, however recent the passes.
+		extra := dsCfg("extra", disks[0].PoolID, "local_storage")
+		h.update(disks, append(datasets, extra))
+		wantResult(t, "the new dataset", h.dataset(extra.Name()).Result, "")
+		if got := opens(); got != n0+3 {
+			t.Errorf("a changed config: %d passes in all, want 3", got-n0)
 		}
 	})
 }
