@@ -500,10 +500,28 @@ func (r *Reconciler) handleResult(res passResult) {
 	}
 }
 
-// handleResults takes a finished pass and notes what is to be published: a
-// change a reader would see at once, a pass that found its disk as the last
-// one left it within publishMinGap (publish.go).
+// maxBatch bounds how many finished passes one publish covers.
+const maxBatch = 64
+
+// handleResults takes res and every other pass that has finished meanwhile
+// (up to maxBatch), noting what is to be published (publish.go): with many
+// disks becoming ready, one snapshot per pass was most of a pass's cost.
 func (r *Reconciler) handleResults(res passResult) {
+	r.takeResult(res)
+	for range maxBatch - 1 {
+		select {
+		case res := <-r.results:
+			r.takeResult(res)
+		default:
+			return
+		}
+	}
+}
+
+// takeResult takes a finished pass and notes what is to be published: a
+// change a reader would see at once, a pass that found its disk as the last
+// one left it within publishMinGap.
+func (r *Reconciler) takeResult(res passResult) {
 	e := r.loop.entries[res.key]
 	var was *diskPart
 	if e != nil && e.cfg != nil {
