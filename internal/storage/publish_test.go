@@ -142,3 +142,22 @@ func TestSameStoragePutAgainRechecksAtMostOnceASecond(t *testing.T) {
 		}
 	})
 }
+
+// Disks becoming ready one after another (a first round) publish once per
+// batch of finished passes, not once per disk.
+func TestFirstRoundPublishesPerBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b, disks, datasets := quietSled(t, 200)
+		h := start(t, b, storage.Options{})
+		defer h.stop()
+		v0 := h.r.Status().Version
+		h.update(disks, datasets)
+		st := h.r.Status()
+		for _, d := range st.Disks {
+			wantResult(t, d.ID, d.Result, "")
+		}
+		if n := st.Version - v0; n > 20 {
+			t.Errorf("the first round of 200 disks published %d snapshots, want a few", n)
+		}
+	})
+}
