@@ -182,6 +182,15 @@ func (r *Reconciler) Status() Status {
 	return s
 }
 
+// Version is the Version of the Status Status would return now, without
+// copying the status: a reader that caches what it derives from a Status
+// asks for the whole one only when this changed.
+func (r *Reconciler) Version() uint64 {
+	r.store.mu.Lock()
+	defer r.store.mu.Unlock()
+	return r.store.snap.status.Version
+}
+
 // ZoneStorage says whether a zone's storage is ready, from the published
 // state (it never waits on a backend call): its filesystem pool
 // ("oxp_<id>") is managed, its transient root dataset
