@@ -532,7 +532,7 @@ func (r *Reconciler) takeResult(res passResult) {
 		r.changed()
 		return
 	}
-	if p, _ := r.part(e, time.Now()); changedBeyondTimes(was, p) {
+	if changedBeyondTimes(was, r.part(e, time.Now())) {
 		r.changed()
 	} else {
 		r.timesMoved()

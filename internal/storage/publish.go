@@ -69,17 +69,16 @@ func (r *Reconciler) partKey(e *entry) partKey {
 	}
 }
 
-// part returns e's part as of now, made again if its inputs changed, and
-// whether it was.
-func (r *Reconciler) part(e *entry, now time.Time) (*diskPart, bool) {
+// part returns e's part as of now, made again if its inputs changed.
+func (r *Reconciler) part(e *entry, now time.Time) *diskPart {
 	key := r.partKey(e)
 	if p := e.part; p != nil && p.key == key && !p.slow {
 		if _, slow := slowActivity(e, now); !slow {
-			return p, false
+			return p
 		}
 	}
 	e.part = r.makePart(e, key, now)
-	return e.part, true
+	return e.part
 }
 
 // makePart makes a configured disk's part.
@@ -390,7 +389,7 @@ func (r *Reconciler) publish() {
 		st.Disks = make([]DiskStatus, 0, n)
 	}
 	for _, e := range l.byID {
-		p, _ := r.part(e, now)
+		p := r.part(e, now)
 		if p != e.published {
 			changed = append(changed, p)
 			e.published = p
