@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 
+	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
 )
 
@@ -10,6 +11,8 @@ import (
 // status, which never waits on a backend call.
 type Storage interface {
 	Status() storage.Status
+	// Version is the Version of the Status Status would return now.
+	Version() uint64
 }
 
 // storageStatus is the storage reconciler's status, or the empty one
@@ -20,6 +23,14 @@ func (s *Server) storageStatus() storage.Status {
 		return storage.Status{}
 	}
 	return s.deps.Storage.Status()
+}
+
+// storageVersion is storageStatus().Version, without copying the status.
+func (s *Server) storageVersion() uint64 {
+	if s.deps.Storage == nil {
+		return 0
+	}
+	return s.deps.Storage.Version()
 }
 
 // upstreamStorage is what the storage reconciler last observed, in
@@ -111,6 +122,25 @@ func addStorageResults(lr *ConfigReconcilerInventory, st *storage.Status) {
 			Reason:    o.Reason,
 		})
 	}
+}
+
+// cachedStorage returns the encoded storage members and last
+// reconciliation (of last, if not nil) of storage status version, if both
+// are cached.
+func (s *Server) cachedStorage(version uint64, last *reconciler.Reconciliation) (stor, lastEnc []byte, ok bool) {
+	c := &s.inv
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.storage == nil || c.storageVersion != version {
+		return nil, nil, false
+	}
+	if last == nil {
+		return c.storage, nil, true
+	}
+	if c.key != (reconciliationKey{last: last, storage: version}) || c.encoded == nil {
+		return nil, nil, false
+	}
+	return c.storage, c.encoded, true
 }
 
 // storageMembers returns the encoded members disks, zpools and datasets

@@ -19,12 +19,27 @@ import (
 type fakeStorage struct {
 	mu sync.Mutex
 	st storage.Status
+	// copies counts the calls of Status.
+	copies int
 }
 
 func (f *fakeStorage) Status() storage.Status {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.copies++
 	return f.st
+}
+
+func (f *fakeStorage) statusCopies() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.copies
+}
+
+func (f *fakeStorage) Version() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st.Version
 }
 
 func (f *fakeStorage) set(st storage.Status) {
@@ -201,6 +216,36 @@ func TestInventoryReportsStorage(t *testing.T) {
 
 // TestInventoryWithoutStorage checks that an agent managing no storage
 // reports none.
+// GET /inventory copies the storage status only when its version is not
+// the one encoded: a thousand disks' status is not copied per request.
+func TestInventoryCopiesStorageStatusOncePerVersion(t *testing.T) {
+	spec := openapitest.Load(t, openapitest.SledAgent)
+	fs := &fakeStorage{st: storageStatus(1, storage.Result{OK: true})}
+	s := newSled(t, sim.Options{}, func(d *api.Deps) { d.Storage = fs })
+	doc, _ := json.Marshal(sledconfigtest.Config(1, sledconfigtest.Crucibles(1)...))
+	if r := s.put(doc); r.status != http.StatusNoContent {
+		t.Fatalf("PUT: %d %s", r.status, r.body)
+	}
+	waitFor(t, "a completed pass", func() bool { return s.rec.Status().Phase == reconciler.PhaseIdle })
+
+	s.upstreamInventory(spec)
+	n := fs.statusCopies()
+	for range 3 {
+		s.upstreamInventory(spec)
+	}
+	if got := fs.statusCopies() - n; got != 0 {
+		t.Errorf("3 requests at one storage version copied the status %d times", got)
+	}
+	fs.set(storageStatus(2, storage.Result{Message: "dataset exists with another id"}))
+	inv := s.upstreamInventory(spec)
+	if res := inv.LastReconciliation.Datasets[debugID]; res.Result != "err" {
+		t.Errorf("after a new storage status, debug's result: %+v", res)
+	}
+	if got := fs.statusCopies() - n; got != 1 {
+		t.Errorf("a new storage version copied the status %d times, want 1", got)
+	}
+}
+
 func TestInventoryWithoutStorage(t *testing.T) {
 	spec := openapitest.Load(t, openapitest.SledAgent)
 	s := newSled(t, sim.Options{})

@@ -300,10 +300,20 @@ func appendLastReconciliation(b []byte, lr *ConfigReconcilerInventory) ([]byte, 
 // per request.
 func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	st := s.deps.Reconciler.Status()
-	sst := s.storageStatus()
-	stor, err := s.storageMembers(&sst)
-	if err != nil {
-		return nil, err
+	// The storage status is copied only when what is encoded of it is not
+	// that of its version.
+	stor, last, cached := s.cachedStorage(s.storageVersion(), st.Last)
+	if !cached {
+		sst := s.storageStatus()
+		var err error
+		if stor, err = s.storageMembers(&sst); err != nil {
+			return nil, err
+		}
+		if st.Last != nil {
+			if _, last, err = s.lastReconciliation(st.Last, &sst); err != nil {
+				return nil, err
+			}
+		}
 	}
 	smf, err := json.Marshal(s.servicesResult(now))
 	if err != nil {
@@ -329,10 +339,6 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	if st.Last == nil {
 		segs = append(segs, []byte("null"))
 	} else {
-		_, last, err := s.lastReconciliation(st.Last, &sst)
-		if err != nil {
-			return nil, err
-		}
 		segs = append(segs, last)
 	}
 	return append(segs, []byte("}")), nil

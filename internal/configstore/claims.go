@@ -71,9 +71,9 @@ func configClaims(cfg *sledconfig.Config) []claims.Claim {
 			}
 		}
 	}, func(a, b sledconfig.Zone) int { return cmp.Compare(a.ID, b.ID) })
-	var out []claims.Claim
+	out := make([]claims.Claim, 0, 3*len(zones))
 	for _, z := range zones {
-		holder := fmt.Sprintf("zone %s (id %s)", z.Name(), z.ID)
+		holder := "zone " + z.Name() + " (id " + z.ID + ")"
 		out = append(out, claims.Claim{Key: claims.ID(z.ID), Holder: holder, As: "id"})
 		for _, a := range z.UnderlayAddrs() {
 			out = append(out, claims.Claim{Key: claims.Addr(a), Holder: holder, As: "underlay address"})

@@ -192,7 +192,9 @@ func (s *Store) Put(ctx context.Context, doc []byte) error {
 			return nil
 		}
 	}
-	rec := ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical()}
+	// The canonical form is made from the parsed document: a single JSON
+	// object, which the ledger need not read again.
+	rec := ledger.Record{Generation: cfg.Generation, Data: cfg.Canonical(), Checked: true}
 	settle, err := s.claim(cfg)
 	if err != nil {
 		return err // collides with a VMM or the sled

@@ -25,12 +25,17 @@ func BenchmarkCommit(b *testing.B) {
 		fmt.Fprintf(&doc, `{"id":"%08d-0000-4000-8000-000000000000","pool_name":"oxp_%08d-0000-4000-8000-000000000000","kind":"crucible"}`, i, i)
 	}
 	doc.WriteString(`]}`)
-	b.SetBytes(int64(doc.Len()))
 	gen := uint64(0)
-	for b.Loop() {
-		gen++
-		if _, err := l.Commit(Record{Generation: gen, Data: doc.Bytes()}); err != nil {
-			b.Fatal(err)
-		}
+	for _, checked := range []bool{false, true} {
+		// checked: the committer parsed the document already.
+		b.Run(fmt.Sprintf("checked=%t", checked), func(b *testing.B) {
+			b.SetBytes(int64(doc.Len()))
+			for b.Loop() {
+				gen++
+				if _, err := l.Commit(Record{Generation: gen, Data: doc.Bytes(), Checked: checked}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

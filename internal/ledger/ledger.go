@@ -56,6 +56,11 @@ type Record struct {
 	// Data is the document: a single JSON value with no leading or
 	// trailing whitespace. Read returns exactly the bytes Commit was given.
 	Data []byte
+	// Checked says the committer knows Data to be a single JSON value (it
+	// made Data by encoding, or by parsing it as one, as a config's
+	// canonical form is made): Commit and Repair then check its size and
+	// whitespace but do not read the JSON again. Read leaves it false.
+	Checked bool
 }
 
 // CopyState is what is known about one copy of the ledger.
@@ -330,7 +335,7 @@ func (l *Ledger) noValidCopyError(statuses []CopyStatus) error {
 // Commit does not compare generations: enforcing generation rules is the
 // caller's job. Concurrent Commits are serialized.
 func (l *Ledger) Commit(rec Record) ([]CopyStatus, error) {
-	if err := checkData(rec.Data); err != nil {
+	if err := checkData(rec); err != nil {
 		return nil, fmt.Errorf("ledger %s: generation %d: %w", l.name, rec.Generation, err)
 	}
 	contents := encodeCopy(rec)
@@ -379,7 +384,7 @@ func (l *Ledger) Commit(rec Record) ([]CopyStatus, error) {
 // Repair, like Commit, does not compare generations. It is serialized with
 // Commit.
 func (l *Ledger) Repair(rec Record) (found, now []CopyStatus, err error) {
-	if err := checkData(rec.Data); err != nil {
+	if err := checkData(rec); err != nil {
 		return nil, nil, fmt.Errorf("ledger %s: generation %d: %w", l.name, rec.Generation, err)
 	}
 	var contents []byte // encoded on first need

@@ -162,7 +162,7 @@ func TestStaleCopy(t *testing.T) {
 				t.Fatalf("good copy status = %+v", o)
 			}
 			mustCommit(t, l, 6)
-			wantStates(t, "Read", mustRead(t, l, Record{6, doc(6)}), StateOK, StateOK)
+			wantStates(t, "Read", mustRead(t, l, Record{Generation: 6, Data: doc(6)}), StateOK, StateOK)
 		})
 	}
 }
@@ -174,7 +174,7 @@ func TestSameGenerationDifferentData(t *testing.T) {
 	if err := os.WriteFile(copyPath(dirs[1]), other, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	st := mustRead(t, l, Record{7, doc(7)}) // the first directory wins the tie
+	st := mustRead(t, l, Record{Generation: 7, Data: doc(7)}) // the first directory wins the tie
 	if st[1].State != StateStale || !strings.Contains(st[1].Err, "different data") {
 		t.Fatalf("status = %+v", st[1])
 	}
@@ -503,6 +503,14 @@ func TestCommitRejectsInvalidData(t *testing.T) {
 	}
 	if _, err := l.Commit(Record{Generation: 1, Data: make([]byte, MaxDataBytes+1)}); !errors.Is(err, ErrInvalidData) {
 		t.Errorf("Commit(huge) = %v, want ErrInvalidData", err)
+	}
+	// Data its committer has checked is still refused with surrounding
+	// whitespace, empty, or too large.
+	for _, data := range []string{"", `{"a":1}` + "\n", ` {"a":1}`, string(make([]byte, MaxDataBytes+1))} {
+		st, err := l.Commit(Record{Generation: 1, Data: []byte(data), Checked: true})
+		if !errors.Is(err, ErrInvalidData) || st != nil {
+			t.Errorf("Commit(%.20q, checked) = %v, %v; want ErrInvalidData", data, st, err)
+		}
 	}
 	for _, d := range dirs {
 		if entries, _ := os.ReadDir(d); len(entries) != 0 {

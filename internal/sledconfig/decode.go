@@ -126,8 +126,8 @@ func (p *plan) field(key string) *fieldPlan {
 
 // decoder decodes nodes into Go values (see plan).
 type decoder struct {
-	// canonical is the canonical form the nodes' spans are in.
-	canonical []byte
+	// t is the tree of the nodes, canonicalized.
+	t *tree
 	// err is the first type mismatch.
 	err *json.UnmarshalTypeError
 	// fields are the names of the struct fields leading to the value
@@ -136,9 +136,10 @@ type decoder struct {
 	structType reflect.Type
 }
 
-// decode decodes n into *ptr and returns the first type mismatch, or nil.
-func decode[T any](canonical []byte, n *node, ptr *T) error {
-	d := decoder{canonical: canonical}
+// decode decodes n, a node of t (canonicalized), into *ptr and returns the
+// first type mismatch, or nil.
+func decode[T any](t *tree, n *node, ptr *T) error {
+	d := decoder{t: t}
 	d.value(n, reflect.ValueOf(ptr).Elem(), planFor(reflect.TypeFor[T]()))
 	if d.err != nil {
 		return d.err
@@ -165,7 +166,7 @@ func (d *decoder) mismatch(n *node, t reflect.Type, value string) {
 
 func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 	if p.raw {
-		v.SetBytes(d.canonical[n.start:n.end:n.end])
+		v.SetBytes(d.t.canonical[n.start:n.end:n.end])
 		return
 	}
 	if n.kind == 'n' {
@@ -186,7 +187,7 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 			d.mismatch(n, p.t, "")
 			return
 		}
-		v.SetString(n.str)
+		v.SetString(d.t.str(n))
 	case reflect.Bool:
 		if n.kind != 't' && n.kind != 'f' {
 			d.mismatch(n, p.t, "")
@@ -198,9 +199,9 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 			d.mismatch(n, p.t, "")
 			return
 		}
-		u, err := strconv.ParseUint(n.str, 10, 64)
+		u, err := strconv.ParseUint(d.t.str(n), 10, 64)
 		if err != nil || v.OverflowUint(u) {
-			d.mismatch(n, p.t, "number "+n.str)
+			d.mismatch(n, p.t, "number "+d.t.str(n))
 			return
 		}
 		v.SetUint(u)
@@ -209,9 +210,10 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 			d.mismatch(n, p.t, "")
 			return
 		}
-		s := reflect.MakeSlice(p.t, len(n.kids), len(n.kids))
-		for i := range n.kids {
-			d.value(&n.kids[i], s.Index(i), p.elem)
+		kids := d.t.kids(n)
+		s := reflect.MakeSlice(p.t, len(kids), len(kids))
+		for i := range kids {
+			d.value(&kids[i], s.Index(i), p.elem)
 		}
 		v.Set(s)
 	case reflect.Map:
@@ -219,15 +221,16 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 			d.mismatch(n, p.t, "")
 			return
 		}
+		kids := d.t.kids(n)
 		if v.IsNil() {
-			v.Set(reflect.MakeMapWithSize(p.t, len(n.kids)))
+			v.Set(reflect.MakeMapWithSize(p.t, len(kids)))
 		}
 		elem := reflect.New(p.t.Elem()).Elem()
-		for i := range n.kids {
-			m := &n.kids[i]
+		for i := range kids {
+			m := &kids[i]
 			elem.SetZero()
 			d.value(m, elem, p.elem)
-			v.SetMapIndex(reflect.ValueOf(m.key).Convert(p.t.Key()), elem)
+			v.SetMapIndex(reflect.ValueOf(d.t.key(m)).Convert(p.t.Key()), elem)
 		}
 	case reflect.Struct:
 		if n.kind != '{' {
@@ -235,9 +238,10 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 			return
 		}
 		outer, depth := d.structType, len(d.fields)
-		for i := range n.kids {
-			m := &n.kids[i]
-			f := p.field(m.key)
+		kids := d.t.kids(n)
+		for i := range kids {
+			m := &kids[i]
+			f := p.field(d.t.key(m))
 			if f == nil {
 				continue
 			}
@@ -252,14 +256,15 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 // checkCase is checkFieldNames over nodes, whose members are sorted: the
 // first key (in key order, depth first) that differs from a field name of
 // the struct it decodes into only in letter case, with its path. p is the
-// plan of the Go type n decodes into.
-func checkCase(n *node, p *plan) *caseError {
-	var c caseChecker
+// plan of the Go type n, a node of t, decodes into.
+func checkCase(t *tree, n *node, p *plan) *caseError {
+	c := caseChecker{t: t}
 	return c.check(n, p)
 }
 
 // caseChecker walks nodes for checkCase.
 type caseChecker struct {
+	t *tree
 	// path leads to the node being checked.
 	path []pathStep
 }
@@ -279,31 +284,35 @@ func (c *caseChecker) check(n *node, p *plan) *caseError {
 	switch {
 	case p.raw:
 	case p.kind == reflect.Struct && n.kind == '{':
-		for i := range n.kids {
-			m := &n.kids[i]
-			if f, ok := p.fields[m.key]; ok {
-				if err := c.sub(m, f.plan, pathStep{key: m.key, field: true, index: -1}); err != nil {
+		kids := c.t.kids(n)
+		for i := range kids {
+			m := &kids[i]
+			key := c.t.key(m)
+			if f, ok := p.fields[key]; ok {
+				if err := c.sub(m, f.plan, pathStep{key: key, field: true, index: -1}); err != nil {
 					return err
 				}
 				continue
 			}
 			for name := range p.fields {
-				if strings.EqualFold(name, m.key) {
-					c.path = append(c.path, pathStep{key: m.key, field: true, index: -1})
+				if strings.EqualFold(name, key) {
+					c.path = append(c.path, pathStep{key: key, field: true, index: -1})
 					return &caseError{path: c.render(), want: name}
 				}
 			}
 		}
 	case p.kind == reflect.Map && n.kind == '{':
-		for i := range n.kids {
-			m := &n.kids[i]
-			if err := c.sub(m, p.elem, pathStep{key: m.key, index: -1}); err != nil {
+		kids := c.t.kids(n)
+		for i := range kids {
+			m := &kids[i]
+			if err := c.sub(m, p.elem, pathStep{key: c.t.key(m), index: -1}); err != nil {
 				return err
 			}
 		}
 	case p.kind == reflect.Slice && n.kind == '[':
-		for i := range n.kids {
-			if err := c.sub(&n.kids[i], p.elem, pathStep{index: i}); err != nil {
+		kids := c.t.kids(n)
+		for i := range kids {
+			if err := c.sub(&kids[i], p.elem, pathStep{index: i}); err != nil {
 				return err
 			}
 		}

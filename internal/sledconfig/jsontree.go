@@ -6,9 +6,25 @@ import (
 	"unicode/utf8"
 )
 
-// node is one value of a document read by parseTree: the whole document is
-// read once into nodes, which Parse then encodes in canonical form and
-// decodes into the typed fields, without reading the bytes again.
+// tree is a document read by parseTree: the whole document is read once
+// into nodes, which Parse then encodes in canonical form and decodes into the
+// typed fields, without reading the bytes again. No node holds a pointer:
+// a node's strings are spans of the document (or, for a string that had
+// escapes, of text) and its kids a range of nodes, so the collector never
+// walks a tree, however large.
+type tree struct {
+	src string // the document
+	// text holds the values of the strings that had escapes.
+	text string
+	// nodes are every value; a container's kids are consecutive, and the
+	// root is last.
+	nodes []node
+	// canonical is the canonical form, once appendCanonical has written
+	// it; the nodes' start and end are in it.
+	canonical []byte
+}
+
+// node is one value of a tree.
 type node struct {
 	kind byte // 'n', 't', 'f', '"' (string), '0' (number), '{', '['
 	// escape says that the canonical form of str (keyEscape: of key)
@@ -16,34 +32,61 @@ type node struct {
 	// U+2029, which the canonical form escapes).
 	escape, keyEscape bool
 	// key is the member's name, for a member of an object.
-	key string
+	key span
 	// str is a string's value, a number as written.
-	str string
-	// kids are an object's members (sorted by key) or an array's elements.
-	kids []node
+	str span
+	// kids are an object's members (sorted by key) or an array's
+	// elements: nodes[kid : kid+nkids].
+	kid, nkids int32
 	// start and end bound the value in the canonical form, once
 	// appendCanonical has written it.
 	start, end int32
 }
 
+// span is a string of a tree: src[off:off+n], or text's if inText.
+type span struct {
+	off, n int32
+	inText bool
+}
+
+func (t *tree) span(s span) string {
+	if s.inText {
+		return t.text[s.off : s.off+s.n]
+	}
+	return t.src[s.off : s.off+s.n]
+}
+
+// root is the document's value.
+func (t *tree) root() *node { return &t.nodes[len(t.nodes)-1] }
+
+// key is n's name as a member of an object.
+func (t *tree) key(n *node) string { return t.span(n.key) }
+
+// str is a string's value, or a number as written.
+func (t *tree) str(n *node) string { return t.span(n.str) }
+
+// kids are a container's members or elements.
+func (t *tree) kids(n *node) []node { return t.nodes[n.kid : n.kid+n.nkids : n.kid+n.nkids] }
+
 // member returns the object's member named key, or nil.
-func (n *node) member(key string) *node {
+func (t *tree) member(n *node, key string) *node {
 	if n == nil || n.kind != '{' {
 		return nil
 	}
-	if len(n.kids) <= 8 {
-		for i := range n.kids {
-			if n.kids[i].key == key {
-				return &n.kids[i]
+	kids := t.kids(n)
+	if len(kids) <= 8 {
+		for i := range kids {
+			if t.key(&kids[i]) == key {
+				return &kids[i]
 			}
 		}
 		return nil
 	}
-	i, ok := slices.BinarySearchFunc(n.kids, key, func(m node, k string) int { return strings.Compare(m.key, k) })
+	i, ok := slices.BinarySearchFunc(kids, key, func(m node, k string) int { return strings.Compare(t.key(&m), k) })
 	if !ok {
 		return nil
 	}
-	return &n.kids[i]
+	return &kids[i]
 }
 
 // kindName is how encoding/json names the JSON kind of a value in its type
@@ -65,12 +108,13 @@ func (n *node) kindName() string {
 }
 
 // parseTree reads one JSON value (and nothing after it but white space) into
-// nodes, each object's members sorted by key. It reports false for anything
+// a tree, each object's members sorted by key. It reports false for anything
 // decodeDocument refuses (malformed JSON, a duplicate key, nesting deeper
 // than maxNesting), without saying why: decodeDocument, which reads token by
 // token, says what and where. data must be valid UTF-8.
-func parseTree(data []byte) (*node, bool) {
-	p := treeParser{src: string(data), stack: make([]node, 0, 64)}
+func parseTree(data []byte) (*tree, bool) {
+	// About one value in every 30 bytes of a config.
+	p := treeParser{src: string(data), stack: make([]node, 0, 64), nodes: make([]node, 0, len(data)/28+1)}
 	if !p.value(0) {
 		return nil, false
 	}
@@ -78,21 +122,31 @@ func parseTree(data []byte) (*node, bool) {
 	if p.i != len(p.src) {
 		return nil, false
 	}
-	root := p.stack[0] // not a pointer into the stack, which can then go
-	return &root, true
+	t := &tree{src: p.src, text: string(p.text), nodes: append(p.nodes, p.stack[0])}
+	return t, true
 }
-
-// nodeChunk is how many nodes parseTree allocates at a time.
-const nodeChunk = 1024
 
 type treeParser struct {
 	src string
 	i   int
 	// stack holds the values read whose container is still being read.
 	stack []node
-	// free is room for the kids of containers yet to be closed: kids
-	// are copied there, so that no slice of kids is ever moved.
-	free []node
+	// nodes are the kids of the containers read, each container's
+	// together.
+	nodes []node
+	// text is the tree's text: the strings that had escapes.
+	text []byte
+}
+
+// srcSpan is the span of src from start to end.
+func srcSpan(start, end int) span { return span{off: int32(start), n: int32(end - start)} }
+
+// spanOf returns the string of a span being read.
+func (p *treeParser) spanOf(s span) string {
+	if s.inText {
+		return string(p.text[s.off : s.off+s.n])
+	}
+	return p.src[s.off : s.off+s.n]
 }
 
 func (p *treeParser) space() {
@@ -185,14 +239,14 @@ func (p *treeParser) object(depth int) bool {
 		}
 	}
 	members := p.stack[mark:]
-	sortMembers(members)
+	p.sortMembers(members)
 	for i := 1; i < len(members); i++ {
-		if members[i].key == members[i-1].key {
+		if p.spanOf(members[i].key) == p.spanOf(members[i-1].key) {
 			return false // decodeDocument names the first duplicate
 		}
 	}
-	kids := p.keep(members)
-	p.stack = append(p.stack[:mark], node{kind: '{', kids: kids})
+	kid, n := p.keep(members)
+	p.stack = append(p.stack[:mark], node{kind: '{', kid: kid, nkids: n})
 	return true
 }
 
@@ -222,77 +276,97 @@ func (p *treeParser) array(depth int) bool {
 			return false
 		}
 	}
-	kids := p.keep(p.stack[mark:])
-	p.stack = append(p.stack[:mark], node{kind: '[', kids: kids})
+	kid, n := p.keep(p.stack[mark:])
+	p.stack = append(p.stack[:mark], node{kind: '[', kid: kid, nkids: n})
 	return true
 }
 
-// keep copies the kids of a container to where they stay.
-func (p *treeParser) keep(kids []node) []node {
-	if len(kids) > cap(p.free)-len(p.free) {
-		p.free = make([]node, 0, max(nodeChunk, len(kids)))
-	}
-	start := len(p.free)
-	p.free = append(p.free, kids...)
-	return p.free[start:len(p.free):len(p.free)]
+// keep copies the kids of a container to where they stay, and returns
+// where that is.
+func (p *treeParser) keep(kids []node) (kid, n int32) {
+	kid = int32(len(p.nodes))
+	p.nodes = append(p.nodes, kids...)
+	return kid, int32(len(kids))
 }
 
 // sortMembers sorts an object's members by key, as encoding/json sorts the
 // keys of a map: byte by byte.
-func sortMembers(m []node) {
+func (p *treeParser) sortMembers(m []node) {
 	if len(m) <= 12 {
 		for i := 1; i < len(m); i++ {
-			for j := i; j > 0 && m[j].key < m[j-1].key; j-- {
+			for j := i; j > 0 && p.spanOf(m[j].key) < p.spanOf(m[j-1].key); j-- {
 				m[j], m[j-1] = m[j-1], m[j]
 			}
 		}
 		return
 	}
-	slices.SortFunc(m, func(a, b node) int { return strings.Compare(a.key, b.key) })
+	slices.SortFunc(m, func(a, b node) int { return strings.Compare(p.spanOf(a.key), p.spanOf(b.key)) })
 }
 
 // string reads a string, returning its value and whether its canonical form
 // differs from its bytes as written.
-func (p *treeParser) string() (s string, escape, ok bool) {
+func (p *treeParser) string() (s span, escape, ok bool) {
 	p.i++ // '"'
 	start := p.i
 	for p.i < len(p.src) {
 		c := p.src[p.i]
+		if !stringStops[c] {
+			p.i++
+			continue
+		}
 		switch {
 		case c == '"':
-			s = p.src[start:p.i]
+			s = srcSpan(start, p.i)
 			p.i++
 			return s, escape, true
 		case c == '\\':
 			return p.escapedString(start)
 		case c < 0x20:
-			return "", false, false
+			return span{}, false, false
 		case c == 0xE2: // the first byte of U+2028 and U+2029
 			escape = true
 		}
 		p.i++
 	}
-	return "", false, false
+	return span{}, false, false
 }
 
-// escapedString reads the rest of a string that has an escape, from start.
-func (p *treeParser) escapedString(start int) (string, bool, bool) {
-	b := []byte(p.src[start:p.i])
+// stringStops are the bytes of a string that string looks at: its end, an
+// escape, a control character, the first byte of U+2028 and U+2029.
+var stringStops = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'], t[0xE2] = true, true, true
+	return t
+}()
+
+// escapedString reads the rest of a string that has an escape, from start,
+// into text.
+func (p *treeParser) escapedString(start int) (span, bool, bool) {
+	off := len(p.text)
+	p.text = append(p.text, p.src[start:p.i]...)
+	b := p.text
+	fail := func() (span, bool, bool) {
+		p.text = p.text[:off]
+		return span{}, false, false
+	}
 	for p.i < len(p.src) {
 		c := p.src[p.i]
 		switch {
 		case c == '"':
 			p.i++
-			return string(b), true, true
+			p.text = b
+			return span{off: int32(off), n: int32(len(b) - off), inText: true}, true, true
 		case c < 0x20:
-			return "", false, false
+			return fail()
 		case c != '\\':
 			b = append(b, c)
 			p.i++
 			continue
 		}
 		if p.i+1 >= len(p.src) {
-			return "", false, false
+			return fail()
 		}
 		e := p.src[p.i+1]
 		p.i += 2
@@ -312,29 +386,29 @@ func (p *treeParser) escapedString(start int) (string, bool, bool) {
 		case 'u':
 			r, ok := p.hex4()
 			if !ok {
-				return "", false, false
+				return fail()
 			}
 			switch {
 			case 0xD800 <= r && r < 0xDC00:
 				// A high surrogate must be followed by a low one.
 				if !strings.HasPrefix(p.src[p.i:], `\u`) {
-					return "", false, false
+					return fail()
 				}
 				p.i += 2
 				lo, ok := p.hex4()
 				if !ok || lo < 0xDC00 || lo >= 0xE000 {
-					return "", false, false
+					return fail()
 				}
 				r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
 			case 0xDC00 <= r && r < 0xE000:
-				return "", false, false
+				return fail()
 			}
 			b = utf8.AppendRune(b, r)
 		default:
-			return "", false, false
+			return fail()
 		}
 	}
-	return "", false, false
+	return fail()
 }
 
 func (p *treeParser) hex4() (rune, bool) {
@@ -360,7 +434,7 @@ func (p *treeParser) hex4() (rune, bool) {
 }
 
 // number reads a number (RFC 8259: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?).
-func (p *treeParser) number() (string, bool) {
+func (p *treeParser) number() (span, bool) {
 	start := p.i
 	digits := func() int {
 		s := p.i
@@ -376,12 +450,12 @@ func (p *treeParser) number() (string, bool) {
 	case p.i < len(p.src) && p.src[p.i] == '0':
 		p.i++
 	case digits() == 0:
-		return "", false
+		return span{}, false
 	}
 	if p.i < len(p.src) && p.src[p.i] == '.' {
 		p.i++
 		if digits() == 0 {
-			return "", false
+			return span{}, false
 		}
 	}
 	if p.i < len(p.src) && (p.src[p.i] == 'e' || p.src[p.i] == 'E') {
@@ -390,19 +464,25 @@ func (p *treeParser) number() (string, bool) {
 			p.i++
 		}
 		if digits() == 0 {
-			return "", false
+			return span{}, false
 		}
 	}
 	// A digit right after the number ("01") is refused by the caller,
 	// which expects a separator.
-	return p.src[start:p.i], true
+	return srcSpan(start, p.i), true
+}
+
+// canonicalize writes the canonical form of the document (canonical).
+func (t *tree) canonicalize() []byte {
+	t.canonical = t.appendCanonical(make([]byte, 0, len(t.src)), t.root())
+	return t.canonical
 }
 
 // appendCanonical appends the canonical form of n (keys sorted, no
 // insignificant white space, strings escaped as encoding/json escapes them
 // without HTML escaping, numbers as written: what encodeCanonical writes)
 // and records where each value of it is.
-func appendCanonical(b []byte, n *node) []byte {
+func (t *tree) appendCanonical(b []byte, n *node) []byte {
 	n.start = int32(len(b))
 	switch n.kind {
 	case 'n':
@@ -412,28 +492,30 @@ func appendCanonical(b []byte, n *node) []byte {
 	case 'f':
 		b = append(b, "false"...)
 	case '0':
-		b = append(b, n.str...)
+		b = append(b, t.str(n)...)
 	case '"':
-		b = appendJSONString(b, n.str, n.escape)
+		b = appendJSONString(b, t.str(n), n.escape)
 	case '{':
 		b = append(b, '{')
-		for i := range n.kids {
+		kids := t.kids(n)
+		for i := range kids {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			m := &n.kids[i]
-			b = appendJSONString(b, m.key, m.keyEscape)
+			m := &kids[i]
+			b = appendJSONString(b, t.key(m), m.keyEscape)
 			b = append(b, ':')
-			b = appendCanonical(b, m)
+			b = t.appendCanonical(b, m)
 		}
 		b = append(b, '}')
 	case '[':
 		b = append(b, '[')
-		for i := range n.kids {
+		kids := t.kids(n)
+		for i := range kids {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendCanonical(b, &n.kids[i])
+			b = t.appendCanonical(b, &kids[i])
 		}
 		b = append(b, ']')
 	}

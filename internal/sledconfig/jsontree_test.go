@@ -154,7 +154,7 @@ func checkTreeAgrees(t *testing.T, doc []byte) {
 	if !utf8.Valid(doc) {
 		return // refused before either reads it
 	}
-	root, ok := parseTree(doc)
+	tr, ok := parseTree(doc)
 	want, err := decodeDocument(doc)
 	var notObject bool
 	if err != nil && err.Error() == "config must be a JSON object" {
@@ -172,7 +172,7 @@ func checkTreeAgrees(t *testing.T, doc []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := appendCanonical(nil, root); !bytes.Equal(got, wantCanon) {
+	if got := tr.canonicalize(); !bytes.Equal(got, wantCanon) {
 		t.Fatalf("canonical form of %.200s:\n got %s\nwant %s", doc, got, wantCanon)
 	}
 }
@@ -186,26 +186,27 @@ func TestDecodeAgreesWithEncodingJSON(t *testing.T) {
 		if !utf8.Valid(doc) {
 			continue
 		}
-		root, ok := parseTree(doc)
-		if !ok || root.kind != '{' {
+		tr, ok := parseTree(doc)
+		if !ok || tr.root().kind != '{' {
 			continue
 		}
-		canonical := appendCanonical(nil, root)
+		canonical := tr.canonicalize()
 		for _, section := range []string{"zones", "disks", "datasets"} {
-			m := root.member(section)
+			m := tr.member(tr.root(), section)
 			if m == nil || m.kind != '{' {
 				continue
 			}
-			for i := range m.kids {
-				k := &m.kids[i]
+			kids := tr.kids(m)
+			for i := range kids {
+				k := &kids[i]
 				raw := canonical[k.start:k.end]
 				switch section {
 				case "zones":
-					checkDecode[Zone](t, canonical, k, raw)
+					checkDecode[Zone](t, tr, k, raw)
 				case "disks":
-					checkDecode[DiskConfig](t, canonical, k, raw)
+					checkDecode[DiskConfig](t, tr, k, raw)
 				default:
-					checkDecode[DatasetConfig](t, canonical, k, raw)
+					checkDecode[DatasetConfig](t, tr, k, raw)
 				}
 				n++
 			}
@@ -216,10 +217,10 @@ func TestDecodeAgreesWithEncodingJSON(t *testing.T) {
 	}
 }
 
-func checkDecode[T any](t *testing.T, canonical []byte, n *node, raw []byte) {
+func checkDecode[T any](t *testing.T, tr *tree, n *node, raw []byte) {
 	t.Helper()
 	var got, want T
-	gotErr := decode(canonical, n, &got)
+	gotErr := decode(tr, n, &got)
 	wantErr := json.Unmarshal(raw, &want)
 	var g, w *json.UnmarshalTypeError
 	switch {

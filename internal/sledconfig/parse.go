@@ -37,15 +37,16 @@ func Parse(data []byte) (*Config, error) {
 	if len(data) > MaxDocumentBytes {
 		return nil, fmt.Errorf("config is %d bytes, more than the limit of %d", len(data), MaxDocumentBytes)
 	}
-	root, err := readTree(data)
+	t, err := readTree(data)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkCase(root, planFor(reflect.TypeFor[Config]())); err != nil {
+	root := t.root()
+	if err := checkCase(t, root, planFor(reflect.TypeFor[Config]())); err != nil {
 		return nil, err
 	}
-	canonical := appendCanonical(make([]byte, 0, len(data)), root)
-	cfg, zones, err := decodeTop(canonical, root)
+	canonical := t.canonicalize()
+	cfg, zones, err := decodeTop(t, root)
 	if err != nil {
 		return nil, err
 	}
@@ -54,17 +55,17 @@ func Parse(data []byte) (*Config, error) {
 	for i := range zones {
 		m := &zones[i]
 		var z Zone
-		if err := decode(canonical, m, &z); err != nil {
-			return nil, describeJSONError(err, fmt.Sprintf("zones[%q]", m.key))
+		if err := decode(t, m, &z); err != nil {
+			return nil, describeJSONError(err, fmt.Sprintf("zones[%q]", t.key(m)))
 		}
 		sum := sha256.Sum256(canonical[m.start:m.end])
 		z.hash = hex.EncodeToString(sum[:])
-		cfg.Zones[m.key] = z
+		cfg.Zones[t.key(m)] = z
 	}
-	cfg.disks = decodeItems[DiskConfig](canonical, root.member("disks"))
-	cfg.datasets = decodeItems[DatasetConfig](canonical, root.member("datasets"))
+	cfg.disks, cfg.diskKeys = decodeItems[DiskConfig](t, t.member(root, "disks"))
+	cfg.datasets, cfg.datasetKeys = decodeItems[DatasetConfig](t, t.member(root, "datasets"))
 	for _, f := range []string{"datasets", "disks", "generation", "measurements", "zones"} {
-		if m := root.member(f); m == nil || m.kind == 'n' {
+		if m := t.member(root, f); m == nil || m.kind == 'n' {
 			cfg.missing = append(cfg.missing, f)
 		}
 	}
@@ -72,11 +73,11 @@ func Parse(data []byte) (*Config, error) {
 }
 
 // readTree reads a document that must be one JSON object.
-func readTree(data []byte) (*node, error) {
+func readTree(data []byte) (*tree, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("config is not valid UTF-8")
 	}
-	root, ok := parseTree(data)
+	t, ok := parseTree(data)
 	if !ok {
 		// decodeDocument refuses what parseTree refuses, and says why.
 		if _, err := decodeDocument(data); err != nil {
@@ -84,10 +85,10 @@ func readTree(data []byte) (*node, error) {
 		}
 		return nil, errors.New("malformed JSON")
 	}
-	if root.kind != '{' {
+	if t.root().kind != '{' {
 		return nil, errors.New("config must be a JSON object")
 	}
-	return root, nil
+	return t, nil
 }
 
 // topPlans are the plans of Config's members, as decodeTop decodes them.
@@ -107,19 +108,21 @@ var topPlans = sync.OnceValue(func() map[string]*plan {
 // returns the zones' members to be decoded one by one, as encoding/json
 // decodes a struct embedding Config with zones as raw JSON: the first type
 // mismatch fails it.
-func decodeTop(canonical []byte, root *node) (*Config, []node, error) {
+func decodeTop(t *tree, root *node) (*Config, []node, error) {
 	cfg := &Config{}
 	var zones []node
-	d := decoder{canonical: canonical}
+	d := decoder{t: t}
 	plans := topPlans()
-	for i := range root.kids {
-		m := &root.kids[i]
-		p, ok := plans[m.key]
+	kids := t.kids(root)
+	for i := range kids {
+		m := &kids[i]
+		key := t.key(m)
+		p, ok := plans[key]
 		if !ok {
 			continue // kept in the canonical form; checkCase refused other spellings
 		}
 		var v reflect.Value
-		switch m.key {
+		switch key {
 		case "generation":
 			v = reflect.ValueOf(&cfg.Generation)
 		case "disks":
@@ -132,7 +135,7 @@ func decodeTop(canonical []byte, root *node) (*Config, []node, error) {
 			var raw map[string]json.RawMessage
 			v = reflect.ValueOf(&raw)
 			if m.kind == '{' {
-				zones = m.kids
+				zones = t.kids(m)
 			}
 		case "measurements":
 			v = reflect.ValueOf(&cfg.Measurements)
@@ -141,7 +144,7 @@ func decodeTop(canonical []byte, root *node) (*Config, []node, error) {
 		case "host_phase_2":
 			v = reflect.ValueOf(&cfg.HostPhase2)
 		}
-		d.structType, d.fields = reflect.TypeFor[Config](), append(d.fields[:0], m.key)
+		d.structType, d.fields = reflect.TypeFor[Config](), append(d.fields[:0], key)
 		d.value(m, v.Elem(), p)
 	}
 	if d.err != nil {
@@ -154,11 +157,11 @@ func decodeTop(canonical []byte, root *node) (*Config, []node, error) {
 // sorted, no insignificant white space, numbers exactly as written. Two documents
 // with the same meaning have the same canonical form.
 func Canonicalize(data []byte) ([]byte, error) {
-	root, err := readTree(data)
+	t, err := readTree(data)
 	if err != nil {
 		return nil, err
 	}
-	return appendCanonical(make([]byte, 0, len(data)), root), nil
+	return t.canonicalize(), nil
 }
 
 // decodeDocument decodes one JSON object (numbers as json.Number) and nothing

@@ -15,10 +15,10 @@ import (
 // item is one member of an id-keyed map (disks, datasets), decoded.
 type item[T any] struct {
 	val T
-	// members is the object; nil if the member is not a JSON object.
+	// members is the object, a node of t (canonicalized); nil if the
+	// member is not a JSON object.
 	members *node
-	// canonical holds the canonical form the nodes' spans are in.
-	canonical []byte
+	t       *tree
 	// err is the first member of the wrong JSON type (encoding/json decodes
 	// the rest as best it can).
 	err error
@@ -28,43 +28,51 @@ type item[T any] struct {
 	caseErr *caseError
 }
 
-// decodeItems decodes each object of an id-keyed map, m, whose spans are
-// in canonical.
-func decodeItems[T any](canonical []byte, m *node) map[string]item[T] {
+// decodeItems decodes each object of an id-keyed map, m, a node of t
+// (canonicalized), and returns them with their keys, sorted.
+func decodeItems[T any](t *tree, m *node) (map[string]item[T], []string) {
 	if m == nil || m.kind != '{' {
-		return map[string]item[T]{}
+		return map[string]item[T]{}, []string{}
 	}
-	out := make(map[string]item[T], len(m.kids))
+	kids := t.kids(m)
+	out := make(map[string]item[T], len(kids))
+	keys := make([]string, len(kids))
 	p := planFor(reflect.TypeFor[T]())
-	for i := range m.kids {
-		n := &m.kids[i]
-		out[n.key] = decodeItem[T](canonical, n, p)
+	for i := range kids {
+		n := &kids[i]
+		keys[i] = t.key(n) // members are sorted by key
+		out[keys[i]] = decodeItem[T](t, n, p)
 	}
-	return out
+	return out, keys
 }
 
 // decodeRawItems decodes the items of a config built in code.
 func decodeRawItems[T any](raw map[string]json.RawMessage) map[string]item[T] {
 	out := make(map[string]item[T], len(raw))
 	for key, r := range raw {
-		n, ok := parseTree(r)
-		if !ok || !utf8.Valid(r) {
+		if !utf8.Valid(r) {
 			out[key] = item[T]{}
 			continue
 		}
-		out[key] = decodeItem[T](appendCanonical(nil, n), n, planFor(reflect.TypeFor[T]()))
+		t, ok := parseTree(r)
+		if !ok {
+			out[key] = item[T]{}
+			continue
+		}
+		t.canonicalize()
+		out[key] = decodeItem[T](t, t.root(), planFor(reflect.TypeFor[T]()))
 	}
 	return out
 }
 
-// decodeItem decodes one item, n, of plan p (T's).
-func decodeItem[T any](canonical []byte, n *node, p *plan) item[T] {
+// decodeItem decodes one item, n, a node of t, of plan p (T's).
+func decodeItem[T any](t *tree, n *node, p *plan) item[T] {
 	if n.kind != '{' {
 		return item[T]{}
 	}
-	it := item[T]{members: n, canonical: canonical}
-	it.caseErr = checkCase(n, p)
-	d := decoder{canonical: canonical}
+	it := item[T]{members: n, t: t}
+	it.caseErr = checkCase(t, n, p)
+	d := decoder{t: t}
 	d.value(n, reflect.ValueOf(&it.val).Elem(), p)
 	if d.err != nil {
 		it.err = d.err
@@ -77,6 +85,22 @@ func (c *Config) diskItems() map[string]item[DiskConfig] {
 		return c.disks
 	}
 	return decodeRawItems[DiskConfig](c.Disks) // built in code
+}
+
+// diskItemKeys and datasetItemKeys are the keys of diskItems and
+// datasetItems, sorted.
+func (c *Config) diskItemKeys() []string {
+	if c.diskKeys != nil {
+		return c.diskKeys
+	}
+	return sortedKeys(c.diskItems())
+}
+
+func (c *Config) datasetItemKeys() []string {
+	if c.datasetKeys != nil {
+		return c.datasetKeys
+	}
+	return sortedKeys(c.datasetItems())
 }
 
 func (c *Config) datasetItems() map[string]item[DatasetConfig] {
@@ -113,8 +137,10 @@ func values[T any](items map[string]item[T]) map[string]T {
 // vocabulary, sorted by id; ids are lowercase. For a config that passed
 // Validate, that is every disk; otherwise the disks that decode.
 func (c *Config) StorageDisks() []storage.DiskConfig {
-	var out []storage.DiskConfig
-	for _, it := range c.diskItems() {
+	items := c.diskItems()
+	out := make([]storage.DiskConfig, 0, len(items))
+	for _, key := range c.diskItemKeys() {
+		it := items[key]
 		d := it.val
 		if it.members == nil || it.err != nil || !isUUID(d.ID) || !isUUID(d.PoolID) {
 			continue
@@ -129,7 +155,14 @@ func (c *Config) StorageDisks() []storage.DiskConfig {
 			PoolID: strings.ToLower(d.PoolID),
 		})
 	}
-	slices.SortFunc(out, func(a, b storage.DiskConfig) int { return cmp.Compare(a.ID, b.ID) })
+	// In key order, which is the ids' in a config that passes validation.
+	if len(out) == 0 {
+		return nil
+	}
+	byID := func(a, b storage.DiskConfig) int { return cmp.Compare(a.ID, b.ID) }
+	if !slices.IsSortedFunc(out, byID) {
+		slices.SortFunc(out, byID)
+	}
 	return out
 }
 
@@ -139,8 +172,10 @@ func (c *Config) StorageDisks() []storage.DiskConfig {
 // decode, are on an external pool and have a kind this agent knows (the
 // kind becomes part of a path on the sled, so no other is ever passed on).
 func (c *Config) StorageDatasets() []storage.DatasetConfig {
-	var out []storage.DatasetConfig
-	for _, it := range c.datasetItems() {
+	items := c.datasetItems()
+	out := make([]storage.DatasetConfig, 0, len(items))
+	for _, key := range c.datasetItemKeys() {
+		it := items[key]
 		d := it.val
 		if it.members == nil || it.err != nil || !isUUID(d.ID) {
 			continue
@@ -162,7 +197,13 @@ func (c *Config) StorageDatasets() []storage.DatasetConfig {
 		}
 		out = append(out, sd)
 	}
-	slices.SortFunc(out, func(a, b storage.DatasetConfig) int { return cmp.Compare(a.ID, b.ID) })
+	if len(out) == 0 {
+		return nil
+	}
+	byID := func(a, b storage.DatasetConfig) int { return cmp.Compare(a.ID, b.ID) }
+	if !slices.IsSortedFunc(out, byID) {
+		slices.SortFunc(out, byID)
+	}
 	return out
 }
 

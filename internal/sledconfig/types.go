@@ -36,6 +36,8 @@ type Config struct {
 	// Parse (a config built in code decodes them when asked).
 	disks    map[string]item[DiskConfig]
 	datasets map[string]item[DatasetConfig]
+	// diskKeys and datasetKeys are their keys, sorted, set by Parse.
+	diskKeys, datasetKeys []string
 }
 
 // DiskConfig is upstream OmicronPhysicalDiskConfig: the disk found by

@@ -98,8 +98,8 @@ func ValidateWith(c *Config, opts ValidateOptions) error {
 	}
 	v.requiredTopLevel(c)
 	v.generation(c.Generation)
-	v.disks(c.diskItems())
-	v.datasets(c.datasetItems())
+	v.disks(c.diskItems(), c.diskItemKeys())
+	v.datasets(c.datasetItems(), c.datasetItemKeys())
 	keys := slices.Sorted(maps.Keys(c.Zones))
 	for _, key := range keys {
 		z := c.Zones[key]
@@ -197,6 +197,9 @@ func (v *validator) zone(key string, z *Zone) {
 // caseDuplicates reports zone keys that differ only in letter case: zone
 // names use the lowercased id, so such zones would share a name.
 func (v *validator) caseDuplicates(keys []string) {
+	if !mayFoldCase(keys) {
+		return
+	}
 	first := make(map[string]string, len(keys))
 	for _, key := range keys {
 		lower := strings.ToLower(key)

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // The rules for disks and datasets are upstream's (sled-agent API 48.0.0,
@@ -95,28 +96,35 @@ func checkDatasetKind(kind string) string {
 // compressionTypes are upstream's CompressionAlgorithm variants.
 var compressionTypes = []string{"on", "off", "gzip", "gzip_n", "lz4", "lzjb", "zle"}
 
+// where is the path of an item of an id-keyed map (disks["<id>"]), written
+// out only when a problem is reported there.
+type where struct{ field, key string }
+
+// at is the path of sub (".pool_id", "" for the item itself) in the item.
+func (w where) at(sub string) string { return keyPath(w.field, w.key) + sub }
+
 // itemStart checks what every member of an id-keyed map must be: a JSON
 // object, its id its key and a UUID, its members of the right JSON types.
 // It reports false when the object is not one (nothing more can be said),
 // and returns the field (dotted, within the object) whose value has the
 // wrong type, so the caller says nothing more about it.
-func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, ok bool) {
+func itemStart[T any](v *validator, w where, key string, it item[T]) (bad string, ok bool) {
 	if it.members == nil {
-		v.add(path, "is not a JSON object")
+		v.add(w.at(""), "is not a JSON object")
 		return "", false
 	}
 	if it.caseErr != nil {
-		v.add(path+"."+it.caseErr.path, "%s", it.caseErr.message())
+		v.add(w.at("."+it.caseErr.path), "%s", it.caseErr.message())
 	}
-	switch id := it.members.member("id"); {
-	case !present(it.members, "id"):
-		v.add(path+".id", "is required")
+	switch id := it.t.member(it.members, "id"); {
+	case !present(it.t, it.members, "id"):
+		v.add(w.at(".id"), "is required")
 	case id.kind != '"':
-		v.add(path+".id", "%s is not a string", it.canonical[id.start:id.end])
-	case !isUUID(id.str):
-		v.add(path+".id", "%q is not a UUID (want the 36-character hyphenated form)", id.str)
-	case id.str != key:
-		v.add(path+".id", "%q does not match its key %q", id.str, key)
+		v.add(w.at(".id"), "%s is not a string", it.t.canonical[id.start:id.end])
+	case !isUUID(it.t.str(id)):
+		v.add(w.at(".id"), "%q is not a UUID (want the 36-character hyphenated form)", it.t.str(id))
+	case it.t.str(id) != key:
+		v.add(w.at(".id"), "%q does not match its key %q", it.t.str(id), key)
 	}
 	var typeErr *json.UnmarshalTypeError
 	switch {
@@ -124,27 +132,27 @@ func itemStart[T any](v *validator, path, key string, it item[T]) (bad string, o
 	case errors.As(it.err, &typeErr):
 		bad = typeErr.Field
 		if bad != "id" { // said above
-			v.add(path+"."+bad, "%s is not %s", literalAt(it.canonical, it.members, bad), describeType(typeErr.Type))
+			v.add(w.at("."+bad), "%s is not %s", literalAt(it.t, it.members, bad), describeType(typeErr.Type))
 		}
 	default:
-		v.add(path, "does not decode: %v", it.err)
+		v.add(w.at(""), "does not decode: %v", it.err)
 		bad = "."
 	}
 	return bad, true
 }
 
 // literalAt is the JSON at a dotted path of member names below members,
-// an object whose spans are in canonical.
-func literalAt(canonical []byte, members *node, path string) string {
+// an object of t (canonicalized).
+func literalAt(t *tree, members *node, path string) string {
 	first, rest, nested := strings.Cut(path, ".")
-	m := members.member(first)
+	m := t.member(members, first)
 	switch {
 	case m == nil:
 		return "the value"
 	case !nested || m.kind != '{' && m.kind != 'n':
-		return string(canonical[m.start:m.end])
+		return string(t.canonical[m.start:m.end])
 	}
-	return literalAt(canonical, m, rest)
+	return literalAt(t, m, rest)
 }
 
 // under reports whether field is bad or inside it.
@@ -152,15 +160,15 @@ func under(field, bad string) bool {
 	return bad != "" && (field == bad || strings.HasPrefix(field, bad+".") || bad == ".")
 }
 
-// present reports whether an object has a member, not null.
-func present(members *node, name string) bool {
-	m := members.member(name)
+// present reports whether an object of t has a member, not null.
+func present(t *tree, members *node, name string) bool {
+	m := t.member(members, name)
 	return m != nil && m.kind != 'n'
 }
 
 // subMembers is an object's member name if it is an object, else nil.
-func subMembers(members *node, name string) *node {
-	if m := members.member(name); m != nil && m.kind == '{' {
+func subMembers(t *tree, members *node, name string) *node {
+	if m := t.member(members, name); m != nil && m.kind == '{' {
 		return m
 	}
 	return nil
@@ -169,6 +177,9 @@ func subMembers(members *node, name string) *node {
 // idCaseDuplicates reports keys that differ only in letter case: upstream
 // parses both into one id, so the document names the thing twice.
 func (v *validator) idCaseDuplicates(field, what string, keys []string) {
+	if !mayFoldCase(keys) {
+		return
+	}
 	first := make(map[string]string, len(keys))
 	for _, key := range keys {
 		lower := strings.ToLower(key)
@@ -180,16 +191,28 @@ func (v *validator) idCaseDuplicates(field, what string, keys []string) {
 	}
 }
 
-// disks checks the configured disks: an identity of three strings and a
-// pool id, a UUID; no two with one identity or one pool.
-func (v *validator) disks(items map[string]item[DiskConfig]) {
-	keys := sortedKeys(items)
+// mayFoldCase reports whether lowercasing could make two of keys (distinct
+// strings) equal: whether one has an upper-case or a non-ASCII letter.
+func mayFoldCase(keys []string) bool {
+	for _, k := range keys {
+		for i := range len(k) {
+			if c := k[i]; 'A' <= c && c <= 'Z' || c >= utf8.RuneSelf {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// disks checks the configured disks (keys: items', sorted): an identity of
+// three strings and a pool id, a UUID; no two with one identity or one pool.
+func (v *validator) disks(items map[string]item[DiskConfig], keys []string) {
 	identities := make(map[DiskIdentity]string)
 	pools := make(map[string]string)
 	for _, key := range keys {
 		it := items[key]
-		path := keyPath("disks", key)
-		bad, ok := itemStart(v, path, key, it)
+		w := where{"disks", key}
+		bad, ok := itemStart(v, w, key, it)
 		if !ok {
 			continue
 		}
@@ -198,30 +221,30 @@ func (v *validator) disks(items map[string]item[DiskConfig]) {
 		switch {
 		case under("identity", bad):
 			idOK = false
-		case !present(it.members, "identity"):
-			v.add(path+".identity", "is required")
+		case !present(it.t, it.members, "identity"):
+			v.add(w.at(".identity"), "is required")
 			idOK = false
 		default:
-			sub := subMembers(it.members, "identity")
+			sub := subMembers(it.t, it.members, "identity")
 			for _, f := range []struct{ name, value string }{
 				{"vendor", d.Identity.Vendor}, {"model", d.Identity.Model}, {"serial", d.Identity.Serial},
 			} {
 				switch {
-				case under("identity."+f.name, bad):
+				case bad != "" && under("identity."+f.name, bad):
 					idOK = false
-				case !present(sub, f.name):
-					v.add(path+".identity."+f.name, "is required")
+				case !present(it.t, sub, f.name):
+					v.add(w.at(".identity."+f.name), "is required")
 					idOK = false
 				case strings.TrimSpace(f.value) == "":
 					// Upstream takes an empty string; no disk is found by one.
-					v.unrealisable(path+".identity."+f.name, "is empty; a disk is found by its vendor, model and serial")
+					v.unrealisable(w.at(".identity."+f.name), "is empty; a disk is found by its vendor, model and serial")
 					idOK = false
 				}
 			}
 		}
 		if idOK {
 			if prev, dup := identities[d.Identity]; dup {
-				v.unrealisable(path+".identity", "%s/%s/%s is also the identity of disk %q",
+				v.unrealisable(w.at(".identity"), "%s/%s/%s is also the identity of disk %q",
 					d.Identity.Vendor, d.Identity.Model, d.Identity.Serial, prev)
 			} else {
 				identities[d.Identity] = key
@@ -230,15 +253,17 @@ func (v *validator) disks(items map[string]item[DiskConfig]) {
 		switch {
 		case under("pool_id", bad):
 			continue
-		case !present(it.members, "pool_id"):
-			v.add(path+".pool_id", "is required")
+		case !present(it.t, it.members, "pool_id"):
+			v.add(w.at(".pool_id"), "is required")
 			continue
 		}
-		v.uuid(path+".pool_id", d.PoolID)
+		if !isUUID(d.PoolID) {
+			v.uuid(w.at(".pool_id"), d.PoolID)
+		}
 		if isUUID(d.PoolID) {
 			pool := strings.ToLower(d.PoolID)
 			if prev, dup := pools[pool]; dup {
-				v.unrealisable(path+".pool_id", "pool %s is also the pool of disk %q", pool, prev)
+				v.unrealisable(w.at(".pool_id"), "pool %s is also the pool of disk %q", pool, prev)
 			} else {
 				pools[pool] = key
 			}
@@ -250,109 +275,108 @@ func (v *validator) disks(items map[string]item[DiskConfig]) {
 // datasets checks the configured datasets: a name of an external pool and
 // a kind upstream knows, a compression algorithm, a quota and reservation
 // upstream can hold, the reservation within the quota; no two with one name.
-func (v *validator) datasets(items map[string]item[DatasetConfig]) {
-	keys := sortedKeys(items)
+func (v *validator) datasets(items map[string]item[DatasetConfig], keys []string) {
 	names := make(map[DatasetName]string)
 	for _, key := range keys {
 		it := items[key]
-		path := keyPath("datasets", key)
-		bad, ok := itemStart(v, path, key, it)
+		w := where{"datasets", key}
+		bad, ok := itemStart(v, w, key, it)
 		if !ok {
 			continue
 		}
 		d := &it.val
-		if v.datasetName(path, &it, bad) {
+		if v.datasetName(w, &it, bad) {
 			n := d.Name
 			switch prev, dup := names[n]; {
 			case dup && datasetKinds[n.Kind]:
-				v.unrealisable(path+".name", "pool %s already has a %s dataset, %q: a pool holds at most one durable dataset of a kind",
+				v.unrealisable(w.at(".name"), "pool %s already has a %s dataset, %q: a pool holds at most one durable dataset of a kind",
 					n.PoolName, n.Kind, prev)
 			case dup:
-				v.unrealisable(path+".name", "%s is also the name of dataset %q", n, prev)
+				v.unrealisable(w.at(".name"), "%s is also the name of dataset %q", n, prev)
 			default:
 				names[n] = key
 			}
 		}
-		v.compression(path, &it, bad)
+		v.compression(w, &it, bad)
 		for _, f := range []struct {
 			name  string
 			value *uint64
 		}{{"quota", d.Quota}, {"reservation", d.Reservation}} {
 			if f.value != nil && *f.value > maxByteCount && !under(f.name, bad) {
-				v.add(path+"."+f.name, "%d is larger than the largest byte count, %d (upstream keeps byte counts in a signed 64-bit integer)",
+				v.add(w.at("."+f.name), "%d is larger than the largest byte count, %d (upstream keeps byte counts in a signed 64-bit integer)",
 					*f.value, uint64(maxByteCount))
 			}
 		}
 		if q, r := d.Quota, d.Reservation; q != nil && r != nil && *r > *q && *q <= maxByteCount {
-			v.unrealisable(path+".reservation", "%d is more than the quota, %d", *r, *q)
+			v.unrealisable(w.at(".reservation"), "%d is more than the quota, %d", *r, *q)
 		}
 	}
 	v.idCaseDuplicates("datasets", "dataset", keys)
 }
 
 // datasetName checks a dataset's name and reports whether it is one.
-func (v *validator) datasetName(path string, it *item[DatasetConfig], bad string) bool {
+func (v *validator) datasetName(w where, it *item[DatasetConfig], bad string) bool {
 	if under("name", bad) {
 		return false
 	}
-	if !present(it.members, "name") {
-		v.add(path+".name", "is required")
+	if !present(it.t, it.members, "name") {
+		v.add(w.at(".name"), "is required")
 		return false
 	}
 	n := &it.val.Name
-	sub := subMembers(it.members, "name")
+	sub := subMembers(it.t, it.members, "name")
 	ok := true
 	switch {
 	case under("name.pool_name", bad):
 		ok = false
-	case !present(sub, "pool_name"):
-		v.add(path+".name.pool_name", "is required")
+	case !present(it.t, sub, "pool_name"):
+		v.add(w.at(".name.pool_name"), "is required")
 		ok = false
 	case !isZpoolName(n.PoolName):
-		v.add(path+".name.pool_name", "%q is not a zpool name like oxp_<uuid> (lowercase version-4 UUID)", n.PoolName)
+		v.add(w.at(".name.pool_name"), "%q is not a zpool name like oxp_<uuid> (lowercase version-4 UUID)", n.PoolName)
 		ok = false
 	case !strings.HasPrefix(n.PoolName, "oxp_"):
 		// Upstream decodes it, and fails the dataset: it manages datasets
 		// on the pools of the config's disks, which are external.
-		v.unrealisable(path+".name.pool_name", "%s is an internal pool; a sled config's datasets are on the external pools of its disks (oxp_<uuid>)", n.PoolName)
+		v.unrealisable(w.at(".name.pool_name"), "%s is an internal pool; a sled config's datasets are on the external pools of its disks (oxp_<uuid>)", n.PoolName)
 		ok = false
 	}
 	switch {
 	case under("name.kind", bad):
 		ok = false
-	case !present(sub, "kind"):
-		v.add(path+".name.kind", "is required")
+	case !present(it.t, sub, "kind"):
+		v.add(w.at(".name.kind"), "is required")
 		ok = false
 	default:
 		if msg := checkDatasetKind(n.Kind); msg != "" {
-			v.add(path+".name.kind", "%s", msg)
+			v.add(w.at(".name.kind"), "%s", msg)
 			ok = false
 		}
 	}
 	return ok
 }
 
-func (v *validator) compression(path string, it *item[DatasetConfig], bad string) {
+func (v *validator) compression(w where, it *item[DatasetConfig], bad string) {
 	if under("compression", bad) {
 		return
 	}
-	if !present(it.members, "compression") {
-		v.add(path+".compression", "is required")
+	if !present(it.t, it.members, "compression") {
+		v.add(w.at(".compression"), "is required")
 		return
 	}
 	c := &it.val.Compression
 	switch {
 	case under("compression.type", bad):
 	case c.Type == "":
-		v.add(path+".compression.type", "is required")
+		v.add(w.at(".compression.type"), "is required")
 	case !slices.Contains(compressionTypes, c.Type):
-		v.add(path+".compression.type", "unknown compression algorithm %q (want one of %s)", c.Type, strings.Join(compressionTypes, ", "))
+		v.add(w.at(".compression.type"), "unknown compression algorithm %q (want one of %s)", c.Type, strings.Join(compressionTypes, ", "))
 	case c.Type == "gzip_n" && under("compression.level", bad):
 	case c.Type == "gzip_n" && c.Level == nil:
-		v.add(path+".compression.level", "is required for compression type gzip_n")
+		v.add(w.at(".compression.level"), "is required for compression type gzip_n")
 	case c.Type == "gzip_n" && (*c.Level < 1 || *c.Level > 9):
 		// Upstream decodes any u8, and cannot set it: gzip levels are 1 to 9.
-		v.unrealisable(path+".compression.level", "%d is not a gzip level, 1 to 9", *c.Level)
+		v.unrealisable(w.at(".compression.level"), "%d is not a gzip level, 1 to 9", *c.Level)
 	}
 	// A level on another type is a member upstream does not know: kept, as
 	// unknown members are.

@@ -98,11 +98,15 @@ func (s *activityState) nextIn(now time.Time) (time.Duration, bool) {
 }
 
 // nextWakeIn says how long until the loop has work of its own: the earliest
-// retry, or a refresh of the calls in flight.
+// retry, a refresh of the calls in flight, or a publish of what changed
+// only in its times.
 func (r *Reconciler) nextWakeIn(now time.Time) (time.Duration, bool) {
 	d, ok := r.loop.nextRetryIn(now)
 	if a, aok := r.loop.act.nextIn(now); aok && (!ok || a < d) {
 		d, ok = a, true
+	}
+	if f, fok := r.loop.nextFlushIn(now); fok && (!ok || f < d) {
+		d, ok = f, true
 	}
 	return d, ok
 }

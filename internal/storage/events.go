@@ -66,6 +66,7 @@ func (r *Reconciler) presenceChanged(lr listResult) {
 			e.dirty = true
 		case !e.wantPass:
 			e.wantPass, e.needSeq = true, lr.seq
+			l.scan = true
 		}
 	}
 	for id := range l.disks {

@@ -184,13 +184,15 @@ func (b *fakeBackend) Disks(ctx context.Context) ([]storage.Disk, error) {
 	if b.listFail != nil {
 		return nil, b.listFail
 	}
+	poolOn := make(map[string]string, len(b.pools)) // pool id by serial
+	for id, p := range b.pools {
+		poolOn[p.serial] = id
+	}
 	var out []storage.Disk
 	for _, serial := range slices.Sorted(maps.Keys(b.disks)) {
 		d := *b.disks[serial]
-		for id, p := range b.pools {
-			if p.serial == serial {
-				d.Content, d.PoolID = storage.ContentPool, id
-			}
+		if id, ok := poolOn[serial]; ok {
+			d.Content, d.PoolID = storage.ContentPool, id
 		}
 		out = append(out, d)
 	}

@@ -50,12 +50,21 @@ func knownKind(kind string) bool {
 // pool itself, "oxp_<id>/crypt", something somebody else made) is not ours,
 // and the reconciler never touches it.
 func kindOf(poolID, name string) (string, bool) {
-	rest, ok := strings.CutPrefix(name, PoolName(poolID)+"/")
+	rest, ok := strings.CutPrefix(name, "oxp_")
+	if ok {
+		rest, ok = strings.CutPrefix(rest, poolID)
+	}
+	if ok {
+		rest, ok = strings.CutPrefix(rest, "/")
+	}
 	if !ok {
 		return "", false
 	}
-	kind := strings.TrimPrefix(rest, "crypt/")
-	if !knownKind(kind) || DatasetName(poolID, kind) != name {
+	kind, crypt := strings.CutPrefix(rest, "crypt/")
+	// Crucible and local_storage_unencrypted datasets are named outside
+	// crypt/, every other kind inside it (DatasetName).
+	unencrypted := kind == "crucible" || kind == "local_storage_unencrypted"
+	if !knownKind(kind) || crypt == unencrypted {
 		return "", false
 	}
 	return kind, true

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,6 +42,29 @@ type loopState struct {
 
 	// act is what the last published status said of calls in flight.
 	act activityState
+	// inflight counts the passes in flight.
+	inflight int
+	// scan: a disk may be able to start a pass (step); nextRetry is the
+	// earliest retry as of the last step, or earlier.
+	scan      bool
+	nextRetry time.Time
+
+	// What snapshots are built from (publish.go). desired is the config
+	// of the last setDesired. byID and byPool are the configured disks'
+	// entries by disk id and by pool id, activity their calls in flight,
+	// loose the configured datasets on pools no configured disk carries;
+	// reshaped: they changed since the last publish. sortedDisks is the
+	// last good listing sorted (nil: to be sorted).
+	desired     *desired
+	byID        []*entry
+	byPool      []*entry
+	activity    map[string]*atomic.Pointer[activity]
+	loose       []DatasetConfig
+	reshaped    bool
+	sortedDisks []Disk
+	// pending: a change a reader would see is not yet published; stale:
+	// one of only when things were checked is not.
+	pending, stale bool
 }
 
 type conflict struct {
@@ -76,8 +100,10 @@ type entry struct {
 
 	wantPass bool
 	needSeq  uint64 // a pass wants a listing started at or after this
-	retryAt  time.Time
-	attempts int
+	// passStart is when the last pass (or close) began.
+	passStart time.Time
+	retryAt   time.Time
+	attempts  int
 
 	// open is the pool this reconciler has open on the disk, as far as
 	// it knows ("" none).
@@ -86,18 +112,44 @@ type entry struct {
 	last *passResult
 	// destroyed are the orphans this pool's passes destroyed, newest last.
 	destroyed []Orphan
+
+	// cfgGen counts changes of cfg and datasets; part is what the disk
+	// contributes to a snapshot as last made, published as the last
+	// publish used (publish.go).
+	cfgGen    uint64
+	part      *diskPart
+	published *diskPart
 }
 
 // want asks for a pass of e after a fresh listing.
 func (r *Reconciler) want(e *entry) {
 	r.loop.seq++
 	e.wantPass, e.needSeq = true, r.loop.seq
+	r.loop.scan = true
 }
 
+// recheckMinGap is how recent a disk's pass may be for an update of the
+// config that leaves its storage as it was not to ask for another.
+const recheckMinGap = time.Second
+
 // setDesired makes d the desired storage and asks every disk for a pass.
+// When d is the storage already desired, only disks whose last pass began
+// recheckMinGap ago or more are asked: a control plane that puts configs
+// back to back (their zones changing, their storage not) has every disk
+// looked at again within a second, not a thousand passes per put.
 func (r *Reconciler) setDesired(d *desired) {
 	l := &r.loop
-	l.haveConfig = true
+	if l.haveConfig && l.desired != nil && sameDesired(l.desired, d) {
+		l.desired = d
+		now := time.Now()
+		for _, e := range l.entries {
+			if e.retryAt.IsZero() && !e.wantPass && (e.passStart.IsZero() || now.Sub(e.passStart) >= recheckMinGap) {
+				r.want(e)
+			}
+		}
+		return // nothing a reader sees changed: the passes will say
+	}
+	l.haveConfig, l.desired = true, d
 	l.datasets = d.datasets
 	clear(l.conflicts)
 
@@ -128,6 +180,7 @@ func (r *Reconciler) setDesired(d *desired) {
 		e.cfg, e.datasets = &cfg, byPool[cfg.PoolID]
 		if changed {
 			e.attempts, e.retryAt, e.dirty = 0, time.Time{}, e.busy
+			e.cfgGen++
 		}
 		if e.retryAt.IsZero() {
 			r.want(e)
@@ -142,6 +195,7 @@ func (r *Reconciler) setDesired(d *desired) {
 		}
 		wasConfigured := e.cfg != nil
 		e.cfg, e.datasets = nil, nil
+		e.cfgGen++
 		if e.busy && e.jobPool != "" {
 			e.cancel()
 		}
@@ -156,7 +210,13 @@ func (r *Reconciler) setDesired(d *desired) {
 			r.want(e)
 		}
 	}
-	r.publish()
+	l.order()
+	r.changed()
+}
+
+// sameDesired reports whether two configs are the same storage.
+func sameDesired(a, b *desired) bool {
+	return slices.Equal(a.disks, b.disks) && sameDatasets(a.datasets, b.datasets)
 }
 
 // entry returns the entry of a disk, making it (and its worker) if needed.
@@ -203,10 +263,16 @@ func (r *Reconciler) periodic(ctx context.Context) {
 }
 
 // step starts the passes that can start: wanted, not busy, with a listing
-// at least as new as the want. It starts a listing if one is needed.
+// at least as new as the want. It starts a listing if one is needed. It
+// looks at the disks only when one may be able to start (scan) or a retry
+// is due, not after every finished pass.
 func (r *Reconciler) step(ctx context.Context, now time.Time) {
 	l := &r.loop
+	if !l.scan && (l.nextRetry.IsZero() || now.Before(l.nextRetry)) {
+		return
+	}
 	needList := false
+	l.nextRetry = time.Time{}
 	for _, e := range l.entries {
 		if !e.wantPass && !e.retryAt.IsZero() && !now.Before(e.retryAt) {
 			e.retryAt = time.Time{}
@@ -221,23 +287,31 @@ func (r *Reconciler) step(ctx context.Context, now time.Time) {
 		}
 		needList = true
 	}
+	for _, e := range l.entries {
+		if !e.retryAt.IsZero() {
+			l.retryBy(e.retryAt)
+		}
+	}
+	l.scan = false
 	if needList {
 		r.startList(ctx)
 	}
 }
 
-// nextRetryIn returns how long until the earliest retry.
-func (l *loopState) nextRetryIn(now time.Time) (time.Duration, bool) {
-	var earliest time.Time
-	for _, e := range l.entries {
-		if !e.retryAt.IsZero() && (earliest.IsZero() || e.retryAt.Before(earliest)) {
-			earliest = e.retryAt
-		}
+// retryBy notes that a disk's retry is due at t.
+func (l *loopState) retryBy(t time.Time) {
+	if l.nextRetry.IsZero() || t.Before(l.nextRetry) {
+		l.nextRetry = t
 	}
-	if earliest.IsZero() {
+}
+
+// nextRetryIn returns how long until the earliest retry (or one that may
+// have been cancelled since).
+func (l *loopState) nextRetryIn(now time.Time) (time.Duration, bool) {
+	if l.nextRetry.IsZero() {
 		return 0, false
 	}
-	return max(earliest.Sub(now), 0), true
+	return max(l.nextRetry.Sub(now), 0), true
 }
 
 type listResult struct {
@@ -281,22 +355,32 @@ func (r *Reconciler) handleList(ctx context.Context, lr listResult) {
 	l.listing = false
 	switch {
 	case lr.err == nil:
+		if l.listErr == nil && l.sameListing(lr.disks) {
+			r.timesMoved() // only ListedAt
+		} else {
+			r.changed()
+			l.sortedDisks = nil
+		}
 		r.presenceChanged(lr)
 		clear(l.disks)
 		for _, d := range lr.disks {
 			l.disks[d.Identity] = d
 		}
 		l.haveList, l.listedAt, l.listErr, l.listSeq = true, lr.at, nil, lr.seq
+		l.scan = true // passes waiting for this listing can start
 	case l.haveList:
 		// Keep the older listing and go on with it: a disk whose pool
 		// is open needs no listing to be worked on, and CreatePool
 		// refuses a disk that is not blank.
 		r.log.Warn("listing disks failed; going on with the last listing", "err", lr.err, "listed_at", l.listedAt)
 		l.listErr, l.listSeq = lr.err, lr.seq
+		l.scan = true
+		r.changed()
 	default:
 		r.log.Warn("listing disks failed", "err", lr.err)
 		l.listErr = lr.err
 		r.failUnlisted(lr)
+		r.changed()
 	}
 	if l.listAgain {
 		r.startList(ctx)
@@ -304,7 +388,6 @@ func (r *Reconciler) handleList(ctx context.Context, lr listResult) {
 	if l.haveList && l.haveConfig {
 		r.releaseUnconfigured()
 	}
-	r.publish()
 }
 
 // failUnlisted records, for every disk waiting for a listing, that the
@@ -319,6 +402,7 @@ func (r *Reconciler) failUnlisted(lr listResult) {
 		e.last = &passResult{key: e.identity, at: now, open: e.open, disk: outcome{err: lr.err, retryable: true}}
 		e.attempts++
 		e.retryAt = now.Add(r.opts.Backoff.Delay(e.attempts))
+		r.loop.retryBy(e.retryAt)
 	}
 }
 
@@ -359,10 +443,12 @@ func (r *Reconciler) dispatch(ctx context.Context, e *entry) {
 	jctx, cancel := context.WithCancel(ctx)
 	j.ctx = jctx
 	e.busy, e.cancel, e.wantPass, e.dirty = true, cancel, false, false
+	e.passStart = time.Now()
+	r.loop.inflight++
 	e.worker.jobs <- j // capacity 1, and the worker is idle: never blocks
 }
 
-// handleResult takes a finished pass; the caller publishes (handleResults).
+// handleResult takes a finished pass (handleResults says what to publish).
 func (r *Reconciler) handleResult(res passResult) {
 	l := &r.loop
 	e, ok := l.entries[res.key]
@@ -371,6 +457,7 @@ func (r *Reconciler) handleResult(res passResult) {
 	}
 	e.cancel()
 	e.busy, e.cancel = false, nil
+	l.inflight--
 	l.seq++
 	e.open = res.open
 	now := time.Now()
@@ -392,6 +479,7 @@ func (r *Reconciler) handleResult(res passResult) {
 		e.wantPass = false
 		e.attempts++
 		e.retryAt = now.Add(r.opts.Backoff.Delay(e.attempts))
+		l.retryBy(e.retryAt)
 		r.log.Warn("storage pass of a disk failed; will retry", "disk", e.identity.String(), "err", res.firstErr(), "attempt", e.attempts, "retry_in", e.retryAt.Sub(now))
 	} else {
 		e.attempts, e.retryAt = 0, time.Time{}
@@ -407,26 +495,48 @@ func (r *Reconciler) handleResult(res passResult) {
 		}
 	}
 	e.gone = 0
+	if e.wantPass {
+		l.scan = true // wanted while it was busy: it can start now
+	}
 }
 
 // maxBatch bounds how many finished passes one publish covers.
 const maxBatch = 64
 
 // handleResults takes res and every other pass that has finished meanwhile
-// (up to maxBatch), then publishes once: with many disks, one snapshot per
-// pass was most of a pass's cost.
+// (up to maxBatch), noting what is to be published (publish.go): with many
+// disks becoming ready, one snapshot per pass was most of a pass's cost.
 func (r *Reconciler) handleResults(res passResult) {
-	r.handleResult(res)
+	r.takeResult(res)
 	for range maxBatch - 1 {
 		select {
 		case res := <-r.results:
-			r.handleResult(res)
+			r.takeResult(res)
 		default:
-			r.publish()
 			return
 		}
 	}
-	r.publish()
+}
+
+// takeResult takes a finished pass and notes what is to be published: a
+// change a reader would see at once, a pass that found its disk as the last
+// one left it within publishMinGap.
+func (r *Reconciler) takeResult(res passResult) {
+	e := r.loop.entries[res.key]
+	var was *diskPart
+	if e != nil && e.cfg != nil {
+		was = e.part
+	}
+	r.handleResult(res)
+	if e == nil || e.cfg == nil || r.loop.entries[res.key] != e {
+		r.changed()
+		return
+	}
+	if changedBeyondTimes(was, r.part(e, time.Now())) {
+		r.changed()
+	} else {
+		r.timesMoved()
+	}
 }
 
 func cmpStrings(a, b string) int {

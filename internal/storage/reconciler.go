@@ -2,7 +2,9 @@ package storage
 
 // The storage reconciler makes a Backend hold the configured disks' pools and
 // the configured datasets, level-triggered: on every Update and every
-// Options.Period it lists the disks and gives each configured disk a pass.
+// Options.Period it lists the disks and gives each configured disk a pass
+// (an Update that leaves the storage as it was skips the disks whose pass
+// began less than a second ago).
 // A backend that reports hardware events (DiskWatcher: uevents, a vdev
 // dir, the sim's faults) has the disks listed again at once on each, and
 // a disk that came or went gets its pass at once; the period is the
@@ -196,6 +198,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	r.startList(ctx) // what is there, for status, before any config
 	for {
 		r.step(ctx, time.Now())
+		r.flush(time.Now())
 		r.refreshActivity(time.Now())
 		if d, ok := r.nextWakeIn(time.Now()); ok {
 			wake.Reset(d)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -183,6 +182,15 @@ func (r *Reconciler) Status() Status {
 	return s
 }
 
+// Version is the Version of the Status Status would return now, without
+// copying the status: a reader that caches what it derives from a Status
+// asks for the whole one only when this changed.
+func (r *Reconciler) Version() uint64 {
+	r.store.mu.Lock()
+	defer r.store.mu.Unlock()
+	return r.store.snap.status.Version
+}
+
 // ZoneStorage says whether a zone's storage is ready, from the published
 // state (it never waits on a backend call): its filesystem pool
 // ("oxp_<id>") is managed, its transient root dataset
@@ -231,163 +239,4 @@ func (r *Reconciler) ZoneStorage(filesystemPool, zoneName, durable string) (Zone
 		}
 	}
 	return paths, nil
-}
-
-// publish builds a new snapshot from the loop's state and hands it to
-// readers; it calls OnReadyChange if ZoneStorage's answers may change.
-func (r *Reconciler) publish() {
-	l := &r.loop
-	now := time.Now()
-	l.act = activityState{publishedAt: now}
-	snap := &snapshot{
-		activity: map[string]*atomic.Pointer[activity]{},
-		ready:    readiness{configured: l.haveConfig, pools: map[string]poolReady{}, datasets: map[string]datasetReady{}},
-	}
-	st := &snap.status
-	st.Configured = l.haveConfig
-	if l.haveList {
-		t := l.listedAt
-		st.ListedAt = &t
-	}
-	if l.listErr != nil {
-		st.ListError = l.listErr.Error()
-	}
-	// Sorted by identity as written: each disk's written once, not at
-	// each comparison (a thousand disks are twenty thousand comparisons).
-	type keyed struct {
-		key  string
-		disk Disk
-	}
-	disks := make([]keyed, 0, len(l.disks))
-	for _, d := range l.disks {
-		disks = append(disks, keyed{d.Identity.String(), d})
-	}
-	slices.SortFunc(disks, func(a, b keyed) int { return strings.Compare(a.key, b.key) })
-	for _, k := range disks {
-		st.Observed.Disks = append(st.Observed.Disks, k.disk)
-	}
-
-	byPool := map[string]*entry{}
-	// waiting says, by pool id, why the datasets of a pool whose disk is
-	// busy with a slow call, or gone, are not as their last pass left them.
-	waiting := map[string]string{}
-	for _, e := range l.entries {
-		if e.cfg == nil {
-			continue
-		}
-		byPool[e.cfg.PoolID] = e
-		snap.activity[e.cfg.ID] = &e.worker.act
-		ds := DiskStatus{ID: e.cfg.ID, Identity: e.identity, PoolID: e.cfg.PoolID, Attempts: e.attempts}
-		if !e.retryAt.IsZero() {
-			t := e.retryAt
-			ds.NextRetry = &t
-		}
-		adopted := false
-		switch {
-		case e.last == nil:
-			ds.Result = Result{Message: "not yet managed: its first pass has not finished"}
-		case e.last.disk.err != nil:
-			ds.Result = resultOf(e.last.disk.err)
-		case e.open != e.cfg.PoolID:
-			ds.Result = Result{Message: "not yet managed: the config changed since its last pass"}
-		default:
-			ds.Result, adopted = Result{OK: true}, true
-		}
-		// The newest listing and a call in flight are newer than the last
-		// pass: a disk the listing no longer shows is gone, though a call
-		// on it still hangs; one busy with a slow call is that call.
-		_, listed := l.disks[e.identity]
-		gone := l.haveList && !listed && (e.busy || e.last != nil)
-		act, slow := slowActivity(e, now)
-		switch {
-		case gone:
-			ds.Result = resultOf(fmt.Errorf("disk %s: %w", e.identity, ErrNoDisk))
-			if slow {
-				ds.Result.Message += "; a call on it is still in flight: " + act.at(now)
-			}
-		case slow:
-			ds.Result = Result{Message: act.at(now)}
-			waiting[e.cfg.PoolID] = fmt.Sprintf("waiting for disk %s: %s", e.cfg.ID, ds.Result.Message)
-		}
-		l.act.shown = l.act.shown || slow
-		managed := adopted && !gone && !slow
-		if e.last != nil {
-			t := e.last.at
-			ds.CheckedAt = &t
-		}
-		st.Disks = append(st.Disks, ds)
-		why := fmt.Sprintf("disk %s: %s", e.cfg.ID, ds.Result.Message)
-		snap.ready.pools[e.cfg.PoolID] = poolReady{managed: managed, why: why}
-		if gone {
-			waiting[e.cfg.PoolID] = fmt.Sprintf("pool %s is not managed: %s", PoolName(e.cfg.PoolID), why)
-		}
-		// What the last pass read of a pool whose disk is busy is still
-		// shown, with when it was read.
-		if !adopted || gone {
-			continue
-		}
-		if e.last.pool != nil {
-			st.Observed.Pools = append(st.Observed.Pools, *e.last.pool)
-		}
-		for _, d := range e.last.observed {
-			st.Observed.Datasets = append(st.Observed.Datasets, ObservedDataset{PoolID: e.cfg.PoolID, Dataset: d, ReadAt: e.last.readAt})
-		}
-		st.Orphans = append(st.Orphans, e.last.orphans...)
-	}
-	for _, e := range l.entries {
-		st.Orphans = append(st.Orphans, e.destroyed...)
-	}
-	for _, c := range l.conflicts {
-		st.Disks = append(st.Disks, DiskStatus{ID: c.cfg.ID, Identity: c.cfg.Identity, PoolID: c.cfg.PoolID, Result: Result{Message: c.why}})
-		if _, ok := snap.ready.pools[c.cfg.PoolID]; !ok {
-			snap.ready.pools[c.cfg.PoolID] = poolReady{why: fmt.Sprintf("disk %s: %s", c.cfg.ID, c.why)}
-		}
-	}
-	slices.SortFunc(st.Disks, func(a, b DiskStatus) int { return strings.Compare(a.ID, b.ID) })
-
-	for _, ds := range l.datasets {
-		name := ds.Name()
-		s := DatasetStatus{ID: ds.ID, Name: name}
-		e := byPool[ds.PoolID]
-		var o datasetOutcome
-		var have bool
-		if e != nil && e.last != nil {
-			o, have = e.last.datasets[ds.ID]
-			t := e.last.at
-			s.CheckedAt = &t
-		}
-		switch {
-		case e == nil:
-			why := "no disk in the config carries it"
-			if p, ok := snap.ready.pools[ds.PoolID]; ok {
-				why = p.why
-			}
-			s.Result = Result{Message: fmt.Sprintf("pool %s is not managed: %s", PoolName(ds.PoolID), why)}
-		case waiting[ds.PoolID] != "":
-			s.Result = Result{Message: waiting[ds.PoolID]}
-		case !have || o.err == nil && (o.dataset == nil || o.dataset.Name != name):
-			s.Result = Result{Message: fmt.Sprintf("dataset %s not yet ensured: its pool's pass has not reached it", name)}
-		default:
-			s.Result = resultOf(o.err)
-		}
-		st.Datasets = append(st.Datasets, s)
-		dr := datasetReady{ok: s.Result.OK, why: s.Result.Message}
-		if dr.ok {
-			dr.path = o.dataset.Path
-		}
-		snap.ready.datasets[name] = dr
-	}
-	slices.SortFunc(st.Datasets, func(a, b DatasetStatus) int { return strings.Compare(a.Name, b.Name) })
-	slices.SortFunc(st.Orphans, func(a, b Orphan) int { return strings.Compare(a.Name, b.Name) })
-	slices.SortFunc(st.Observed.Pools, func(a, b Pool) int { return strings.Compare(a.ID, b.ID) })
-	slices.SortFunc(st.Observed.Datasets, func(a, b ObservedDataset) int { return strings.Compare(a.Dataset.Name, b.Dataset.Name) })
-
-	r.store.mu.Lock()
-	old := r.store.snap
-	snap.status.Version = old.status.Version + 1
-	r.store.snap = snap
-	r.store.mu.Unlock()
-	if !old.ready.same(snap.ready) && r.opts.OnReadyChange != nil {
-		r.opts.OnReadyChange()
-	}
 }

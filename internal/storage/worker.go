@@ -283,9 +283,10 @@ func (w *worker) datasets(j job, res *passResult) {
 	for _, d := range list {
 		byName[d.Name] = d
 	}
-	wanted := make(map[string]bool, len(j.datasets))
-	for _, ds := range j.datasets {
-		wanted[ds.Name()] = true
+	order := ensureOrder(j.datasets)
+	wanted := make(map[string]bool, len(order))
+	for _, o := range order {
+		wanted[o.name] = true
 	}
 
 	// stop is a call that did not answer; the rest is not attempted.
@@ -329,8 +330,9 @@ func (w *worker) datasets(j job, res *passResult) {
 		res.orphans = append(res.orphans, o)
 	}
 
-	for _, ds := range ensureOrder(j.datasets) {
-		o := w.ensure(j, ds, byName, res.datasets, stop)
+	for _, od := range order {
+		ds := od.cfg
+		o := w.ensure(j, ds, od.name, byName, res.datasets, stop)
 		if errors.As(o.err, new(*hungError)) && stop == nil {
 			stop = o.err
 		}
@@ -346,29 +348,36 @@ func (w *worker) datasets(j job, res *passResult) {
 	slices.SortFunc(res.observed, func(a, b Dataset) int { return strings.Compare(a.Name, b.Name) })
 }
 
+// ordered is a configured dataset with its name and its place in
+// ensureOrder.
+type ordered struct {
+	cfg  DatasetConfig
+	name string
+	rank int
+}
+
 // ensureOrder puts the transient zone root ("zone") first and the zones'
-// roots inside it last.
-func ensureOrder(ds []DatasetConfig) []DatasetConfig {
-	rank := func(d DatasetConfig) int {
+// roots inside it last, each dataset's name written once.
+func ensureOrder(ds []DatasetConfig) []ordered {
+	out := make([]ordered, len(ds))
+	for i, d := range ds {
+		out[i] = ordered{cfg: d, name: d.Name(), rank: 1}
 		switch {
 		case d.Kind == "zone":
-			return 0
+			out[i].rank = 0
 		case IsZoneRoot(d.Kind):
-			return 2
+			out[i].rank = 2
 		}
-		return 1
 	}
-	out := slices.Clone(ds)
-	slices.SortStableFunc(out, func(a, b DatasetConfig) int {
-		return cmp.Or(cmp.Compare(rank(a), rank(b)), strings.Compare(a.Name(), b.Name()))
+	slices.SortStableFunc(out, func(a, b ordered) int {
+		return cmp.Or(cmp.Compare(a.rank, b.rank), strings.Compare(a.name, b.name))
 	})
 	return out
 }
 
-// ensure makes one configured dataset as configured, calling the backend
-// only if what is there differs.
-func (w *worker) ensure(j job, ds DatasetConfig, byName map[string]Dataset, done map[string]datasetOutcome, stop error) datasetOutcome {
-	name := ds.Name()
+// ensure makes one configured dataset, named name, as configured, calling
+// the backend only if what is there differs.
+func (w *worker) ensure(j job, ds DatasetConfig, name string, byName map[string]Dataset, done map[string]datasetOutcome, stop error) datasetOutcome {
 	fail := func(err error, retryable bool) datasetOutcome {
 		return datasetOutcome{outcome: outcome{err: err, retryable: retryable}}
 	}

@@ -47,19 +47,23 @@ type Options struct {
 type Runtime struct {
 	opts Options
 
-	mu          sync.Mutex
-	zones       map[string]*simZone               // guarded by mu; by zone name
-	faults      map[string]zoneFaults             // guarded by mu; by zone id
-	timeHeld    bool                              // guarded by mu: the NTP zones are held unsynchronized
-	diskFaults  map[string]diskFaults             // guarded by mu; by disk serial
-	diskWatch   []chan struct{}                   // guarded by mu; DiskEvents' channels
-	disks       map[storage.DiskIdentity]*simDisk // guarded by mu
-	pools       map[string]*simPool               // guarded by mu; by pool id
-	calls       []Call                            // guarded by mu
-	notify      func()                            // guarded by mu
-	incarnation uint64                            // guarded by mu
-	leftovers   []Leftover                        // guarded by mu
-	version     uint64                            // guarded by mu; counts changes to what is saved
+	mu         sync.Mutex
+	zones      map[string]*simZone               // guarded by mu; by zone name
+	faults     map[string]zoneFaults             // guarded by mu; by zone id
+	timeHeld   bool                              // guarded by mu: the NTP zones are held unsynchronized
+	diskFaults map[string]diskFaults             // guarded by mu; by disk serial
+	diskWatch  []chan struct{}                   // guarded by mu; DiskEvents' channels
+	disks      map[storage.DiskIdentity]*simDisk // guarded by mu
+	pools      map[string]*simPool               // guarded by mu; by pool id
+	// listing is Disks' answer as last made, valid while listed: made
+	// again only after disks, pools or faults change (listingChangedLocked).
+	listing     []storage.Disk // guarded by mu
+	listed      bool           // guarded by mu
+	calls       []Call         // guarded by mu
+	notify      func()         // guarded by mu
+	incarnation uint64         // guarded by mu
+	leftovers   []Leftover     // guarded by mu
+	version     uint64         // guarded by mu; counts changes to what is saved
 
 	saveMu sync.Mutex // orders writes of the state file
 	saved  uint64     // guarded by saveMu; the version last written
@@ -93,6 +97,7 @@ func (r *Runtime) SetFaults(f Faults) error {
 		r.diskEventLocked()
 	}
 	r.faults, r.diskFaults = c.zones, c.disks
+	r.listingChangedLocked()
 	r.timeHeld = f.TimeSync != nil && f.TimeSync.Synced != nil && !*f.TimeSync.Synced
 	// Running zones follow the new map too: a zone running for longer than
 	// its new vanish_after vanishes now.

@@ -62,6 +62,7 @@ func (r *Runtime) AddDisks(ids ...storage.DiskIdentity) error {
 		}
 		r.disks[id] = &simDisk{id: id, slot: int64(len(r.disks))}
 		r.changedLocked()
+		r.listingChangedLocked()
 		r.diskEventLocked()
 	}
 	r.mu.Unlock()
@@ -126,7 +127,8 @@ func variant(id storage.DiskIdentity) storage.DiskVariant {
 	return storage.VariantU2
 }
 
-// Disks lists the disks present and what each holds.
+// Disks lists the disks present and what each holds. The listing is made
+// once per change of the disks, their pools or the faults, not per call.
 func (r *Runtime) Disks(ctx context.Context) ([]storage.Disk, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -134,19 +136,34 @@ func (r *Runtime) Disks(ctx context.Context) ([]storage.Disk, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.recordStorageLocked("disks", "")
+	if !r.listed {
+		r.listing, r.listed = r.listLocked(), true
+	}
+	return slices.Clone(r.listing), nil
+}
+
+// listingChangedLocked notes that Disks' answer is to be made again.
+func (r *Runtime) listingChangedLocked() { r.listing, r.listed = nil, false }
+
+// listLocked lists the disks present, by slot.
+func (r *Runtime) listLocked() []storage.Disk {
+	poolOn := make(map[storage.DiskIdentity]*simPool, len(r.pools))
+	for _, p := range r.pools {
+		poolOn[p.disk] = p
+	}
 	var out []storage.Disk
 	for id, d := range r.disks {
 		if r.diskFaults[id.Serial].absent {
 			continue
 		}
 		disk := storage.Disk{Identity: id, Variant: variant(id), Slot: d.slot, Path: "/dev/sim/" + id.Serial, Content: storage.ContentBlank, Size: DiskSize}
-		if p := r.poolOnLocked(id); p != nil {
+		if p := poolOn[id]; p != nil {
 			disk.Content, disk.PoolID = storage.ContentPool, p.id
 		}
 		out = append(out, disk)
 	}
 	slices.SortFunc(out, func(a, b storage.Disk) int { return cmp.Compare(a.Slot, b.Slot) })
-	return out, nil
+	return out
 }
 
 func (r *Runtime) poolOnLocked(id storage.DiskIdentity) *simPool {
@@ -225,6 +242,7 @@ func (r *Runtime) CreatePool(ctx context.Context, disk storage.DiskIdentity, poo
 	}
 	r.pools[poolID] = &simPool{id: poolID, disk: disk, datasets: map[string]*simDataset{}}
 	r.changedLocked()
+	r.listingChangedLocked()
 	r.mu.Unlock()
 	return r.persist()
 }

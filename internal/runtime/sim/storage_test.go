@@ -3,6 +3,7 @@ package sim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -236,4 +237,26 @@ func TestReconcilerOverSim(t *testing.T) {
 			}
 		}
 	})
+}
+
+// BenchmarkDisks1000 lists a simulated machine of 1,000 disks, each with
+// its pool, as the storage reconciler does at every config update.
+func BenchmarkDisks1000(b *testing.B) {
+	rt := sim.New(sim.Options{})
+	ctx := context.Background()
+	for i := range 1000 {
+		id := storage.DiskIdentity{Vendor: "v", Model: "m", Serial: fmt.Sprintf("serial-%04d", i)}
+		if err := rt.AddDisks(id); err != nil {
+			b.Fatal(err)
+		}
+		if err := rt.CreatePool(ctx, id, fmt.Sprintf("pool-%04d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for b.Loop() {
+		disks, err := rt.Disks(ctx)
+		if err != nil || len(disks) != 1000 {
+			b.Fatal(len(disks), err)
+		}
+	}
 }
