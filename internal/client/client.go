@@ -127,7 +127,10 @@ func (c *Client) Inventory(ctx context.Context) (*api.Inventory, error) {
 // InventoryRaw fetches upstream's inventory as the agent sent it, undecoded.
 func (c *Client) InventoryRaw(ctx context.Context) (json.RawMessage, error) {
 	var raw rawBody
-	return json.RawMessage(raw), c.do(ctx, http.MethodGet, "/inventory", nil, &raw)
+	if err := c.do(ctx, http.MethodGet, "/inventory", nil, &raw); err != nil {
+		return nil, err
+	}
+	return json.RawMessage(raw), nil
 }
 
 // AgentInventory fetches the agent's own view (GET /agent/inventory): ledger
@@ -141,7 +144,10 @@ func (c *Client) AgentInventory(ctx context.Context) (*api.AgentInventory, error
 // undecoded.
 func (c *Client) AgentInventoryRaw(ctx context.Context) (json.RawMessage, error) {
 	var raw rawBody
-	return json.RawMessage(raw), c.do(ctx, http.MethodGet, "/agent/inventory", nil, &raw)
+	if err := c.do(ctx, http.MethodGet, "/agent/inventory", nil, &raw); err != nil {
+		return nil, err
+	}
+	return json.RawMessage(raw), nil
 }
 
 // SledIdentifiers fetches the sled's identifiers (GET /sled-identifiers).
