@@ -443,7 +443,7 @@ func (b *zonesBench) floorUp(ctx context.Context, i int) error {
 		{"zone end up", func() error { return zh.LinkSetUp(zl) }},
 		{"host address", func() error { return hh.AddrAdd(veth, nodadAddr(hostLinkLocal)) }},
 		{"host end up", func() error { return hh.LinkSetUp(veth) }},
-		{"forwarding from the host end", func() error { return zonenet.ForwardFrom(ctx, z.host) }},
+		{"forwarding from the host end", func() error { return zonenet.ForwardFrom(z.host) }},
 		{"host route", func() error {
 			return hh.RouteAdd(&netlink.Route{LinkIndex: veth.Index, Dst: ipNet(netip.PrefixFrom(z.addr, 128))})
 		}},
