@@ -253,11 +253,38 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	if err := r.claimZone(ctx, spec.Name); err != nil {
 		return err
 	}
-	if err := zonenet.Ensure(ctx, netCfg); err != nil {
+	// The network is made, then the supervisor started while the kernel
+	// finishes the network in the background (zonenet.WaitLive), and only
+	// then is the service asked whether it is ready: a health check sent
+	// before the network carries traffic could wait out a retransmission.
+	pending, err := zonenet.EnsureStarted(ctx, netCfg)
+	if err != nil {
 		return fmt.Errorf("zone %s: network: %w", spec.Name, err)
 	}
 	tNet := time.Now()
-	svc := r.serviceDir(spec.Name)
+	proc, err := r.startService(ctx, spec.Name, netCfg.Netns, argv)
+	if err != nil {
+		pending.Close()
+		return err
+	}
+	tSup := time.Now()
+	if err := pending.Wait(ctx); err != nil {
+		proc.Close()
+		return fmt.Errorf("zone %s: network: %w", spec.Name, err)
+	}
+	tLive := time.Now()
+	if err := r.waitReady(ctx, spec.Name, netCfg.Netns, r.serviceDir(spec.Name), proc, ready); err != nil {
+		return err
+	}
+	r.opts.Log.Debug("zone ready", "zone", spec.Name, "network", tNet.Sub(t0), "supervisor", tSup.Sub(tNet), "live", tLive.Sub(tSup), "service", time.Since(tLive))
+	r.watchSupervisor(spec.Name, proc)
+	return nil
+}
+
+// startService writes the zone's service directory and starts its
+// supervisor.
+func (r *Runtime) startService(ctx context.Context, name, netns string, argv []string) (*supervise.Proc, error) {
+	svc := r.serviceDir(name)
 	prepare := supervise.Prepare
 	if argv[0] == r.agent {
 		// The agent's own services need no run script (see
@@ -265,19 +292,9 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		prepare = supervise.PrepareDirect
 	}
 	if err := prepare(svc, argv, nil); err != nil {
-		return fmt.Errorf("zone %s: service: %w", spec.Name, err)
+		return nil, fmt.Errorf("zone %s: service: %w", name, err)
 	}
-	proc, err := r.startSupervisor(ctx, spec.Name, netCfg.Netns, svc)
-	if err != nil {
-		return err
-	}
-	tSup := time.Now()
-	if err := r.waitReady(ctx, spec.Name, netCfg.Netns, svc, proc, ready); err != nil {
-		return err
-	}
-	r.opts.Log.Debug("zone ready", "zone", spec.Name, "network", tNet.Sub(t0), "supervisor", tSup.Sub(tNet), "service", time.Since(tSup))
-	r.watchSupervisor(spec.Name, proc)
-	return nil
+	return r.startSupervisor(ctx, name, netns, svc)
 }
 
 // startSupervisor starts the zone's runsv inside the zone's namespace, so

@@ -213,24 +213,34 @@ func spawn(abs string, opts StartOptions) (*Proc, error) {
 
 // waitReady waits until p supervises abs: runsv opens supervise/ok only after
 // it holds supervise/lock. errGone when p exits first.
+//
+// Until some process has supervise/ok open (supervised: one open that
+// fails at once), there is nothing to look for among p's files; so the
+// checks are cheap enough to be often, and a zone's start does not wait
+// out a long pause after runsv is ready.
 func waitReady(ctx context.Context, p *Proc, abs string) error {
 	ok := filepath.Join(abs, "supervise", "ok")
-	delay := 5 * time.Millisecond
+	delay := 2 * time.Millisecond
 	for {
 		if p.Exited() {
 			return fmt.Errorf("runsv %d exited: %w", p.PID, errGone)
 		}
-		if hasOpen(p.PID, ok) {
+		if supervised(abs) && hasOpen(p.PID, ok) {
 			return nil
 		}
+		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return fmt.Errorf("waiting for runsv %d to take supervise/lock: %w", p.PID, ctx.Err())
-		case <-time.After(delay):
+		case <-t.C:
 		}
-		delay = min(2*delay, 100*time.Millisecond)
+		delay = min(2*delay, readyPoll)
 	}
 }
+
+// readyPoll is the longest pause between two checks of waitReady.
+const readyPoll = 20 * time.Millisecond
 
 // lockHeld reports whether some process holds dir/supervise/lock. The probe
 // takes the lock for an instant; a runsv starting in that instant fails, and

@@ -18,41 +18,84 @@ import (
 // fixing whatever is wrong. It may be called again with the same c at any
 // time, including after it failed or the process died part-way through.
 func Ensure(ctx context.Context, c Config) error {
-	if err := c.validate(); err != nil {
+	p, err := EnsureStarted(ctx, c)
+	if err != nil {
 		return err
 	}
-	if err := ensure(ctx, c); err != nil {
-		return fmt.Errorf("zonenet: ensuring %s: %w", c.Netns, err)
+	return p.Wait(ctx)
+}
+
+// EnsureStarted is Ensure up to the wait for the kernel to finish what it
+// does in the background (see WaitLive): every part exists and is set up
+// when it returns, and Pending.Wait waits for the underlay pair to carry
+// traffic. A zone's service can be started in between, as a process
+// started beside the wait is: its start then overlaps the kernel's work
+// instead of following it.
+func EnsureStarted(ctx context.Context, c Config) (*Pending, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	p, err := ensure(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("zonenet: ensuring %s: %w", c.Netns, err)
+	}
+	return p, nil
+}
+
+// Pending is a zone's plumbing that EnsureStarted made, until its underlay
+// pair carries traffic. Wait or Close it, once.
+type Pending struct {
+	s        *session
+	hl, zl   netlink.Link
+	underlay netip.Addr
+	netns    string
+}
+
+// Wait waits, until ctx ends, for the underlay pair to carry traffic, and
+// releases what p holds.
+func (p *Pending) Wait(ctx context.Context) error {
+	defer p.s.close()
+	if err := p.s.waitLive(ctx, p.hl, p.zl, p.underlay); err != nil {
+		return fmt.Errorf("zonenet: ensuring %s: %w", p.netns, err)
 	}
 	return nil
 }
 
-func ensure(ctx context.Context, c Config) error {
-	if err := createNetns(c.Netns); err != nil {
-		return err
+// Close releases what p holds, without waiting.
+func (p *Pending) Close() { p.s.close() }
+
+func ensure(ctx context.Context, c Config) (_ *Pending, err error) {
+	fresh, err := createNetns(c.Netns)
+	if err != nil {
+		return nil, err
 	}
 	s, err := openSession(ctx, c.Netns)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer s.close()
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
 	if s.zone == nil {
-		return fmt.Errorf("namespace %s vanished while being set up", c.Netns)
+		return nil, fmt.Errorf("namespace %s vanished while being set up", c.Netns)
 	}
+	s.fresh = fresh
 	// Every namespace's loopback has index 1 (the kernel's
 	// LOOPBACK_IFINDEX): set it up without looking it up. Setting up a link
 	// that is up already changes nothing.
 	if err := s.zone.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: loopbackIndex, Name: "lo"}}); err != nil {
-		return fmt.Errorf("setting lo up: %w", err)
+		return nil, fmt.Errorf("setting lo up: %w", err)
 	}
 
 	up, np := pairs(c.Tag, c.ZoneID)
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	hl, zl, created, err := s.ensurePair(up, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	zoneAddr := func() error { return syncAddrs(s.zone, zl, []netip.Prefix{underlayPrefix(c.Underlay)}) }
 	hostRoute := func() error { return syncHostRoute(s.host, hl, hostRouteTo(hl, c.Underlay)) }
@@ -87,16 +130,21 @@ func ensure(ctx context.Context, c Config) error {
 		func() error { return setNeigh(s.zone, zl, hostLinkLocal.Addr(), hl.Attrs().HardwareAddr) },
 	} {
 		if err := step(); err != nil {
-			return err
+			return nil, err
 		}
 	}
-
-	if err := s.waitLive(ctx, hl, zl, c.Underlay); err != nil {
-		return err
-	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
+	if err := s.ensureNIC(c, np); err != nil {
+		return nil, err
+	}
+	return &Pending{s: s, hl: hl, zl: zl, underlay: c.Underlay, netns: c.Netns}, nil
+}
+
+// ensureNIC makes the zone's NIC pair match c.NIC, or removes it if c has
+// none.
+func (s *session) ensureNIC(c Config, np pair) error {
 	if c.NIC == nil {
 		// A NIC pair is there only if its host end is (a veth's ends go
 		// together): look for that without the RTNL lock first.
@@ -105,7 +153,8 @@ func ensure(ctx context.Context, c Config) error {
 		}
 		return s.removePair(np)
 	}
-	if hl, zl, _, err = s.ensurePair(np, c.NIC.MAC); err != nil {
+	hl, zl, _, err := s.ensurePair(np, c.NIC.MAC)
+	if err != nil {
 		return err
 	}
 	if mac := c.NIC.MAC; mac != nil && zl.Attrs().HardwareAddr.String() != mac.String() {

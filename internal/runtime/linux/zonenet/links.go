@@ -2,6 +2,7 @@ package zonenet
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -25,6 +26,10 @@ type session struct {
 	zone *netlink.Handle // nil if the namespace does not exist
 	ns   netns.NsHandle  // the zone's namespace, or netns.None()
 	view *hostView       // if set, the host's links, addresses and routes as seen earlier
+	// fresh: the zone's namespace was made by this session's Ensure, so
+	// it holds no link but its loopback, and a pair made in it needs no
+	// look inside first.
+	fresh bool
 }
 
 func openSession(ctx context.Context, netnsName string) (*session, error) {
@@ -148,7 +153,7 @@ func (s *session) owns(hl, zl netlink.Link, p pair) (bool, error) {
 // keeps alive) is deleted, with its peer, and the pair made again. created
 // says the pair was made just now (so it has no routes yet).
 func (s *session) ensurePair(p pair, mac net.HardwareAddr) (hl, zl netlink.Link, created bool, err error) {
-	if hl, zl, err = s.look(p); err != nil {
+	if hl, zl, err = s.lookBefore(p); err != nil {
 		return nil, nil, false, err
 	}
 	if hl != nil {
@@ -180,22 +185,60 @@ func (s *session) ensurePair(p pair, mac net.HardwareAddr) (hl, zl netlink.Link,
 			return nil, nil, false, err
 		}
 	}
+	// The host end's MAC is chosen here, as the kernel would (random,
+	// locally administered), so that the link made is known without
+	// asking for it again: LinkAdd has looked up its index.
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = p.host
+	if attrs.HardwareAddr, err = randomMAC(); err != nil {
+		return nil, nil, false, err
+	}
 	veth := &netlink.Veth{LinkAttrs: attrs, PeerName: p.zone, PeerNamespace: netlink.NsFd(s.ns), PeerHardwareAddr: mac}
 	if err := s.host.LinkAdd(veth); err != nil {
 		return nil, nil, false, fmt.Errorf("creating veth %s/%s: %w", p.host, p.zone, err)
 	}
-	if hl, zl, err = s.look(p); err != nil {
-		return nil, nil, false, err
-	}
-	if hl == nil || zl == nil {
+	if veth.Index == 0 {
 		return nil, nil, false, fmt.Errorf("veth %s/%s vanished right after creation", p.host, p.zone)
 	}
-	if err := s.host.LinkSetAlias(hl, p.alias); err != nil {
+	if zl, err = linkByName(s.zone, p.zone); err != nil {
+		return nil, nil, false, err
+	}
+	if zl == nil {
+		return nil, nil, false, fmt.Errorf("veth %s/%s vanished right after creation", p.host, p.zone)
+	}
+	if err := s.host.LinkSetAlias(veth, p.alias); err != nil {
 		return nil, nil, false, fmt.Errorf("marking %s: %w", p.host, err)
 	}
-	return hl, zl, true, nil
+	veth.Alias = p.alias
+	return veth, zl, true, nil
+}
+
+// lookBefore is look, before a pair is made: in a fresh namespace there is
+// no zone end to look for, and the host end is looked for where no lock is
+// taken first (hostLinkMark), the full link only when it is there.
+func (s *session) lookBefore(p pair) (hl, zl netlink.Link, err error) {
+	if !s.fresh || s.view != nil {
+		return s.look(p)
+	}
+	index, _, err := hostLinkMark(s.host, p.host)
+	if err != nil || index == 0 {
+		return nil, nil, err
+	}
+	if hl, err = linkByName(s.host, p.host); err != nil {
+		return nil, nil, err
+	}
+	return hl, nil, nil
+}
+
+// randomMAC returns a random unicast, locally administered MAC, as the
+// kernel gives a link made without one.
+func randomMAC() (net.HardwareAddr, error) {
+	mac := make(net.HardwareAddr, 6)
+	if _, err := rand.Read(mac); err != nil {
+		return nil, fmt.Errorf("choosing a MAC: %w", err)
+	}
+	mac[0] = mac[0]&^0x01 | 0x02
+	return mac, nil
 }
 
 func delLink(h *netlink.Handle, l netlink.Link) error {

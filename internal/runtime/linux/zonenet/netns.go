@@ -71,25 +71,26 @@ func prepareNetnsDir() error {
 
 // createNetns makes the namespace called name exist. A leftover file without
 // a namespace mounted on it (a crash between creating and mounting it) is
-// replaced.
-func createNetns(name string) error {
+// replaced. created says the namespace was made just now: it holds nothing
+// but its loopback.
+func createNetns(name string) (created bool, err error) {
 	path := NetnsPath(name)
 	if isNetnsMount(path) {
-		return nil
+		return false, nil
 	}
 	if err := prepareNetnsDir(); err != nil {
-		return err
+		return false, err
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.EEXIST) {
 		// A leftover: clear it, and try once more.
 		if err := removeNetns(name); err != nil {
-			return err
+			return false, err
 		}
 		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0)
 	}
 	if err != nil {
-		return fmt.Errorf("creating namespace file: %w", err)
+		return false, fmt.Errorf("creating namespace file: %w", err)
 	}
 	unix.Close(fd)
 
@@ -106,9 +107,9 @@ func createNetns(name string) error {
 	}, errc)
 	if err := <-errc; err != nil {
 		os.Remove(path)
-		return err
+		return false, err
 	}
-	return nil
+	return true, nil
 }
 
 // openNetns opens the namespace called name, or returns netns.None() if it

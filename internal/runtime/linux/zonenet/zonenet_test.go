@@ -344,7 +344,7 @@ func TestEnsureCompletesPartialState(t *testing.T) {
 		break_ func(t *testing.T, c Config)
 	}{
 		{"namespace without links", func(t *testing.T, c Config) {
-			if err := createNetns(c.Netns); err != nil {
+			if _, err := createNetns(c.Netns); err != nil {
 				t.Fatal(err)
 			}
 		}},
