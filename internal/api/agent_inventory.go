@@ -105,9 +105,8 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 	}
 	if st.Last != nil {
 		sum := &ReconciliationSummary{CompletedAt: st.Last.CompletedAt, Zones: map[string]ResultStatus{}}
-		sst := s.storageStatus()
-		if lr, _, err := s.lastReconciliation(st.Last, &sst); err == nil {
-			sum.Zones = lr.Zones
+		if zones, _, err := s.zoneResults(st.Last); err == nil {
+			sum.Zones = zones
 		}
 		if st.Last.Config != nil {
 			sum.Generation = st.Last.Config.Generation

@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 
-	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
 )
 
@@ -125,43 +124,45 @@ func addStorageResults(lr *ConfigReconcilerInventory, st *storage.Status) {
 }
 
 // cachedStorage returns the encoded storage members and last
-// reconciliation (of last, if not nil) of storage status version, if both
-// are cached.
-func (s *Server) cachedStorage(version uint64, last *reconciler.Reconciliation) (stor, lastEnc []byte, ok bool) {
+// reconciliation's storage results of storage status version, if they are
+// cached.
+func (s *Server) cachedStorage(version uint64) (stor, results []byte, ok bool) {
 	c := &s.inv
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.storage == nil || c.storageVersion != version {
 		return nil, nil, false
 	}
-	if last == nil {
-		return c.storage, nil, true
-	}
-	if c.key != (reconciliationKey{last: last, storage: version}) || c.encoded == nil {
-		return nil, nil, false
-	}
-	return c.storage, c.encoded, true
+	return c.storage, c.results, true
 }
 
 // storageMembers returns the encoded members disks, zpools and datasets
-// (",\"disks\":…" with a leading comma), encoding them once per storage
+// (",\"disks\":…" with a leading comma), and the storage results of the
+// last reconciliation ("\"external_disks\":…,\"datasets\":…,
+// \"orphaned_datasets\":…", no braces), encoding them once per storage
 // status version.
-func (s *Server) storageMembers(st *storage.Status) ([]byte, error) {
-	c := &s.inv
-	c.mu.Lock()
-	if c.storage != nil && c.storageVersion == st.Version {
-		b := c.storage
-		c.mu.Unlock()
-		return b, nil
+func (s *Server) storageMembers(st *storage.Status) (stor, results []byte, err error) {
+	if stor, results, ok := s.cachedStorage(st.Version); ok {
+		return stor, results, nil
 	}
-	c.mu.Unlock()
 	enc, err := json.Marshal(toUpstreamStorage(st))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	b := append([]byte{','}, enc[1:len(enc)-1]...)
+	stor = append([]byte{','}, enc[1:len(enc)-1]...)
+	lr := &ConfigReconcilerInventory{ExternalDisks: map[string]ResultStatus{}, Datasets: map[string]ResultStatus{}, OrphanedDatasets: []OrphanedDataset{}}
+	addStorageResults(lr, st)
+	if enc, err = json.Marshal(struct {
+		ExternalDisks    map[string]ResultStatus `json:"external_disks"`
+		Datasets         map[string]ResultStatus `json:"datasets"`
+		OrphanedDatasets []OrphanedDataset       `json:"orphaned_datasets"`
+	}{lr.ExternalDisks, lr.Datasets, lr.OrphanedDatasets}); err != nil {
+		return nil, nil, err
+	}
+	results = enc[1 : len(enc)-1]
+	c := &s.inv
 	c.mu.Lock()
-	c.storageVersion, c.storage = st.Version, b
+	c.storageVersion, c.storage, c.results = st.Version, stor, results
 	c.mu.Unlock()
-	return b, nil
+	return stor, results, nil
 }

@@ -265,3 +265,43 @@ func TestInventoryWithoutStorage(t *testing.T) {
 		t.Errorf("agent inventory's storage: %v, %v; want null", v, ok)
 	}
 }
+
+// A change of the zones alone re-encodes the zones alone: the storage
+// status is not copied again, and its results are still those of its
+// version beside the new zones.
+func TestInventoryZoneChangeKeepsStorageEncoded(t *testing.T) {
+	spec := openapitest.Load(t, openapitest.SledAgent)
+	fs := &fakeStorage{st: storageStatus(1, storage.Result{Message: "dataset exists with another id"})}
+	s := newSled(t, sim.Options{}, func(d *api.Deps) { d.Storage = fs })
+	zones := sledconfigtest.Crucibles(2)
+	doc, _ := json.Marshal(sledconfigtest.Config(1, zones[0]))
+	if r := s.put(doc); r.status != http.StatusNoContent {
+		t.Fatalf("PUT: %d %s", r.status, r.body)
+	}
+	waitFor(t, "a completed pass", func() bool { return s.rec.Status().Phase == reconciler.PhaseIdle })
+	before := s.upstreamInventory(spec)
+	n := fs.statusCopies()
+
+	doc, _ = json.Marshal(sledconfigtest.Config(2, zones...))
+	if r := s.put(doc); r.status != http.StatusNoContent {
+		t.Fatalf("PUT: %d %s", r.status, r.body)
+	}
+	waitFor(t, "the second zone in the last reconciliation", func() bool {
+		_, ok := s.upstreamInventory(spec).LastReconciliation.Zones[zones[1].ID]
+		return ok
+	})
+	inv := s.upstreamInventory(spec)
+	if got := fs.statusCopies() - n; got != 0 {
+		t.Errorf("a change of the zones alone copied the storage status %d times", got)
+	}
+	if res := inv.LastReconciliation.Datasets[debugID]; res.Result != "err" || res.Message != "dataset exists with another id" {
+		t.Errorf("debug's result after a zone change: %+v", res)
+	}
+	if got, want := len(inv.LastReconciliation.ExternalDisks), len(before.LastReconciliation.ExternalDisks); got != want || got == 0 {
+		t.Errorf("external disks after a zone change: %d, before %d", got, want)
+	}
+	var cfg struct{ Generation uint64 }
+	if err := json.Unmarshal(inv.LastReconciliation.LastReconciledConfig, &cfg); err != nil || cfg.Generation != 2 {
+		t.Errorf("last reconciled config: %s (%v)", inv.LastReconciliation.LastReconciledConfig, err)
+	}
+}

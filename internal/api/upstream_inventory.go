@@ -157,7 +157,9 @@ func reconcilerStatus(st reconciler.Status, now time.Time) ReconcilerStatus {
 // upstream's shape, with the storage results as the storage reconciler
 // publishes them. Upstream reconciles zones and storage in one pass; here
 // they are two reconcilers, so the storage results are the storage
-// reconciler's latest, not those of the zone pass.
+// reconciler's latest, not those of the zone pass. GET /inventory writes
+// the same from parts encoded once (lastReconciliationSegments); this whole
+// is what the parts must agree with.
 func toUpstreamReconciliation(last *reconciler.Reconciliation, st *storage.Status) *ConfigReconcilerInventory {
 	lr := &ConfigReconcilerInventory{
 		LastReconciledConfig: last.Config,
@@ -177,40 +179,45 @@ func toUpstreamReconciliation(last *reconciler.Reconciliation, st *storage.Statu
 	addStorageResults(lr, st)
 	if last.Config != nil && last.Config.RemoveMupdateOverride != nil {
 		// Asked to remove an override: there is none this sled could hold.
-		lr.RemoveMupdateOverride = &RemoveMupdateOverrideInventory{
-			BootDiskResult: RemoveMupdateOverrideBootResult{Err: ptr(noMupdate)},
-			NonBootMessage: noBootDisks,
-		}
+		lr.RemoveMupdateOverride = removeMupdate()
 	}
 	return lr
 }
 
+// removeMupdate is the result of removing the mupdate override: there is
+// none this sled could hold.
+func removeMupdate() *RemoveMupdateOverrideInventory {
+	return &RemoveMupdateOverrideInventory{
+		BootDiskResult: RemoveMupdateOverrideBootResult{Err: ptr(noMupdate)},
+		NonBootMessage: noBootDisks,
+	}
+}
+
 // inventoryCache holds the parts of the inventory encoded once: the members
-// that never change, the storage members of the last storage status
-// (encoded once per status version), and the last reconciliation of the last
-// published snapshots (converted and encoded once per reconciler snapshot
-// and storage status version). The configs carry their canonical bytes
-// themselves.
+// that never change, the storage members and the last reconciliation's
+// storage results of the last storage status (encoded once per status
+// version), and the last reconciliation's zone results (once per reconciler
+// snapshot). A zone starting for one more second re-encodes a thousand zone
+// results, not the thousands of disks and datasets beside them. The configs
+// carry their canonical bytes themselves.
 type inventoryCache struct {
 	headOnce sync.Once
 	head     []byte // every constant member, without the closing brace
 
 	mu sync.Mutex
 	// Guarded by mu; never mutated once stored.
-	// key is the snapshots; last and encoded are derived from them.
-	key     reconciliationKey
-	last    *ConfigReconcilerInventory
-	encoded []byte
-	// storage is the encoded storage members of storageVersion (nil:
-	// none yet).
+	// zones are the zone results of zonesOf, the reconciler's last
+	// reconciliation snapshot, converted and encoded.
+	zonesOf   *reconciler.Reconciliation
+	zones     map[string]ResultStatus
+	zonesJSON []byte
+	// storage is the encoded storage members of storageVersion, and
+	// results the storage results of its last reconciliation (nil: none
+	// yet). A zone's change re-encodes only the zones, a storage change
+	// only these.
 	storageVersion uint64
 	storage        []byte
-}
-
-// reconciliationKey names what a last reconciliation is derived from.
-type reconciliationKey struct {
-	last    *reconciler.Reconciliation
-	storage uint64
+	results        []byte
 }
 
 // head returns the encoded constant members.
@@ -235,28 +242,61 @@ func (s *Server) head() []byte {
 	return c.head
 }
 
-// lastReconciliation returns the converted and encoded form of last with
-// the storage results of st, computing it outside the lock when it is not
-// the cached one.
-func (s *Server) lastReconciliation(last *reconciler.Reconciliation, st *storage.Status) (*ConfigReconcilerInventory, []byte, error) {
-	key := reconciliationKey{last: last, storage: st.Version}
+// zoneResults returns the zone results of last in upstream's shape, and
+// encoded, converting and encoding them outside the lock when they are not
+// the cached ones.
+func (s *Server) zoneResults(last *reconciler.Reconciliation) (map[string]ResultStatus, []byte, error) {
 	c := &s.inv
 	c.mu.Lock()
-	if c.key == key && c.encoded != nil {
-		v, b := c.last, c.encoded
+	if c.zonesOf == last && c.zonesJSON != nil {
+		m, b := c.zones, c.zonesJSON
 		c.mu.Unlock()
-		return v, b, nil
+		return m, b, nil
 	}
 	c.mu.Unlock()
-	v := toUpstreamReconciliation(last, st)
-	b, err := appendLastReconciliation(nil, v)
+	m := make(map[string]ResultStatus, len(last.Zones))
+	for id, res := range last.Zones {
+		if res.OK {
+			m[id] = ResultStatus{Result: "ok"}
+		} else {
+			m[id] = ResultStatus{Result: "err", Message: res.Message}
+		}
+	}
+	b, err := json.Marshal(m)
 	if err != nil {
 		return nil, nil, err
 	}
 	c.mu.Lock()
-	c.key, c.last, c.encoded = key, v, b
+	c.zonesOf, c.zones, c.zonesJSON = last, m, b
 	c.mu.Unlock()
-	return v, b, nil
+	return m, b, nil
+}
+
+// lastReconciliationSegments encodes last as json.Marshal would encode
+// toUpstreamReconciliation(last, st) (members in another order), from the
+// storage results of st (results) and the zones of last (zones), with the
+// config's canonical bytes copied in rather than re-encoded.
+func lastReconciliationSegments(last *reconciler.Reconciliation, results, zones []byte) [][]byte {
+	segs := [][]byte{[]byte("{"), results, []byte(`,"zones":`), zones, []byte(`,"boot_partitions":`), bootJSON()}
+	if last.Config != nil && last.Config.RemoveMupdateOverride != nil {
+		segs = append(segs, []byte(`,"remove_mupdate_override":`), removeMupdateJSON())
+	}
+	return append(segs, []byte(`,"last_reconciled_config":`), configJSON(last.Config), []byte("}"))
+}
+
+// bootJSON and removeMupdateJSON are the encoded constant members of every
+// last reconciliation.
+var (
+	bootJSON          = sync.OnceValue(func() []byte { return mustJSON(boot) })
+	removeMupdateJSON = sync.OnceValue(func() []byte { return mustJSON(removeMupdate()) })
+)
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("encoding a constant member of the inventory: " + err.Error())
+	}
+	return b
 }
 
 // configJSON is a config's canonical JSON, or null.
@@ -277,21 +317,6 @@ func appendMembers(b []byte, v any) ([]byte, error) {
 	return append(b, enc[:len(enc)-1]...), nil
 }
 
-// appendLastReconciliation encodes lr as json.Marshal would, with the
-// config's canonical bytes copied in rather than re-encoded.
-func appendLastReconciliation(b []byte, lr *ConfigReconcilerInventory) ([]byte, error) {
-	b, err := appendMembers(b, struct {
-		*ConfigReconcilerInventory
-		Config struct{} `json:"last_reconciled_config,omitzero"`
-	}{ConfigReconcilerInventory: lr})
-	if err != nil {
-		return nil, err
-	}
-	b = append(b, `,"last_reconciled_config":`...)
-	b = append(b, configJSON(lr.LastReconciledConfig)...)
-	return append(b, '}'), nil
-}
-
 // inventory encodes upstream's inventory from published snapshots, as of
 // now, as segments to be written in order: the constant members, the
 // storage members and the last reconciliation encoded once, the configs'
@@ -302,17 +327,12 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	st := s.deps.Reconciler.Status()
 	// The storage status is copied only when what is encoded of it is not
 	// that of its version.
-	stor, last, cached := s.cachedStorage(s.storageVersion(), st.Last)
+	stor, results, cached := s.cachedStorage(s.storageVersion())
 	if !cached {
 		sst := s.storageStatus()
 		var err error
-		if stor, err = s.storageMembers(&sst); err != nil {
+		if stor, results, err = s.storageMembers(&sst); err != nil {
 			return nil, err
-		}
-		if st.Last != nil {
-			if _, last, err = s.lastReconciliation(st.Last, &sst); err != nil {
-				return nil, err
-			}
 		}
 	}
 	smf, err := json.Marshal(s.servicesResult(now))
@@ -339,7 +359,11 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	if st.Last == nil {
 		segs = append(segs, []byte("null"))
 	} else {
-		segs = append(segs, last)
+		_, zones, err := s.zoneResults(st.Last)
+		if err != nil {
+			return nil, err
+		}
+		segs = append(segs, lastReconciliationSegments(st.Last, results, zones)...)
 	}
 	return append(segs, []byte("}")), nil
 }

@@ -1,0 +1,76 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/storage"
+)
+
+// The last reconciliation written from its parts, each encoded once (the
+// zones per reconciler snapshot, the storage results per storage status),
+// says what json.Marshal says of the whole, converted at once.
+func TestLastReconciliationSegmentsAgreeWithTheWhole(t *testing.T) {
+	zones := sledconfigtest.Crucibles(2)
+	st := storage.Status{
+		Version: 3,
+		Disks: []storage.DiskStatus{
+			{ID: "5f0c2e1a-7a4b-4c1e-9d3f-0a1b2c3d4e01", Result: storage.Result{OK: true}},
+			{ID: "5f0c2e1a-7a4b-4c1e-9d3f-0a1b2c3d4e02", Result: storage.Result{Message: "opening pool oxp_… for 2s (deadline 1m0s)"}},
+		},
+		Datasets: []storage.DatasetStatus{{ID: "9a2e4f3c-9c6d-4e3a-8f5b-2c3d4e5f6a01", Result: storage.Result{OK: true}}},
+		Orphans: []storage.Orphan{
+			{Name: "oxp_x/crypt/debug", Kind: "debug", PoolID: "x", Reason: "kept"},
+			{Name: "oxp_x/crypt/zone/oxz_y", Kind: "zone/oxz_y", PoolID: "x", Destroyed: true},
+		},
+	}
+	for _, override := range []bool{false, true} {
+		cfg := sledconfigtest.Config(7, zones...)
+		if override {
+			id := "9a2e4f3c-9c6d-4e3a-8f5b-2c3d4e5f6a09"
+			cfg.RemoveMupdateOverride = &id
+		}
+		doc, err := json.Marshal(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed, err := sledconfig.Parse(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := &reconciler.Reconciliation{Config: parsed, Zones: map[string]reconciler.Result{
+			zones[0].ID: {OK: true},
+			zones[1].ID: {Message: "starting for 3s (deadline 2m0s)"},
+		}}
+		s := &Server{}
+		_, results, err := s.storageMembers(&st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, zonesJSON, err := s.zoneResults(last)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts := bytes.Join(lastReconciliationSegments(last, results, zonesJSON), nil)
+		whole, err := json.Marshal(toUpstreamReconciliation(last, &st))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got, want any
+		if err := json.Unmarshal(parts, &got); err != nil {
+			t.Fatalf("override %v: the parts are not JSON: %v\n%s", override, err, parts)
+		}
+		if err := json.Unmarshal(whole, &want); err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("override %v: the parts differ from the whole (-whole +parts):\n%s", override, d)
+		}
+	}
+}
