@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 )
 
@@ -42,15 +44,20 @@ func diskSeen(w *wire, serial, diskID string) (listed bool, result string) {
 	return listed, strings.TrimSpace(r.Result + " " + r.Message)
 }
 
+// newHotplugAgent runs a sim agent whose storage period (10 minutes) no
+// test waits for, with a client of each kind, and the crucible whose disk
+// the tests pull.
+func newHotplugAgent(t *testing.T) (*agent.Agent, *client.Client, *wire, sledconfig.Zone) {
+	a := newAgent(t, agent.Config{DataDir: t.TempDir(), StoragePeriod: 10 * time.Minute})
+	run(t, a)
+	return a, newClient(t, a), newWire(t, a), sledconfigtest.Crucible(0)
+}
+
 // A disk pulled out (the sim's present fault) is missing from GET
 // /inventory at once, with its storage period at 10 minutes: the fault is
 // a disk event; put back, it is listed and managed again at once.
 func TestPulledDiskShowsInInventoryAtOnce(t *testing.T) {
-	a := newAgent(t, agent.Config{DataDir: t.TempDir(), StoragePeriod: 10 * time.Minute})
-	run(t, a)
-	c := newClient(t, a)
-	w := newWire(t, a)
-	z := sledconfigtest.Crucible(0)
+	a, c, w, z := newHotplugAgent(t)
 	disk := sledconfigtest.DiskFor(*z.FilesystemPool)
 	serial, diskID := disk.Identity.Serial, disk.ID
 	putZones(t, c, 1, z)
@@ -79,11 +86,7 @@ func TestPulledDiskShowsInInventoryAtOnce(t *testing.T) {
 // A disk pulled out while its call hangs is reported not found at once,
 // not when the hung call's deadline (a minute) ends.
 func TestDiskPulledWhileItsCallHangs(t *testing.T) {
-	a := newAgent(t, agent.Config{DataDir: t.TempDir(), StoragePeriod: 10 * time.Minute})
-	run(t, a)
-	c := newClient(t, a)
-	w := newWire(t, a)
-	z := sledconfigtest.Crucible(0)
+	a, c, w, z := newHotplugAgent(t)
 	disk := sledconfigtest.DiskFor(*z.FilesystemPool)
 	serial, diskID := disk.Identity.Serial, disk.ID
 	setFaults(t, a, `{"zones": {}, "disks": {"`+serial+`": {"ensure": "hang"}}}`)

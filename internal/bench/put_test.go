@@ -41,19 +41,19 @@ func TestPutSmallRunLeavesNothing(t *testing.T) {
 	}
 }
 
-// putLeftovers lists what a run of the config benchmark could leave: its
-// namespaces (the agent's, "bp…", and the runtime alone's, "bz…"), run
-// dirs and mounts of its temporary dirs.
+// putLeftovers lists what a run of the config benchmark could leave: what
+// the runtime alone's zone benchmark could (benchLeftovers), the agent's
+// namespaces ("bp…"), run dirs and mounts of its temporary dirs.
 func putLeftovers(t *testing.T) []string {
 	t.Helper()
-	var out []string
+	out := benchLeftovers(t)
 	ents, _ := os.ReadDir("/run/netns")
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), "bp") || strings.HasPrefix(e.Name(), "bz") {
+		if strings.HasPrefix(e.Name(), "bp") {
 			out = append(out, "namespace "+e.Name())
 		}
 	}
-	for _, g := range []string{"/dev/shm/sled-agent-bench-put-*", "/dev/shm/sled-agent-bench-zones-*", filepath.Join(os.TempDir(), "sled-agent-bench-put-*")} {
+	for _, g := range []string{"/dev/shm/sled-agent-bench-put-*", filepath.Join(os.TempDir(), "sled-agent-bench-put-*")} {
 		dirs, _ := filepath.Glob(g)
 		out = append(out, dirs...)
 	}
