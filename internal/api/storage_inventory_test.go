@@ -11,6 +11,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/openapitest"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/storage"
 )
@@ -114,16 +115,24 @@ type upOrphan struct {
 // TestInventoryReportsStorage checks GET /inventory's disks, zpools,
 // datasets and storage results against the upstream document, decoded
 // strictly, from the storage reconciler's status, and that a new status
-// version shows up.
-func TestInventoryReportsStorage(t *testing.T) {
-	spec := openapitest.Load(t, openapitest.SledAgent)
-	fs := &fakeStorage{st: storageStatus(1, storage.Result{OK: true})}
+// storageSled serves a sled whose storage reconciler is fs, with cfg
+// ledgered and a reconciler pass completed.
+func storageSled(t *testing.T, fs *fakeStorage, cfg *sledconfig.Config) *sled {
+	t.Helper()
 	s := newSled(t, sim.Options{}, func(d *api.Deps) { d.Storage = fs })
-	doc, _ := json.Marshal(sledconfigtest.Config(1, sledconfigtest.Crucibles(1)...))
+	doc, _ := json.Marshal(cfg)
 	if r := s.put(doc); r.status != http.StatusNoContent {
 		t.Fatalf("PUT: %d %s", r.status, r.body)
 	}
 	waitFor(t, "a completed pass", func() bool { return s.rec.Status().Phase == reconciler.PhaseIdle })
+	return s
+}
+
+// version shows up.
+func TestInventoryReportsStorage(t *testing.T) {
+	spec := openapitest.Load(t, openapitest.SledAgent)
+	fs := &fakeStorage{st: storageStatus(1, storage.Result{OK: true})}
+	s := storageSled(t, fs, sledconfigtest.Config(1, sledconfigtest.Crucibles(1)...))
 
 	inv := s.upstreamInventory(spec)
 	if len(inv.Disks) != 2 {
@@ -221,12 +230,7 @@ func TestInventoryReportsStorage(t *testing.T) {
 func TestInventoryCopiesStorageStatusOncePerVersion(t *testing.T) {
 	spec := openapitest.Load(t, openapitest.SledAgent)
 	fs := &fakeStorage{st: storageStatus(1, storage.Result{OK: true})}
-	s := newSled(t, sim.Options{}, func(d *api.Deps) { d.Storage = fs })
-	doc, _ := json.Marshal(sledconfigtest.Config(1, sledconfigtest.Crucibles(1)...))
-	if r := s.put(doc); r.status != http.StatusNoContent {
-		t.Fatalf("PUT: %d %s", r.status, r.body)
-	}
-	waitFor(t, "a completed pass", func() bool { return s.rec.Status().Phase == reconciler.PhaseIdle })
+	s := storageSled(t, fs, sledconfigtest.Config(1, sledconfigtest.Crucibles(1)...))
 
 	s.upstreamInventory(spec)
 	n := fs.statusCopies()
@@ -272,17 +276,12 @@ func TestInventoryWithoutStorage(t *testing.T) {
 func TestInventoryZoneChangeKeepsStorageEncoded(t *testing.T) {
 	spec := openapitest.Load(t, openapitest.SledAgent)
 	fs := &fakeStorage{st: storageStatus(1, storage.Result{Message: "dataset exists with another id"})}
-	s := newSled(t, sim.Options{}, func(d *api.Deps) { d.Storage = fs })
 	zones := sledconfigtest.Crucibles(2)
-	doc, _ := json.Marshal(sledconfigtest.Config(1, zones[0]))
-	if r := s.put(doc); r.status != http.StatusNoContent {
-		t.Fatalf("PUT: %d %s", r.status, r.body)
-	}
-	waitFor(t, "a completed pass", func() bool { return s.rec.Status().Phase == reconciler.PhaseIdle })
+	s := storageSled(t, fs, sledconfigtest.Config(1, zones[0]))
 	before := s.upstreamInventory(spec)
 	n := fs.statusCopies()
 
-	doc, _ = json.Marshal(sledconfigtest.Config(2, zones...))
+	doc, _ := json.Marshal(sledconfigtest.Config(2, zones...))
 	if r := s.put(doc); r.status != http.StatusNoContent {
 		t.Fatalf("PUT: %d %s", r.status, r.body)
 	}
