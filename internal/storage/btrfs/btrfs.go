@@ -101,15 +101,16 @@ func New(opts Options) (*Backend, error) {
 	if opts.SysBlock == "" {
 		opts.SysBlock = "/sys/block"
 	}
-	return &Backend{
+	b := &Backend{
 		opts:      opts,
 		log:       opts.Log.With("component", "storage-btrfs"),
-		run:       runCommand,
 		lingering: map[string]int{},
 		attaching: map[string]chan struct{}{},
 		loops:     map[string]string{},
 		poolSem:   map[string]chan struct{}{},
-	}, nil
+	}
+	b.run = b.runTool
+	return b, nil
 }
 
 // command runs argv under ctx, capped at CommandTimeout.

@@ -46,14 +46,7 @@ func lookTool(name string) (string, error) {
 // cannot die (a process stuck in the kernel on a dead disk), in which case
 // a goroutine is left waiting for it. Whatever the command left in its
 // group is killed when it exits. Stdout and stderr come back together.
-//
-// The few commands made for every dataset and in every pass are done
-// without a process, by the ioctls the command makes (native.go), under
-// the same deadline.
 func runCommand(ctx context.Context, argv ...string) ([]byte, error) {
-	if f, ok := nativeTool(argv); ok {
-		return runNative(ctx, argv, f)
-	}
 	path, err := lookTool(argv[0])
 	if err != nil {
 		return nil, err

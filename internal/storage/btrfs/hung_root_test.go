@@ -22,11 +22,12 @@ func TestHungCommandKilledAtDeadline(t *testing.T) {
 	hungPool, _ := r.pool(ctx, "a")
 	okPool, _ := r.pool(ctx, "b")
 	pidfile := filepath.Join(r.dir, "hung.pid")
+	next := r.rec.next
 	r.rec.next = func(ctx context.Context, argv ...string) ([]byte, error) {
 		if strings.Join(argv, " ") == "btrfs subvolume list "+r.b.mountpoint(hungPool) {
 			return runCommand(ctx, "sh", "-c", `sleep 3600 & echo $! > "$0"; wait`, pidfile)
 		}
-		return runCommand(ctx, argv...)
+		return next(ctx, argv...)
 	}
 
 	hctx, cancel := context.WithTimeout(ctx, time.Minute)

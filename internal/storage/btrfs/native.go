@@ -83,28 +83,38 @@ func quiet(f func() error) func() ([]byte, error) {
 	return func() ([]byte, error) { return nil, f() }
 }
 
-// runNative runs f, syscalls that can block on a dead disk, until ctx's
-// deadline; one abandoned there keeps its goroutine until the kernel
-// returns (the backend's calls on the same pool then find it hung).
-func runNative(ctx context.Context, argv []string, f func() ([]byte, error)) ([]byte, error) {
-	if err := ctx.Err(); err != nil {
+// runTool is the backend's runner of commands: the few made for every
+// dataset and in every pass are done without a process, by the ioctls the
+// command makes, as the backend's other syscalls are (call, keyed by the
+// pool the path is in: one abandoned at its deadline makes the pool's
+// further calls fail at once with ErrHung rather than pile up); the others
+// run as commands.
+func (b *Backend) runTool(ctx context.Context, argv ...string) ([]byte, error) {
+	f, ok := nativeTool(argv)
+	if !ok {
+		return runCommand(ctx, argv...)
+	}
+	return b.runNative(ctx, argv, f)
+}
+
+// runNative runs f, the syscalls of the command argv, as call does.
+func (b *Backend) runNative(ctx context.Context, argv []string, f func() ([]byte, error)) ([]byte, error) {
+	out, err := call(ctx, b, b.poolOfPath(argv[len(argv)-1]), f)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", strings.Join(argv, " "), err)
 	}
-	type result struct {
-		out []byte
-		err error
+	return out, nil
+}
+
+// poolOfPath is the id of the pool whose mountpoint path is in, or path
+// itself if it is in none.
+func (b *Backend) poolOfPath(path string) string {
+	rel, ok := strings.CutPrefix(path, filepath.Join(b.opts.PoolRoot, "ext")+"/")
+	if !ok {
+		return path
 	}
-	done := make(chan result, 1)
-	go func() {
-		out, err := f()
-		done <- result{out, err}
-	}()
-	select {
-	case r := <-done:
-		return r.out, r.err
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%s: no answer by its deadline: %w", strings.Join(argv, " "), ctx.Err())
-	}
+	id, _, _ := strings.Cut(rel, "/")
+	return id
 }
 
 // volIoctl makes ioctl req, one on a subvolume by name, on path's parent

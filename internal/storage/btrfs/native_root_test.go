@@ -116,14 +116,28 @@ func TestSubvolumeListAsProgs(t *testing.T) {
 }
 
 // A step made without a process that does not return (a syscall stuck on
-// a dead disk) is given up at its deadline, as a command is killed there.
+// a dead disk) is given up at its deadline, as a command is killed there;
+// while it lingers, the next step on the same pool fails at once rather
+// than leave another goroutine behind, and a step on another pool runs.
 func TestNativeStepGivenUpAtDeadline(t *testing.T) {
+	b, err := New(Options{VdevDir: t.TempDir(), PoolRoot: "/pools"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	stuck := make(chan struct{})
 	defer close(stuck)
-	_, err := runNative(ctx, []string{"btrfs", "subvolume", "create", "/x"}, func() ([]byte, error) { <-stuck; return nil, nil })
+	_, err = b.runNative(ctx, []string{"btrfs", "subvolume", "create", "/pools/ext/p1/crypt/debug"}, func() ([]byte, error) { <-stuck; return nil, nil })
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a stuck step = %v, want it given up at its deadline", err)
+	}
+	ran := false
+	_, err = b.runNative(context.Background(), []string{"btrfs", "subvolume", "list", "/pools/ext/p1"}, func() ([]byte, error) { ran = true; return nil, nil })
+	if !errors.Is(err, ErrHung) || ran {
+		t.Fatalf("the next step on the stuck pool = %v (ran: %v), want ErrHung at once", err, ran)
+	}
+	if _, err := b.runNative(context.Background(), []string{"btrfs", "subvolume", "list", "/pools/ext/p2"}, func() ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatalf("a step on another pool = %v", err)
 	}
 }

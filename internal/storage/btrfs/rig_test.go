@@ -85,7 +85,7 @@ func (r *rig) newBackend() *Backend {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	r.rec = &recorder{next: runCommand}
+	r.rec = &recorder{next: b.run}
 	b.run = r.rec.run
 	return b
 }
