@@ -49,7 +49,7 @@ func TestLastReconciliationSegmentsAgreeWithTheWhole(t *testing.T) {
 			zones[1].ID: {Message: "starting for 3s (deadline 2m0s)"},
 		}}
 		s := &Server{}
-		_, results, err := s.storageMembers(&st)
+		_, results, err := s.encodeStorage(&st)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -140,11 +140,18 @@ func (s *Server) cachedStorage(version uint64) (stor, results []byte, ok bool) {
 // (",\"disks\":…" with a leading comma), and the storage results of the
 // last reconciliation ("\"external_disks\":…,\"datasets\":…,
 // \"orphaned_datasets\":…", no braces), encoding them once per storage
-// status version.
-func (s *Server) storageMembers(st *storage.Status) (stor, results []byte, err error) {
-	if stor, results, ok := s.cachedStorage(st.Version); ok {
+// status version: the status is copied only when what is encoded of it is
+// not of its version.
+func (s *Server) storageMembers() (stor, results []byte, err error) {
+	if stor, results, ok := s.cachedStorage(s.storageVersion()); ok {
 		return stor, results, nil
 	}
+	sst := s.storageStatus()
+	return s.encodeStorage(&sst)
+}
+
+// encodeStorage encodes what storageMembers returns of st, and caches it.
+func (s *Server) encodeStorage(st *storage.Status) (stor, results []byte, err error) {
 	enc, err := json.Marshal(toUpstreamStorage(st))
 	if err != nil {
 		return nil, nil, err

@@ -112,9 +112,6 @@ type upOrphan struct {
 	Reason    string  `json:"reason"`
 }
 
-// TestInventoryReportsStorage checks GET /inventory's disks, zpools,
-// datasets and storage results against the upstream document, decoded
-// strictly, from the storage reconciler's status, and that a new status
 // storageSled serves a sled whose storage reconciler is fs, with cfg
 // ledgered and a reconciler pass completed.
 func storageSled(t *testing.T, fs *fakeStorage, cfg *sledconfig.Config) *sled {
@@ -128,6 +125,9 @@ func storageSled(t *testing.T, fs *fakeStorage, cfg *sledconfig.Config) *sled {
 	return s
 }
 
+// TestInventoryReportsStorage checks GET /inventory's disks, zpools,
+// datasets and storage results against the upstream document, decoded
+// strictly, from the storage reconciler's status, and that a new status
 // version shows up.
 func TestInventoryReportsStorage(t *testing.T) {
 	spec := openapitest.Load(t, openapitest.SledAgent)
@@ -223,8 +223,6 @@ func TestInventoryReportsStorage(t *testing.T) {
 	}
 }
 
-// TestInventoryWithoutStorage checks that an agent managing no storage
-// reports none.
 // GET /inventory copies the storage status only when its version is not
 // the one encoded: a thousand disks' status is not copied per request.
 func TestInventoryCopiesStorageStatusOncePerVersion(t *testing.T) {
@@ -250,6 +248,8 @@ func TestInventoryCopiesStorageStatusOncePerVersion(t *testing.T) {
 	}
 }
 
+// TestInventoryWithoutStorage checks that an agent managing no storage
+// reports none.
 func TestInventoryWithoutStorage(t *testing.T) {
 	spec := openapitest.Load(t, openapitest.SledAgent)
 	s := newSled(t, sim.Options{})

@@ -163,18 +163,11 @@ func reconcilerStatus(st reconciler.Status, now time.Time) ReconcilerStatus {
 func toUpstreamReconciliation(last *reconciler.Reconciliation, st *storage.Status) *ConfigReconcilerInventory {
 	lr := &ConfigReconcilerInventory{
 		LastReconciledConfig: last.Config,
-		Zones:                make(map[string]ResultStatus, len(last.Zones)),
+		Zones:                upstreamZoneResults(last),
 		ExternalDisks:        map[string]ResultStatus{},
 		Datasets:             map[string]ResultStatus{},
 		OrphanedDatasets:     []OrphanedDataset{},
 		BootPartitions:       boot,
-	}
-	for id, res := range last.Zones {
-		if res.OK {
-			lr.Zones[id] = ResultStatus{Result: "ok"}
-		} else {
-			lr.Zones[id] = ResultStatus{Result: "err", Message: res.Message}
-		}
 	}
 	addStorageResults(lr, st)
 	if last.Config != nil && last.Config.RemoveMupdateOverride != nil {
@@ -242,6 +235,19 @@ func (s *Server) head() []byte {
 	return c.head
 }
 
+// upstreamZoneResults is last's zone results in upstream's shape.
+func upstreamZoneResults(last *reconciler.Reconciliation) map[string]ResultStatus {
+	m := make(map[string]ResultStatus, len(last.Zones))
+	for id, res := range last.Zones {
+		if res.OK {
+			m[id] = ResultStatus{Result: "ok"}
+		} else {
+			m[id] = ResultStatus{Result: "err", Message: res.Message}
+		}
+	}
+	return m
+}
+
 // zoneResults returns the zone results of last in upstream's shape, and
 // encoded, converting and encoding them outside the lock when they are not
 // the cached ones.
@@ -254,14 +260,7 @@ func (s *Server) zoneResults(last *reconciler.Reconciliation) (map[string]Result
 		return m, b, nil
 	}
 	c.mu.Unlock()
-	m := make(map[string]ResultStatus, len(last.Zones))
-	for id, res := range last.Zones {
-		if res.OK {
-			m[id] = ResultStatus{Result: "ok"}
-		} else {
-			m[id] = ResultStatus{Result: "err", Message: res.Message}
-		}
-	}
+	m := upstreamZoneResults(last)
 	b, err := json.Marshal(m)
 	if err != nil {
 		return nil, nil, err
@@ -327,13 +326,9 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	st := s.deps.Reconciler.Status()
 	// The storage status is copied only when what is encoded of it is not
 	// that of its version.
-	stor, results, cached := s.cachedStorage(s.storageVersion())
-	if !cached {
-		sst := s.storageStatus()
-		var err error
-		if stor, results, err = s.storageMembers(&sst); err != nil {
-			return nil, err
-		}
+	stor, results, err := s.storageMembers()
+	if err != nil {
+		return nil, err
 	}
 	smf, err := json.Marshal(s.servicesResult(now))
 	if err != nil {
