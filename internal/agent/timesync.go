@@ -14,7 +14,6 @@ import (
 	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/timesync/chrony"
 	"github.com/sled-agent/sled-agent/internal/timesync/servers"
-	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 // Time sync: zones that need synchronized time (all but the NTP and
@@ -63,14 +62,10 @@ func (a *Agent) locateNTP() (netip.AddrPort, error) {
 	if len(ntp) == 0 {
 		return netip.AddrPort{}, timesync.ErrNoNTPZone
 	}
-	running := map[string]bool{}
-	for _, spec := range a.rec.RunningSpecs() {
-		running[spec.ID] = true
-	}
 	var up []sledconfig.Zone
 	var states []string
 	for _, z := range ntp {
-		if running[z.ID] {
+		if _, running := a.rec.RunningSpec(z.Name()); running {
 			up = append(up, z)
 			continue
 		}
@@ -178,7 +173,7 @@ type chronySetter struct {
 }
 
 func (c *chronySetter) SetServers(ctx context.Context, z servers.Zone, addrs []netip.Addr) error {
-	spec, ok := c.a.runningSpec(z.ID)
+	spec, ok := c.a.rec.RunningSpec(z.Name)
 	if !ok {
 		return fmt.Errorf("zone %s is not running", z.Name)
 	}
@@ -192,14 +187,4 @@ func (c *chronySetter) SetServers(ctx context.Context, z servers.Zone, addrs []n
 		return err
 	}
 	return d.SetServers(ctx, addrs)
-}
-
-// runningSpec is the spec of the running zone with id.
-func (a *Agent) runningSpec(id string) (zone.Spec, bool) {
-	for _, spec := range a.rec.RunningSpecs() {
-		if spec.ID == id {
-			return spec, true
-		}
-	}
-	return zone.Spec{}, false
 }

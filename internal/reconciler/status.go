@@ -253,6 +253,17 @@ func (r *Reconciler) Zone(nameOrID string) (ZoneStatus, bool) {
 // Options.OnRunningChange says when it changes.
 func (r *Reconciler) RunningSpecs() []zone.Spec { return r.specs(r.store.running) }
 
+// RunningSpec returns the spec of the running zone named name, without
+// copying the others.
+func (r *Reconciler) RunningSpec(name string) (zone.Spec, bool) {
+	r.store.mu.Lock()
+	defer r.store.mu.Unlock()
+	if s, ok := r.store.running[name]; ok {
+		return *s, true
+	}
+	return zone.Spec{}, false
+}
+
 // PresentSpecs returns, sorted by name, the wanted specs of the zones that
 // are present: from the moment the agent starts creating one, or finds it
 // existing (adopted, waited for, half-made), until it is torn down or no
