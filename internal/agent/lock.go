@@ -14,10 +14,13 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 )
 
-// lockFile, in the data dir, is held (flock) by the agent using the dir.
-const lockFile = "agent.lock"
+// lockFile, in the data dir, is held (flock) by the agent using the dir;
+// the Linux runtime's claims name it, to tell a dead sled's debris.
+const lockFile = linux.DataDirLockFile
 
 // HostLockDir holds the host-wide locks of the linux runtime, one per zone
 // tag: sled-agent-<tag>.lock. It is /run/lock, not the run dir: the agent

@@ -273,7 +273,7 @@ func (r *Runtime) teardownHint(c claim) string {
 	dataDir := c.DataDir
 	pre := ""
 	switch {
-	case dataDir == "" || filepath.Clean(filepath.Join(dataDir, DataDirLockFile)) == r.opts.DataDirLock:
+	case dataDir == "" || filepath.Clean(claimLock(c)) == r.opts.DataDirLock:
 		dataDir = "$(mktemp -d)"
 	case missing(dataDir):
 		pre = "mkdir -p " + dataDir + " && "
