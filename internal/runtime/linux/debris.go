@@ -208,22 +208,8 @@ func (r *Runtime) clearDebris(ctx context.Context, name string, c claim) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	gone, why, release := r.sledGone(c)
-	defer release()
-	if !gone {
-		return r.otherSled(name, c, why)
-	}
-	if live := r.liveParts(name); len(live) > 0 {
-		return r.otherSled(name, c, "parts of the zone live: "+strings.Join(live, ", "))
-	}
-	removed, err := r.removeDebris(name)
-	if len(removed) > 0 {
-		r.opts.Log.Info("removed the debris of a dead sled's zone", "zone", name, "sled", c.Sled, "data_dir", c.DataDir, "why", why, "removed", removed)
-	}
-	if err != nil {
-		return fmt.Errorf("zone %s: removing the debris of sled %s: %w", name, c.Sled, err)
-	}
-	return nil
+	_, err := r.takeDebris(name, c, "removed the debris of a dead sled's zone")
+	return err
 }
 
 // sweepDebris removes, for Sweep, the debris of every zone claimed by
@@ -239,24 +225,37 @@ func (r *Runtime) sweepDebris(ctx context.Context, claims map[string]claim) ([]s
 		if err := ctx.Err(); err != nil {
 			return lines, append(errs, err)
 		}
-		gone, why, release := r.sledGone(c)
-		if !gone || len(r.liveParts(name)) > 0 {
-			release()
-			continue
-		}
-		removed, err := r.removeDebris(name)
-		release()
-		if len(removed) > 0 {
-			r.opts.Log.Info("sweep: removed the debris of a dead sled's zone", "zone", name, "sled", c.Sled, "data_dir", c.DataDir, "why", why, "removed", removed)
-		}
+		removed, err := r.takeDebris(name, c, "sweep: removed the debris of a dead sled's zone")
 		for _, l := range removed {
 			lines = append(lines, l+" (debris of sled "+c.Sled+")")
 		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("zone %s: removing the debris of sled %s: %w", name, c.Sled, err))
+		if err != nil && !errors.As(err, new(*OtherSledError)) {
+			errs = append(errs, err)
 		}
 	}
 	return lines, errs
+}
+
+// takeDebris removes the named zone's parts that claim c if they are
+// debris, logs what it removed with msg, and returns it; parts that are not
+// debris are left, and the error is an OtherSledError saying why.
+func (r *Runtime) takeDebris(name string, c claim, msg string) ([]string, error) {
+	gone, why, release := r.sledGone(c)
+	defer release()
+	if !gone {
+		return nil, r.otherSled(name, c, why)
+	}
+	if live := r.liveParts(name); len(live) > 0 {
+		return nil, r.otherSled(name, c, "parts of the zone live: "+strings.Join(live, ", "))
+	}
+	removed, err := r.removeDebris(name)
+	if len(removed) > 0 {
+		r.opts.Log.Info(msg, "zone", name, "sled", c.Sled, "data_dir", c.DataDir, "why", why, "removed", removed)
+	}
+	if err != nil {
+		return removed, fmt.Errorf("zone %s: removing the debris of sled %s: %w", name, c.Sled, err)
+	}
+	return removed, nil
 }
 
 // otherSled is the error for a zone whose parts claim c's sled holds.
