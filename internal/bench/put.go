@@ -216,7 +216,7 @@ func putRound(ctx context.Context, opts *PutOptions, round *PutRound, datasets *
 		return err
 	}
 	poolsOK := exampleConfig{disks: len(pools.Disks), datasets: len(pools.Datasets)}
-	_, end, err := waitStorageOK(ctx, a.Storage(), poolsOK, t0, opts.Timeout)
+	_, end, err := waitStorageOK(ctx, a.Storage(), poolsOK, t0, opts.Timeout, time.Millisecond)
 	if err != nil {
 		return fmt.Errorf("making the pools: %w", err)
 	}
@@ -230,7 +230,9 @@ func putRound(ctx context.Context, opts *PutOptions, round *PutRound, datasets *
 	dsDone := make(chan float64, 1)
 	t0 = time.Now()
 	go func() {
-		_, end, err := waitStorageOK(wctx, a.Storage(), fullOK, t0, opts.Timeout)
+		// Every 20 ms, as the inventory below: what is timed is the
+		// agent's, not the watchers'.
+		_, end, err := waitStorageOK(wctx, a.Storage(), fullOK, t0, opts.Timeout, 20*time.Millisecond)
 		if err != nil {
 			dsDone <- -1
 			return
@@ -254,11 +256,7 @@ func putRound(ctx context.Context, opts *PutOptions, round *PutRound, datasets *
 	if err != nil {
 		return fmt.Errorf("bringing %d zones up: %w", opts.Count, err)
 	}
-	select {
-	case round.PutDatasetsMs = <-dsDone:
-	case <-time.After(opts.Timeout):
-	}
-	if round.PutDatasetsMs < 0 {
+	if round.PutDatasetsMs = <-dsDone; round.PutDatasetsMs < 0 { // waitStorageOK has its deadline
 		return errors.New("the storage status never reported every dataset ok")
 	}
 	return nil

@@ -36,8 +36,8 @@ func TestPutSmallRunLeavesNothing(t *testing.T) {
 	if r.PutAllOKMs <= 0 || r.PutDatasetsMs <= 0 || r.PutDatasetsMs > r.PutAllOKMs || r.RuntimeAloneMs <= 0 || r.Ratio <= 0 {
 		t.Errorf("round %+v", r)
 	}
-	if after := putLeftovers(t); len(after) > len(before) {
-		t.Errorf("left behind: %v (before: %v)", after, before)
+	if left := newSince(before, putLeftovers(t)); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
 	}
 }
 

@@ -220,7 +220,7 @@ func storageRound(ctx context.Context, opts StorageOptions, tag string, sc examp
 	if err := c.PutConfig(ctx, sc.doc); err != nil {
 		return round, nil, err
 	}
-	st, end, err := waitStorageOK(ctx, a.Storage(), sc, t0, opts.Timeout)
+	st, end, err := waitStorageOK(ctx, a.Storage(), sc, t0, opts.Timeout, time.Millisecond)
 	if err != nil {
 		return round, nil, fmt.Errorf("from nothing: %w", err)
 	}
@@ -239,7 +239,7 @@ func storageRound(ctx context.Context, opts StorageOptions, tag string, sc examp
 	for range opts.Passes {
 		t0 := time.Now()
 		a.Storage().Poke()
-		_, end, err := waitStorageOK(ctx, a.Storage(), sc, t0, opts.Timeout)
+		_, end, err := waitStorageOK(ctx, a.Storage(), sc, t0, opts.Timeout, time.Millisecond)
 		if err != nil {
 			return round, nil, fmt.Errorf("no-op pass: %w", err)
 		}
@@ -261,7 +261,7 @@ func storageRound(ctx context.Context, opts StorageOptions, tag string, sc examp
 	if err != nil {
 		return round, nil, err
 	}
-	st, end, err = waitStorageOK(ctx, a.Storage(), sc, t0, opts.Timeout)
+	st, end, err = waitStorageOK(ctx, a.Storage(), sc, t0, opts.Timeout, time.Millisecond)
 	if err != nil {
 		return round, nil, fmt.Errorf("restart: %w", err)
 	}
@@ -308,8 +308,8 @@ func waitListed(ctx context.Context, a *agent.Agent, timeout time.Duration) erro
 // disk and dataset ok, from passes that ended at or after since, and
 // returns that status and the end of its latest pass. Passes are timed by
 // their end as the reconciler records it (CheckedAt), not by when a poll
-// saw it.
-func waitStorageOK(ctx context.Context, s *storage.Reconciler, sc exampleConfig, since time.Time, timeout time.Duration) (storage.Status, time.Time, error) {
+// saw it, so a poll every `every` costs no precision.
+func waitStorageOK(ctx context.Context, s *storage.Reconciler, sc exampleConfig, since time.Time, timeout, every time.Duration) (storage.Status, time.Time, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		st := s.Status()
@@ -320,7 +320,7 @@ func waitStorageOK(ctx context.Context, s *storage.Reconciler, sc exampleConfig,
 		if time.Now().After(deadline) {
 			return st, time.Time{}, fmt.Errorf("storage not ok within %s: %s", timeout, why)
 		}
-		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+		if err := sleepCtx(ctx, every); err != nil {
 			return st, time.Time{}, err
 		}
 	}

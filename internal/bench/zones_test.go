@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,9 +39,20 @@ func TestZonesSmallRunLeavesNothing(t *testing.T) {
 	if res.Zones != 3 || len(res.PerRound) != 1 || res.Up.FloorS <= 0 || res.Up.RuntimeS <= 0 || res.Down.FloorS <= 0 || res.Down.RuntimeS <= 0 {
 		t.Errorf("result %+v", res)
 	}
-	if after := benchLeftovers(t); len(after) > len(before) {
-		t.Errorf("left behind: %v (before: %v)", after, before)
+	if left := newSince(before, benchLeftovers(t)); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
 	}
+}
+
+// newSince lists what is in after and not in before.
+func newSince(before, after []string) []string {
+	var out []string
+	for _, a := range after {
+		if !slices.Contains(before, a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // benchLeftovers lists what a zone benchmark run could leave: namespaces
