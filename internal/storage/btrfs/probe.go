@@ -71,15 +71,7 @@ func (b *Backend) probe(ctx context.Context, path string) (content, error) {
 	if err != nil {
 		return content{}, err
 	}
-	fsid, label, temp, ok := parseSuper(head)
-	if !ok {
-		head, err = syscallOn(ctx, b, path, func() ([]byte, error) { return readHead(path) })
-		if err != nil {
-			return content{}, err
-		}
-		fsid, label, temp, ok = parseSuper(head)
-	}
-	if ok {
+	if fsid, label, temp, ok := parseSuper(head); ok {
 		switch {
 		case label == poolLabel(fsid):
 			return content{kind: storage.ContentPool, poolID: fsid, halfMade: temp}, nil
@@ -96,6 +88,11 @@ func (b *Backend) probe(ctx context.Context, path string) (content, error) {
 	case errors.As(err, &ce) && ce.ExitCode() == 2: // nothing found
 	default:
 		return content{}, fmt.Errorf("probe %s: %w", path, err)
+	}
+	// Nothing recognised: the first MiB must be zero.
+	head, err = syscallOn(ctx, b, path, func() ([]byte, error) { return readHead(path) })
+	if err != nil {
+		return content{}, err
 	}
 	if i := bytes.IndexFunc(head, func(r rune) bool { return r != 0 }); i >= 0 {
 		return content{kind: storage.ContentForeign, what: fmt.Sprintf("unrecognised data at byte %d", i)}, nil

@@ -153,12 +153,12 @@ func (b *Backend) unmount(ctx context.Context, mnt string) error {
 
 // mountsOf returns where device dev is mounted, deepest first.
 func mountsOf(dev string) ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.current()
 	if err != nil {
-		return nil, fmt.Errorf("mountinfo: %w", err)
+		return nil, err
 	}
 	var out []string
-	for _, m := range parseMountinfo(data) {
+	for _, m := range ms {
 		if m.source == dev || sameDevice(m.source, dev) {
 			out = append([]string{m.point}, out...)
 		}
@@ -176,12 +176,11 @@ func mountsOf(dev string) ([]string, error) {
 func (b *Backend) Release(ctx context.Context) ([]string, error) {
 	var lines []string
 	var errs []error
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.current()
 	if err != nil {
-		return nil, fmt.Errorf("mountinfo: %w", err)
+		return nil, err
 	}
 	ext := filepath.Join(filepath.Clean(b.opts.PoolRoot), "ext")
-	ms := parseMountinfo(data)
 	for i := len(ms) - 1; i >= 0; i-- { // the topmost first
 		m := ms[i]
 		if filepath.Dir(m.point) != ext || validUUID(filepath.Base(m.point)) != nil || m.fstype != "btrfs" {
