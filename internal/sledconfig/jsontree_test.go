@@ -157,7 +157,7 @@ func checkTreeAgrees(t *testing.T, doc []byte) {
 	tr, ok := parseTree(doc)
 	want, err := decodeDocument(doc)
 	var notObject bool
-	if err != nil && err.Error() == "config must be a JSON object" {
+	if errors.Is(err, errNotObject) {
 		notObject, err = true, nil
 	}
 	switch {

@@ -25,6 +25,9 @@ const MaxDocumentBytes = 16 << 20
 // serde_json's default recursion limit, so nothing upstream accepts is refused.
 const maxNesting = 128
 
+// errNotObject: the document is JSON, but not an object.
+var errNotObject = errors.New("config must be a JSON object")
+
 // Parse decodes a sled config document and remembers its canonical form, so the
 // returned Config marshals back to the same document. It checks only that the
 // document decodes; Validate checks what it means.
@@ -86,7 +89,7 @@ func readTree(data []byte) (*tree, error) {
 		return nil, errors.New("malformed JSON")
 	}
 	if t.root().kind != '{' {
-		return nil, errors.New("config must be a JSON object")
+		return nil, errNotObject
 	}
 	return t, nil
 }
@@ -181,7 +184,7 @@ func decodeDocument(data []byte) (map[string]any, error) {
 	}
 	obj, ok := v.(map[string]any)
 	if !ok {
-		return nil, errors.New("config must be a JSON object")
+		return nil, errNotObject
 	}
 	return obj, nil
 }

@@ -230,7 +230,7 @@ func (v *validator) disks(items map[string]item[DiskConfig], keys []string) {
 				{"vendor", d.Identity.Vendor}, {"model", d.Identity.Model}, {"serial", d.Identity.Serial},
 			} {
 				switch {
-				case bad != "" && under("identity."+f.name, bad):
+				case under("identity."+f.name, bad):
 					idOK = false
 				case !present(it.t, sub, f.name):
 					v.add(w.at(".identity."+f.name), "is required")
@@ -259,8 +259,7 @@ func (v *validator) disks(items map[string]item[DiskConfig], keys []string) {
 		}
 		if !isUUID(d.PoolID) {
 			v.uuid(w.at(".pool_id"), d.PoolID)
-		}
-		if isUUID(d.PoolID) {
+		} else {
 			pool := strings.ToLower(d.PoolID)
 			if prev, dup := pools[pool]; dup {
 				v.unrealisable(w.at(".pool_id"), "pool %s is also the pool of disk %q", pool, prev)
