@@ -245,7 +245,8 @@ func sameDataset(a, b DatasetConfig) bool {
 		samePtr(a.Quota, b.Quota) && samePtr(a.Reservation, b.Reservation) && a.Compression == b.Compression
 }
 
-func samePtr(a, b *uint64) bool {
+// samePtr says whether a and b are both nil or point to equal values.
+func samePtr[T comparable](a, b *T) bool {
 	if a == nil || b == nil {
 		return a == b
 	}

@@ -317,21 +317,7 @@ func sameDisk(a, b Disk) bool {
 	return a.Identity == b.Identity && a.Variant == b.Variant && a.Slot == b.Slot && a.Path == b.Path &&
 		a.Content == b.Content && a.PoolID == b.PoolID && a.Foreign == b.Foreign && a.Size == b.Size &&
 		fa.ActiveSlot == fb.ActiveSlot && fa.Slots == fb.Slots && fa.Slot1ReadOnly == fb.Slot1ReadOnly &&
-		samePtr8(fa.NextActive, fb.NextActive) && slices.EqualFunc(fa.Versions, fb.Versions, sameStringPtr)
-}
-
-func samePtr8(a, b *uint8) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
-}
-
-func sameStringPtr(a, b *string) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return *a == *b
+		samePtr(fa.NextActive, fb.NextActive) && slices.EqualFunc(fa.Versions, fb.Versions, samePtr[string])
 }
 
 // changed notes a change a reader would see: the status is published now.

@@ -144,14 +144,20 @@ func TestSameStoragePutAgainRechecksAtMostOnceASecond(t *testing.T) {
 }
 
 // Disks becoming ready one after another (a first round) publish once per
-// batch of finished passes, not once per disk.
+// batch of finished passes, not once per disk. Each publish that changes
+// readiness takes a millisecond of the loop's (virtual) time, as a publish
+// of a large sled takes real time: the passes that end meanwhile wait, and
+// are taken in the next batch, whatever the order the goroutines happen to
+// be scheduled in.
 func TestFirstRoundPublishesPerBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b, disks, datasets := quietSled(t, 200)
-		h := start(t, b, storage.Options{})
+		h := start(t, b, storage.Options{OnReadyChange: func() { time.Sleep(time.Millisecond) }})
 		defer h.stop()
 		v0 := h.r.Status().Version
 		h.update(disks, datasets)
+		time.Sleep(time.Second)
+		synctest.Wait()
 		st := h.r.Status()
 		for _, d := range st.Disks {
 			wantResult(t, d.ID, d.Result, "")
