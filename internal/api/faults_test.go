@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
@@ -127,10 +128,34 @@ func TestSimFaultsEachMemberAlone(t *testing.T) {
 	if p := s.present(); !p[a.Serial] {
 		t.Errorf("a map without disks: disk %s still out of the machine", a.Serial)
 	}
+	crucible := sledconfigtest.Crucible(1)
+	if !s.startFails(crucible) {
+		t.Errorf("zones alone, start fail: zone %s started", crucible.Name())
+	}
 
 	if r := s.putFaults(`{}`); r.status != http.StatusNoContent {
 		t.Fatalf("empty map: %d %s", r.status, r.body)
 	}
+	if s.startFails(crucible) {
+		t.Errorf("an empty map: zone %s still fails to start", crucible.Name())
+	}
+}
+
+// startFails says whether the runtime's start of z fails with the injected
+// fault; one that starts is destroyed again.
+func (s *faultedSled) startFails(z sledconfig.Zone) bool {
+	s.t.Helper()
+	spec := zone.SpecFor(&z)
+	err := s.rt.Ensure(context.Background(), spec)
+	if err != nil && !errors.Is(err, sim.ErrInjected) {
+		s.t.Fatalf("starting %s: %v", z.Name(), err)
+	}
+	if err == nil {
+		if err := s.rt.Destroy(context.Background(), spec.Name); err != nil {
+			s.t.Fatalf("destroying %s: %v", z.Name(), err)
+		}
+	}
+	return err != nil
 }
 
 // An unknown member or a bad value, at any depth, is a 400 naming it, and
