@@ -150,14 +150,11 @@ func (p *treeParser) spanOf(s span) string {
 }
 
 func (p *treeParser) space() {
-	for p.i < len(p.src) {
-		switch p.src[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
+	i, src := p.i, p.src
+	for i < len(src) && (src[i] == ' ' || src[i] == '\n' || src[i] == '\t' || src[i] == '\r') {
+		i++
 	}
+	p.i = i
 }
 
 // value reads a value and pushes it on the stack.
@@ -306,28 +303,30 @@ func (p *treeParser) sortMembers(m []node) {
 // string reads a string, returning its value and whether its canonical form
 // differs from its bytes as written.
 func (p *treeParser) string() (s span, escape, ok bool) {
-	p.i++ // '"'
-	start := p.i
-	for p.i < len(p.src) {
-		c := p.src[p.i]
+	// The scan keeps its position in a local: the loop is the parser's
+	// hottest, and p's fields would be loaded and stored at every byte.
+	src := p.src
+	start := p.i + 1 // after '"'
+	for i := start; i < len(src); i++ {
+		c := src[i]
 		if !stringStops[c] {
-			p.i++
 			continue
 		}
 		switch {
 		case c == '"':
-			s = srcSpan(start, p.i)
-			p.i++
-			return s, escape, true
+			p.i = i + 1
+			return srcSpan(start, i), escape, true
 		case c == '\\':
+			p.i = i
 			return p.escapedString(start)
 		case c < 0x20:
+			p.i = i
 			return span{}, false, false
 		case c == 0xE2: // the first byte of U+2028 and U+2029
 			escape = true
 		}
-		p.i++
 	}
+	p.i = len(src)
 	return span{}, false, false
 }
 
