@@ -3,6 +3,7 @@ package linux
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -56,4 +57,23 @@ func TestProcWalkerSharesWalks(t *testing.T) {
 	cctx, ccancel := context.WithCancel(context.Background())
 	ccancel()
 	w.walk(cctx)
+}
+
+// A zone's mark is written where its root is, making the root; written
+// again, it is replaced whole and leaves no temp file behind.
+func TestWriteMark(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "oxz_crucible_x")
+	for _, mark := range []string{`{"name":"first"}`, `{"name":"second, longer than the first"}`} {
+		if err := writeMark(root, []byte(mark)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(root, ownerFile))
+		if err != nil || string(got) != mark {
+			t.Fatalf("mark = %q, %v; want %q", got, err, mark)
+		}
+		ents, err := os.ReadDir(root)
+		if err != nil || len(ents) != 1 {
+			t.Fatalf("root holds %v (%v); want the mark alone", ents, err)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -245,7 +246,7 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 		return err
 	}
 	mark := mustJSON(owner{Tag: r.opts.Tag, Sled: r.opts.Sled, ID: spec.ID, Name: spec.Name, Hash: spec.Hash, Netns: netCfg.Netns, Data: spec.Storage.Data, Config: cfgJSON})
-	if err := atomicfile.WriteFile(filepath.Join(root, ownerFile), mark, atomicfile.Options{}); err != nil {
+	if err := writeMark(root, mark); err != nil {
 		return fmt.Errorf("zone %s: writing its root: %w", spec.Name, err)
 	}
 	r.noteRoot(spec.Name, root)
@@ -724,6 +725,39 @@ func (r *Runtime) inspect(o owner, in *zonenet.Inspector) (bool, string) {
 // legacy: List and Sweep read their marks to tell the zones from the rest.
 func (r *Runtime) rootPaths() ([]string, error) {
 	return r.globRoots(sledconfig.ZoneNamePrefix + "*")
+}
+
+// writeMark writes a zone's ownership mark into root, making root if it is
+// missing. A first mark is written in place: nothing of the zone exists yet
+// for it to prove, and a mark torn by a crash makes a legacy root litter for
+// the restore protocol's sweep (which runs before any Ensure) and is
+// replaced by the next Ensure of a root dataset. A mark already there may
+// prove parts that exist, and is replaced atomically. In place saves the
+// temp file's inode and the rename, which contend with every other zone's
+// in the same directory.
+func writeMark(root string, mark []byte) error {
+	path := filepath.Join(root, ownerFile)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(root, 0o755); err != nil {
+			return err
+		}
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	}
+	if errors.Is(err, fs.ErrExist) {
+		return atomicfile.WriteFile(path, mark, atomicfile.Options{})
+	}
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(mark)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+	}
+	return err
 }
 
 func readOwner(root string) (owner, error) {
