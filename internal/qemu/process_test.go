@@ -1,0 +1,395 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	ovmfCode = "/usr/share/OVMF/OVMF_CODE_4M.fd"
+	ovmfVars = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+)
+
+// needQEMU skips a test where QEMU or OVMF is missing.
+func needQEMU(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skipf("needs qemu-system-x86_64 (Debian package qemu-system-x86): %v", err)
+	}
+	for _, f := range []string{ovmfCode, ovmfVars} {
+		if _, err := os.Stat(f); err != nil {
+			t.Skipf("needs OVMF (Debian package ovmf): %v", err)
+		}
+	}
+}
+
+// tcgMachine is a q35 TCG machine with OVMF, no disks, and com1, all of its
+// files in a fresh temporary directory.
+func tcgMachine(t *testing.T) Machine {
+	t.Helper()
+	dir := t.TempDir()
+	vars := filepath.Join(dir, "vars.fd")
+	if err := PrepareVars(ovmfVars, vars); err != nil {
+		t.Fatal(err)
+	}
+	return Machine{
+		Name:      "test-vm",
+		CPUs:      1,
+		MemoryMiB: 256,
+		Chipset:   Q35,
+		Accel:     TCG,
+		Firmware:  Firmware{Code: ovmfCode, Vars: vars},
+		QMPSocket: filepath.Join(dir, "qmp.sock"),
+		Serial:    []SerialPort{{Port: "com1", Socket: filepath.Join(dir, "com1.sock")}},
+	}
+}
+
+// start starts m and kills it when the test ends, however it ends.
+func start(t *testing.T, m Machine) *Process {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	began := time.Now()
+	p, err := Start(ctx, m, StartOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("QEMU pid %d ready for QMP after %v", p.PID(), time.Since(began).Round(time.Millisecond))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := p.Kill(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return p
+}
+
+// waitEvent reads events until one named name, within a minute.
+func waitEvent(t *testing.T, m *Monitor, name string) Event {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case ev, ok := <-m.Events():
+			if !ok {
+				t.Fatalf("events closed while waiting for %s: %v", name, m.Err())
+			}
+			if ev.Name == name {
+				return ev
+			}
+			t.Logf("event %s %s", ev.Name, ev.Data)
+		case <-deadline:
+			t.Fatalf("no %s event", name)
+		}
+	}
+}
+
+func wantStatus(t *testing.T, m *Monitor, status string, running bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := m.QueryStatus(ctx)
+	if err != nil || st.Status != status || st.Running != running {
+		t.Fatalf("QueryStatus = %+v, %v; want %s, running %v", st, err, status, running)
+	}
+}
+
+func TestQEMULifecycle(t *testing.T) {
+	needQEMU(t)
+	p := start(t, tcgMachine(t))
+	m := p.Monitor()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	wantStatus(t, m, "prelaunch", false)
+	if err := m.Cont(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, m, "RESUME")
+	wantStatus(t, m, "running", true)
+
+	if err := m.SystemReset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, m, "RESET")
+
+	if err := m.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, m, "STOP")
+	wantStatus(t, m, "paused", false)
+	if err := m.Cont(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, m, "RESUME")
+
+	if err := m.Quit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, m, "SHUTDOWN")
+	for name, ch := range map[string]<-chan struct{}{"monitor": m.Done(), "process": p.Wait()} {
+		select {
+		case <-ch:
+		case <-time.After(time.Minute):
+			t.Fatalf("%s not done after quit", name)
+		}
+	}
+	if st := p.ExitState(); st == nil || !st.Success() {
+		t.Errorf("exit %v, want success", st)
+	}
+	if !errors.Is(m.Err(), ErrDisconnected) {
+		t.Errorf("monitor ended with %v", m.Err())
+	}
+}
+
+// A QEMU killed behind the client's back ends the monitor at once.
+func TestQEMUKilled(t *testing.T) {
+	needQEMU(t)
+	p := start(t, tcgMachine(t))
+	m := p.Monitor()
+	if err := syscall.Kill(p.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-m.Done():
+	case <-time.After(time.Second):
+		t.Fatal("monitor not done a second after SIGKILL")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	began := time.Now()
+	if err := m.Cont(ctx); !errors.Is(err, ErrDisconnected) {
+		t.Fatalf("Cont on a dead QEMU = %v", err)
+	}
+	if d := time.Since(began); d > 100*time.Millisecond {
+		t.Errorf("Cont on a dead QEMU took %v", d)
+	}
+	select {
+	case <-p.Wait():
+	case <-time.After(time.Minute):
+		t.Fatal("not reaped")
+	}
+	if st := p.ExitState(); st == nil || st.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Errorf("exit %v, want killed", st)
+	}
+	if err := p.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := monitorGoroutines(); n != 0 {
+		t.Errorf("%d monitor goroutines left after Kill", n)
+	}
+}
+
+// OVMF writes to com1 once the guest runs, with and without the sandbox.
+func TestQEMUSerial(t *testing.T) {
+	needQEMU(t)
+	for _, sandbox := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "sandbox"}[sandbox], func(t *testing.T) {
+			m := tcgMachine(t)
+			m.Sandbox = sandbox
+			p := start(t, m)
+			if sandbox {
+				status, err := os.ReadFile("/proc/" + strconv.Itoa(p.PID()) + "/status")
+				if err != nil || !strings.Contains(string(status), "Seccomp:\t2") {
+					t.Errorf("QEMU has no seccomp filter (%v):\n%s", err, status)
+				}
+			}
+			com1, err := net.Dial("unix", m.Serial[0].Socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer com1.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := p.Monitor().Cont(ctx); err != nil {
+				t.Fatal(err)
+			}
+			began := time.Now()
+			com1.SetReadDeadline(began.Add(time.Minute))
+			buf := make([]byte, 4096)
+			n, err := com1.Read(buf)
+			if err != nil {
+				t.Fatalf("nothing on com1 within a minute: %v; QEMU said: %s", err, p.Stderr())
+			}
+			t.Logf("first serial bytes %v after cont: %q", time.Since(began).Round(time.Millisecond), buf[:n])
+		})
+	}
+}
+
+// QEMU takes every kind of disk, all four serial ports, pvpanic and the
+// sandbox, on both boards, and puts the disks where they were asked for.
+func TestQEMUDevices(t *testing.T) {
+	needQEMU(t)
+	for _, chipset := range []Chipset{Q35, I440FX} {
+		t.Run(string(chipset), func(t *testing.T) {
+			m := tcgMachine(t)
+			m.Chipset = chipset
+			dir := filepath.Dir(m.QMPSocket)
+			for i, name := range []string{"a", "b", "c"} {
+				path := filepath.Join(dir, name+",disk.img")
+				if err := os.WriteFile(path, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Truncate(path, int64(i+1)<<20); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m.Disks = []Disk{
+				{ID: "boot", Kind: VirtioBlk, PCI: PCIPath{0, 4, 0}, Path: filepath.Join(dir, "a,disk.img"), BlockSize: 512},
+				{ID: "data", Kind: NVMe, PCI: PCIPath{0, 5, 0}, Path: filepath.Join(dir, "b,disk.img"), BlockSize: 4096, Serial: "data-1"},
+				{ID: "seed", Kind: VirtioBlk, PCI: PCIPath{0, 5, 1}, Path: filepath.Join(dir, "c,disk.img"), BlockSize: 4096, ReadOnly: true},
+			}
+			for _, port := range []string{"com2", "com3", "com4"} {
+				m.Serial = append(m.Serial, SerialPort{Port: port, Socket: filepath.Join(dir, port+".sock")})
+			}
+			m.Pvpanic = true
+			m.BootOrder = []string{"seed", "boot"}
+			m.Sandbox = true
+			p := start(t, m)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var buses []struct {
+				Devices []struct {
+					Slot, Function int
+					QdevID         string `json:"qdev_id"`
+				}
+			}
+			if err := p.Monitor().Execute(ctx, "query-pci", nil, &buses); err != nil {
+				t.Fatal(err)
+			}
+			at := map[string]string{}
+			for _, d := range buses[0].Devices {
+				at[d.QdevID] = strconv.Itoa(d.Slot) + "." + strconv.Itoa(d.Function)
+			}
+			for id, want := range map[string]string{"boot": "4.0", "data": "5.0", "seed": "5.1"} {
+				if at[id] != want {
+					t.Errorf("%s at %q, want %s (devices: %v)", id, at[id], want, at)
+				}
+			}
+			var chardevs []struct{ Label string }
+			if err := p.Monitor().Execute(ctx, "query-chardev", nil, &chardevs); err != nil {
+				t.Fatal(err)
+			}
+			if len(chardevs) != 5 {
+				t.Errorf("chardevs %v, want qmp and four ports", chardevs)
+			}
+			wantStatus(t, p.Monitor(), "prelaunch", false)
+		})
+	}
+}
+
+// QEMU's refusal reaches the caller in its own words, and nothing is left.
+func TestStartQEMURefuses(t *testing.T) {
+	needQEMU(t)
+	m := tcgMachine(t)
+	missing := filepath.Join(t.TempDir(), "missing.img")
+	m.Disks = []Disk{{ID: "d", Kind: VirtioBlk, PCI: PCIPath{0, 4, 0}, Path: missing, BlockSize: 512}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Start(ctx, m, StartOptions{})
+	var se *StartError
+	if !errors.As(err, &se) || !errors.Is(err, ErrExited) {
+		p.Kill(ctx)
+		t.Fatalf("Start = %v, want a StartError wrapping ErrExited", err)
+	}
+	if se.Exit != "exit status 1" || !strings.Contains(se.Output, missing) || !strings.Contains(err.Error(), missing) {
+		t.Errorf("StartError %q, exit %q, output %q", err, se.Exit, se.Output)
+	}
+}
+
+// fakeQEMU writes a script that ignores its arguments and does what body says.
+func fakeQEMU(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "qemu")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A QEMU whose QMP socket never comes is killed and reaped at the deadline.
+func TestStartDeadline(t *testing.T) {
+	m := minimal()
+	m.Firmware.Vars = filepath.Join(t.TempDir(), "vars.fd")
+	m.QMPSocket = filepath.Join(t.TempDir(), "qmp.sock")
+	started := 0
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := Start(ctx, m, StartOptions{
+		Binary: fakeQEMU(t, "echo starting >&2; exec sleep 60"),
+		Start: func(cmd *exec.Cmd) error {
+			started++
+			return cmd.Start()
+		},
+	})
+	var se *StartError
+	if !errors.As(err, &se) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Start = %v, want a StartError at the deadline", err)
+	}
+	if started != 1 {
+		t.Errorf("Start hook called %d times", started)
+	}
+	if se.Exit != "signal: killed" || se.Output != "starting\n" {
+		t.Errorf("exit %q, output %q: want killed, reaped, and its output", se.Exit, se.Output)
+	}
+}
+
+// A QEMU that exits at once ends Start at once, with its words.
+func TestStartExits(t *testing.T) {
+	m := minimal()
+	m.QMPSocket = filepath.Join(t.TempDir(), "qmp.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	began := time.Now()
+	_, err := Start(ctx, m, StartOptions{Binary: fakeQEMU(t, "echo 'qemu-system-x86_64: no such thing' >&2; exit 1")})
+	if !errors.Is(err, ErrExited) || !strings.HasSuffix(err.Error(), "(exit status 1): qemu-system-x86_64: no such thing") {
+		t.Fatalf("Start = %v", err)
+	}
+	if d := time.Since(began); d > 10*time.Second {
+		t.Errorf("Start took %v to see QEMU exit", d)
+	}
+}
+
+func TestStartRefusals(t *testing.T) {
+	m := minimal()
+	m.CPUs = 0
+	if _, err := Start(context.Background(), m, StartOptions{Binary: "/nonexistent"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Start of an invalid machine = %v", err)
+	}
+	m = minimal()
+	m.QMPSocket = filepath.Join(t.TempDir(), "qmp.sock")
+	if _, err := Start(context.Background(), m, StartOptions{Binary: "/nonexistent/qemu"}); !errors.Is(err, ErrStart) {
+		t.Errorf("Start of a missing binary = %v", err)
+	}
+	hookErr := errors.New("no cgroup")
+	_, err := Start(context.Background(), m, StartOptions{Start: func(*exec.Cmd) error { return hookErr }})
+	if !errors.Is(err, ErrStart) || !errors.Is(err, hookErr) {
+		t.Errorf("Start with a failing hook = %v", err)
+	}
+}
+
+func TestTail(t *testing.T) {
+	var tl tail
+	tl.Write([]byte("short\n"))
+	if tl.String() != "short\n" {
+		t.Fatalf("tail %q", tl.String())
+	}
+	for i := range 2000 {
+		tl.Write([]byte("line " + strconv.Itoa(i) + "\n"))
+	}
+	s := tl.String()
+	if len(s) > OutputLimit || !strings.HasPrefix(s, "line ") || !strings.HasSuffix(s, "line 1999\n") {
+		t.Errorf("tail of %d bytes: %q…%q", len(s), s[:20], s[len(s)-20:])
+	}
+}
