@@ -96,8 +96,8 @@ type reply struct {
 }
 
 // Dial connects to the QMP socket at socketPath, reads QEMU's greeting and
-// leaves capabilities negotiation. A ctx without a deadline gets
-// DefaultTimeout.
+// sends qmp_capabilities, which ends QMP's negotiation mode: commands and
+// events flow from then on. A ctx without a deadline gets DefaultTimeout.
 func Dial(ctx context.Context, socketPath string) (*Monitor, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
