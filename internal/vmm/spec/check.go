@@ -1,0 +1,208 @@
+package spec
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Sled is what a spec is judged against.
+type Sled struct {
+	// Threads is how many hardware threads a guest may have at most.
+	Threads int
+	// FileRoots are the directories a file backend's file may lie in
+	// (the pools' local_storage datasets and the operator's image
+	// directory), each as the sled names it: they are resolved here, as
+	// the file's path is.
+	FileRoots []string
+	// NICs are the sled-local config's NICs, by id: a virtio NIC's
+	// interface_id names one, and the guest sees its MAC.
+	NICs map[string]net.HardwareAddr
+}
+
+// MaxBlobBytes bounds a blob backend's contents (a cloud-init seed is a few
+// KiB; the whole registration is bounded anyway).
+const MaxBlobBytes = 1 << 20
+
+// Check judges whether the sled can realise s. It returns an *Error naming
+// every problem, or nil.
+func Check(s *Spec, sled Sled) error {
+	var probs []string
+	add := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
+	switch {
+	case s.Board.CPUs < 1:
+		add("board.cpus %d: a guest needs at least one", s.Board.CPUs)
+	case s.Board.CPUs > sled.Threads:
+		add("board.cpus %d: this sled has %d hardware threads for guests", s.Board.CPUs, sled.Threads)
+	}
+	if s.Board.MemoryMiB < 1 {
+		add("board.memory_mb %d: a guest needs memory", s.Board.MemoryMiB)
+	}
+	keys := slices.Sorted(func(yield func(string) bool) {
+		for k := range s.Components {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	paths := map[PCIPath]string{}
+	usedBy := map[string]string{} // backend key → the device naming it
+	serials := map[string]string{}
+	var boots []string
+	for _, key := range keys {
+		c := s.Components[key]
+		var pci *PCIPath
+		switch c.Type {
+		case TypeVirtioDisk, TypeNvmeDisk:
+			pci = &c.Disk.PCI
+			probs = append(probs, backendProblems(s, key, c.Disk.BackendID, usedBy, TypeFile, TypeBlob)...)
+		case TypeVirtioNIC:
+			pci = &c.NIC.PCI
+			probs = append(probs, backendProblems(s, key, c.NIC.BackendID, usedBy, TypeVirtioNetwork)...)
+			if _, ok := sled.NICs[strings.ToLower(c.NIC.InterfaceID)]; !ok {
+				add("component %q (virtio_nic): interface_id %q names no NIC of local_config.nics", key, c.NIC.InterfaceID)
+			}
+		case TypeSerialPort:
+			if other, ok := serials[c.Serial]; ok {
+				add("components %q and %q are both serial port %s", other, key, c.Serial)
+			}
+			serials[c.Serial] = key
+		case TypeBootSettings:
+			boots = append(boots, key)
+			seen := map[string]bool{}
+			for _, id := range c.Boot {
+				d, ok := s.Components[id]
+				switch {
+				case !ok:
+					add("component %q (boot_settings): boot entry %q names no component", key, id)
+				case d.Type != TypeVirtioDisk && d.Type != TypeNvmeDisk:
+					add("component %q (boot_settings): boot entry %q is a %s, not a disk", key, id, d.Type)
+				case seen[id]:
+					add("component %q (boot_settings): disk %q is in the boot order twice", key, id)
+				}
+				seen[id] = true
+			}
+		case TypeFile:
+			if err := checkFile(c.File, sled.FileRoots); err != nil {
+				add("component %q (file_storage_backend): %v", key, err)
+			}
+		case TypeBlob:
+			if n := len(c.Blob.Data); n == 0 || n > MaxBlobBytes {
+				add("component %q (blob_storage_backend): %d bytes: want 1 to %d", key, n, MaxBlobBytes)
+			}
+		}
+		if pci == nil {
+			continue
+		}
+		if why := pciProblem(*pci, s.Board.PCIe); why != "" {
+			add("component %q (%s): pci_path %s: %s", key, c.Type, pci, why)
+			continue
+		}
+		if other, ok := paths[*pci]; ok {
+			add("components %q and %q are both at pci_path %s", other, key, pci)
+		}
+		paths[*pci] = key
+	}
+	if len(boots) > 1 {
+		add("components %s: at most one boot_settings", quoteAll(boots))
+	}
+	if len(probs) > 0 {
+		return &Error{Problems: probs}
+	}
+	return nil
+}
+
+// backendProblems checks that a device's backend_id names a backend of one
+// of the kinds it takes, used by no other device.
+func backendProblems(s *Spec, key, backend string, usedBy map[string]string, kinds ...string) []string {
+	b, ok := s.Components[backend]
+	switch {
+	case !ok:
+		return []string{fmt.Sprintf("component %q: backend_id %q names no component", key, backend)}
+	case !slices.Contains(kinds, b.Type):
+		return []string{fmt.Sprintf("component %q: backend_id %q is a %s, not a %s", key, backend, b.Type, strings.Join(kinds, " or a "))}
+	}
+	if other, ok := usedBy[backend]; ok {
+		return []string{fmt.Sprintf("components %q and %q both use backend %q", other, key, backend)}
+	}
+	usedBy[backend] = key
+	return nil
+}
+
+// pciProblem says why a device cannot sit at p, or "". Devices sit on the
+// root bus (a spec with a PCI-PCI bridge is refused), one function each
+// (QEMU would need the device's function 0 to be multi-function), at a slot
+// the chipset does not hold: 0 is the host bridge on both, 1 the i440fx's
+// PIIX (ISA, IDE, ACPI), 0x1f the q35's LPC, SATA and SMBus.
+func pciProblem(p PCIPath, pcie bool) string {
+	switch {
+	case p.Bus != 0:
+		return "devices sit on bus 0 on this sled (no PCI-PCI bridges)"
+	case p.Device > 31:
+		return "a PCI device number is 0 to 31"
+	case p.Function != 0:
+		return "only function 0 is offered (no multi-function devices)"
+	case p.Device == 0:
+		return "slot 0 is the host bridge"
+	case p.Device == 1 && !pcie:
+		return "slot 1 is the chipset's (PIIX: ISA, IDE, ACPI)"
+	case p.Device == 0x1f && pcie:
+		return "slot 0x1f is the chipset's (LPC, SATA, SMBus)"
+	}
+	return ""
+}
+
+// checkFile checks a file backend: a regular file of a supported block
+// size, whose real path (every symbolic link resolved) lies inside one of
+// roots (also resolved). A request never makes a host file a guest's disk.
+func checkFile(f *FileBackend, roots []string) error {
+	if f.BlockSize != 512 && f.BlockSize != 4096 {
+		return fmt.Errorf("block_size %d: want 512 or 4096", f.BlockSize)
+	}
+	if !filepath.IsAbs(f.Path) {
+		return fmt.Errorf("path %q is not absolute", f.Path)
+	}
+	real, err := filepath.EvalSymlinks(f.Path)
+	if err != nil {
+		return fmt.Errorf("path %q: %v", f.Path, err)
+	}
+	if !Within(real, roots) {
+		return fmt.Errorf("path %q (%s) is outside this sled's guest storage (the pools' local_storage datasets and the VMM image directory)", f.Path, real)
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return fmt.Errorf("path %q: %v", f.Path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("path %q is not a regular file (%s)", f.Path, fi.Mode().Type())
+	}
+	return nil
+}
+
+// Within reports whether real, a path with no symbolic links, lies inside
+// one of roots, each resolved first (a root that does not resolve holds
+// nothing).
+func Within(real string, roots []string) bool {
+	for _, root := range roots {
+		r, err := filepath.EvalSymlinks(root)
+		if err != nil || !filepath.IsAbs(r) {
+			continue
+		}
+		rel, err := filepath.Rel(r, real)
+		if err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return true
+		}
+	}
+	return false
+}
+
+func quoteAll(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = fmt.Sprintf("%q", s)
+	}
+	return strings.Join(q, ", ")
+}
