@@ -111,17 +111,17 @@ func buildPlan(t reflect.Type, building map[reflect.Type]*plan) *plan {
 }
 
 // field finds a struct's field for a member name as encoding/json does:
-// the exact name, else one equal but for letter case.
-func (p *plan) field(key string) *fieldPlan {
+// the exact name, else one equal but for letter case (exact is false).
+func (p *plan) field(key string) (f *fieldPlan, exact bool) {
 	if f, ok := p.fields[key]; ok {
-		return f
+		return f, true
 	}
 	for name, f := range p.fields {
 		if strings.EqualFold(name, key) {
-			return f
+			return f, false
 		}
 	}
-	return nil
+	return nil, false
 }
 
 // decoder decodes nodes into Go values (see plan).
@@ -134,6 +134,9 @@ type decoder struct {
 	// being decoded, and structType the struct holding the innermost one.
 	fields     []string
 	structType reflect.Type
+	// unknown is set once a member's key is no field's name as written:
+	// only then can a key differ from a field name in letter case alone.
+	unknown bool
 }
 
 // decode decodes n, a node of t (canonicalized), into *ptr and returns the
@@ -241,7 +244,8 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 		kids := d.t.kids(n)
 		for i := range kids {
 			m := &kids[i]
-			f := p.field(d.t.key(m))
+			f, exact := p.field(d.t.key(m))
+			d.unknown = d.unknown || !exact
 			if f == nil {
 				continue
 			}

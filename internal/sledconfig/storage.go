@@ -71,11 +71,16 @@ func decodeItem[T any](t *tree, n *node, p *plan) item[T] {
 		return item[T]{}
 	}
 	it := item[T]{members: n, t: t}
-	it.caseErr = checkCase(t, n, p)
 	d := decoder{t: t}
 	d.value(n, reflect.ValueOf(&it.val).Elem(), p)
 	if d.err != nil {
 		it.err = d.err
+	}
+	if d.unknown {
+		// Only a member that named no field can be a field's name in
+		// another letter case: the walk that finds it (and its path)
+		// is needed then alone.
+		it.caseErr = checkCase(t, n, p)
 	}
 	return it
 }
