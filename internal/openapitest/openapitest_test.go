@@ -1,7 +1,9 @@
 package openapitest_test
 
 import (
+	"bufio"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -167,4 +169,74 @@ func TestProxyChecksEveryExchange(t *testing.T) {
 		t.Fatalf("a bad request marked invalid, with a good answer: %q", rec.errs[2:])
 	}
 	proxy.WantSeen("GET /originated 200", "PUT /prefix 400")
+}
+
+// Dropshot's unit answer, null, is what its "Null" schema means; any
+// other value is still refused.
+func TestUnitAnswerIsNull(t *testing.T) {
+	spec := openapitest.Load(t, openapitest.Propolis)
+	nmi := httptest.NewRequest(http.MethodPost, "http://[::1]:12400/instance/nmi", nil)
+	json := http.Header{"Content-Type": {"application/json"}}
+	if err := spec.Check(openapitest.Exchange{Request: nmi, Status: 200, Header: json, Body: []byte(`null`)}); err != nil {
+		t.Errorf("null: %v", err)
+	}
+	if err := spec.Check(openapitest.Exchange{Request: nmi, Status: 200, Header: json, Body: []byte(`"null"`)}); err == nil {
+		t.Error(`"null" passed`)
+	}
+}
+
+// A websocket upgrade goes through the proxy: its request and its 101
+// answer are checked, then the connection's bytes pass both ways. An
+// upgrade the document forbids fails the test.
+func TestProxyPassesUpgrades(t *testing.T) {
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "no upgrade", http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Connection", "Upgrade")
+		w.Header().Set("Upgrade", "websocket")
+		w.WriteHeader(http.StatusSwitchingProtocols)
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		brw.Flush()
+		line, _ := brw.ReadString('\n')
+		conn.Write([]byte("echo " + line))
+	}))
+	defer target.Close()
+	rec := &recorder{TB: t}
+	proxy := openapitest.Load(t, openapitest.Propolis).Proxy(rec, target.URL)
+	upgrade := func(path string) string {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(proxy.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nhello\n", path)
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("GET %s: %d", path, resp.StatusCode)
+		}
+		echo, _ := br.ReadString('\n')
+		return echo
+	}
+	if got := upgrade("/instance/serial?from_start=3"); got != "echo hello\n" {
+		t.Errorf("through the upgraded connection: %q", got)
+	}
+	if len(rec.errs) != 0 {
+		t.Fatalf("a good upgrade: %q", rec.errs)
+	}
+	upgrade("/instance/serial?from_start=-3")
+	if len(rec.errs) != 1 || !strings.Contains(rec.errs[0], "from_start") {
+		t.Errorf("an upgrade with a bad offset: %q", rec.errs)
+	}
+	proxy.WantSeen("GET /instance/serial 101")
 }

@@ -73,6 +73,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		p.upgrade(w, r, out, body, invalid, resp)
+		return
+	}
 	answer, err := io.ReadAll(resp.Body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
@@ -93,6 +97,53 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	w.Write(answer)
+}
+
+// upgrade checks an upgrade's exchange (its 101 answer has no body), then
+// passes the two connections' bytes through until either side closes: a
+// websocket's frames go through unchecked, since the document says nothing
+// of them.
+func (p *Proxy) upgrade(w http.ResponseWriter, r *http.Request, out *http.Request, body []byte, invalid bool, resp *http.Response) {
+	x := Exchange{Request: out, RequestBody: body, Status: resp.StatusCode, Header: resp.Header}
+	check := p.spec.Check
+	if invalid {
+		check = p.spec.CheckAnswer
+	}
+	if err := check(x); err != nil {
+		p.t.Errorf("%v\nrequest: %s %s\nanswer: %d (upgrade)", err, r.Method, r.URL, resp.StatusCode)
+	}
+	p.record(out, resp.StatusCode)
+	target, ok := resp.Body.(io.ReadWriter)
+	if !ok {
+		http.Error(w, "the upgraded answer is not a connection", http.StatusBadGateway)
+		return
+	}
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	if err := brw.Flush(); err != nil {
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() {
+		io.Copy(target, brw) // what the client had sent already comes first
+		done <- struct{}{}
+	}()
+	go func() {
+		io.Copy(conn, target)
+		done <- struct{}{}
+	}()
+	<-done
+	// One side is done: closing both ends the other copy.
+	conn.Close()
+	resp.Body.Close()
+	<-done
 }
 
 func (p *Proxy) record(r *http.Request, status int) {
