@@ -3,6 +3,7 @@ module github.com/sled-agent/sled-agent
 go 1.26.8
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/danielgtaylor/huma/v2 v2.37.2
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/go-json-experiment/json v1.27.2
