@@ -56,8 +56,11 @@ type handler struct {
 // NewHandler returns the API over b. Long polls and serial consoles end
 // when their request's context does: serve it with a BaseContext that ends
 // at shutdown, since http.Server.Shutdown does not wait for upgraded
-// connections.
+// connections. A nil log discards.
 func NewHandler(b Backend, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	h := &handler{b: b, log: log, mux: http.NewServeMux()}
 	routes := []struct {
 		path    string
