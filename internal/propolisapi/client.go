@@ -164,7 +164,7 @@ func (c *Client) StateMonitor(ctx context.Context, gen uint64) (Status, error) {
 	if resp.Gen == 0 || !resp.State.Valid() {
 		return Status{}, fmt.Errorf("propolis-server GET /instance/state-monitor: answer is not a status: gen %d, state %q", resp.Gen, resp.State)
 	}
-	return Status{Gen: resp.Gen, State: resp.State}, nil
+	return Status{Gen: resp.Gen, State: resp.State, Detail: resp.Detail}, nil
 }
 
 // PutState asks the instance to run, stop or reboot; a change its state

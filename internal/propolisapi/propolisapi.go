@@ -95,6 +95,12 @@ type Metadata struct {
 type Status struct {
 	Gen   uint64
 	State InstanceState
+	// Detail says what State does not: what the VM waits for, or why it
+	// failed, in the backend's words (QEMU's for a real guest). The state
+	// monitor's answer carries it as an extra member, "detail", which the
+	// document allows and upstream's clients ignore; the sled agent shows
+	// it.
+	Detail string
 }
 
 // Backend is the VM the server serves. Implementations are safe for
@@ -224,6 +230,7 @@ type monitorResponse struct {
 	Gen       uint64          `json:"gen"`
 	State     InstanceState   `json:"state"`
 	Migration migrationStatus `json:"migration"`
+	Detail    string          `json:"detail,omitempty"` // ours: see Status
 }
 
 // errorBody is dropshot's error body; error_code is left out when empty,

@@ -317,7 +317,7 @@ func (h *handler) stateMonitor(w http.ResponseWriter, r *http.Request) {
 		st = h.b.Wait(ctx, gen-1)
 		cancel()
 	}
-	writeJSON(w, http.StatusOK, monitorResponse{Gen: st.Gen, State: st.State})
+	writeJSON(w, http.StatusOK, monitorResponse{Gen: st.Gen, State: st.State, Detail: st.Detail})
 }
 
 func (h *handler) putState(w http.ResponseWriter, r *http.Request) {
