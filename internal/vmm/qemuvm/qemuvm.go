@@ -1,0 +1,360 @@
+// Package qemuvm is a real guest behind the propolis API: the backend of
+// the VMM service (internal/propolisapi) that builds a QEMU machine from an
+// instance spec (internal/vmm/spec), boots it through OVMF and follows it
+// over QMP. Every state the API reports is the guest's own:
+//
+//	Creating   QEMU is being started, and then holds the guest paused
+//	Starting   asked to run: QEMU is told to run the guest's CPUs
+//	Running    QEMU runs the guest (QMP "running")
+//	Rebooting  reset asked or done by the guest, until QEMU runs it again
+//	Stopping   the ACPI power button pressed, until QEMU exits
+//	Stopped    QEMU exited after the guest powered off
+//	Destroyed  the VM's files are cleaned up: nothing of it is left
+//	Failed     the guest panicked (pvpanic), hit an internal error, or QEMU
+//	           died; Detail has QEMU's words
+//
+// A stop that the guest ignores is forced by whoever asked (the agent's
+// StopGrace tears the zone down); Close quits QEMU, then kills it.
+package qemuvm
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/qemu"
+	"github.com/sled-agent/sled-agent/internal/vmm/spec"
+)
+
+// Options set a VM up.
+type Options struct {
+	// Name names the machine (the VMM's id).
+	Name string
+	// Dir is the VM's own directory: its sockets, its firmware variables
+	// and its blob-backed disks. Made if missing; its contents are the
+	// VM's.
+	Dir string
+	// Binary is QEMU's program (qemu-system-x86_64).
+	Binary string
+	// FirmwareCode and FirmwareVars are OVMF's code image and the
+	// template of its variable store.
+	FirmwareCode, FirmwareVars string
+	Accel                      qemu.Accel
+	// Sled is what a spec is checked against, again: the agent checked it
+	// before the VMM's zone existed, and a file may have moved since.
+	Sled spec.Sled
+	// Start starts QEMU's command (a cgroup, a user): see qemu.StartOptions.
+	Start func(*exec.Cmd) error
+	// StartTimeout bounds QEMU's start until its monitor answers (30s).
+	StartTimeout time.Duration
+	// CallTimeout bounds each QMP command (5s).
+	CallTimeout time.Duration
+	Log         *slog.Logger
+}
+
+// VM is one guest. It implements propolisapi.Backend.
+type VM struct {
+	opts    Options
+	console *propolisapi.Buffer
+
+	mu      sync.Mutex
+	ensured bool
+	sled    spec.Sled // what the spec was checked against, its NICs found
+	props   propolisapi.Properties
+	raw     json.RawMessage
+	status  propolisapi.Status
+	detail  string
+	changed chan struct{} // closed and replaced at every change of status
+	proc    *qemu.Process // nil until started, and once it has exited
+	serial  net.Conn      // com1, while connected
+	// powerdown is set when the guest was asked to power off; a QEMU
+	// that exits after a SHUTDOWN event has stopped, not failed.
+	shutdown bool
+	closed   bool
+}
+
+// New returns a VM that has nothing yet: Ensure makes it.
+func New(opts Options) *VM {
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 30 * time.Second
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = 5 * time.Second
+	}
+	v := &VM{opts: opts, changed: make(chan struct{})}
+	v.console = propolisapi.NewBuffer(consoleBytes, v.writeSerial)
+	return v
+}
+
+// consoleBytes is how much of com1's output is kept.
+const consoleBytes = 1 << 20
+
+// Ensure makes the VM from its spec and starts QEMU with the guest paused.
+// Again with the same properties and spec it changes nothing.
+func (v *VM) Ensure(ctx context.Context, props propolisapi.Properties, raw json.RawMessage) error {
+	v.mu.Lock()
+	if v.ensured {
+		same := v.props == props && jsonEqual(v.raw, raw)
+		v.mu.Unlock()
+		if !same {
+			return propolisapi.ErrConflict
+		}
+		return nil
+	}
+	s, err := spec.Decode(raw)
+	sled := v.opts.Sled
+	if err == nil && sled.NICs == nil {
+		sled.NICs, err = NICsOf(s)
+	}
+	if err == nil {
+		err = spec.Check(s, sled)
+	}
+	var se *spec.Error
+	if errors.As(err, &se) {
+		v.mu.Unlock()
+		return &propolisapi.SpecError{Msg: se.Error()}
+	}
+	if err != nil {
+		v.mu.Unlock()
+		return err
+	}
+	v.ensured, v.props, v.raw, v.sled = true, props, slices.Clone(raw), sled
+	v.setLocked(propolisapi.StateCreating, "starting QEMU")
+	v.mu.Unlock()
+
+	proc, err := v.start(ctx, s)
+	if err != nil {
+		v.set(propolisapi.StateFailed, "QEMU did not start: "+err.Error())
+		return fmt.Errorf("starting QEMU: %w", err)
+	}
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		proc.Kill(context.Background())
+		return errors.New("the VMM service is closing")
+	}
+	v.proc = proc
+	v.setLocked(propolisapi.StateCreating, "QEMU holds the guest paused until it is asked to run")
+	v.mu.Unlock()
+	go v.follow(proc)
+	return nil
+}
+
+// start builds the machine and starts QEMU, paused, with com1 connected.
+func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
+	if err := os.MkdirAll(v.opts.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	m, err := v.machine(s)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, v.opts.StartTimeout)
+	defer cancel()
+	proc, err := qemu.Start(sctx, m, qemu.StartOptions{Binary: v.opts.Binary, Start: v.opts.Start, Logger: v.opts.Log})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range m.Serial {
+		if p.Port != "com1" {
+			continue
+		}
+		var d net.Dialer
+		conn, err := d.DialContext(sctx, "unix", p.Socket)
+		if err != nil {
+			proc.Kill(context.Background())
+			return nil, fmt.Errorf("connecting to com1: %w", err)
+		}
+		v.mu.Lock()
+		v.serial = conn
+		v.mu.Unlock()
+		go v.readSerial(conn)
+	}
+	return proc, nil
+}
+
+// machine is the QEMU machine for s, with its files in the VM's directory.
+func (v *VM) machine(s *spec.Spec) (qemu.Machine, error) {
+	dir := v.opts.Dir
+	m := qemu.Machine{
+		Name:      v.opts.Name,
+		CPUs:      s.Board.CPUs,
+		MemoryMiB: int(s.Board.MemoryMiB),
+		Chipset:   qemu.ChipsetFor(s.Board.PCIe),
+		Firmware:  qemu.Firmware{Code: v.opts.FirmwareCode, Vars: filepath.Join(dir, "vars.fd")},
+		Accel:     v.opts.Accel,
+		QMPSocket: filepath.Join(dir, "qmp.sock"),
+		Sandbox:   true,
+	}
+	if err := qemu.PrepareVars(v.opts.FirmwareVars, m.Firmware.Vars); err != nil {
+		return m, err
+	}
+	keys := slices.Sorted(func(yield func(string) bool) {
+		for k := range s.Components {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	ids := map[string]string{} // component key → QEMU device id
+	vhost := qemu.VhostNet()
+	for _, key := range keys {
+		c := s.Components[key]
+		switch c.Type {
+		case spec.TypeVirtioDisk, spec.TypeNvmeDisk:
+			d, err := v.disk(s, c, len(m.Disks))
+			if err != nil {
+				return m, fmt.Errorf("component %q: %w", key, err)
+			}
+			ids[key] = d.ID
+			m.Disks = append(m.Disks, d)
+		case spec.TypeVirtioNIC:
+			n := len(m.NICs)
+			mac := v.sled.NICs[strings.ToLower(c.NIC.InterfaceID)]
+			tap := s.Components[c.NIC.BackendID].Network.VNICName
+			if _, err := MACOfVNIC(tap); err != nil {
+				tap = fmt.Sprintf("tap%d", n) // a sled whose NICs were given
+			}
+			nic := qemu.NIC{ID: fmt.Sprintf("net%d", n), Kind: qemu.VirtioNet, PCI: qemuPCI(c.NIC.PCI), MAC: mac.String(), Tap: tap, Vhost: vhost}
+			ids[key] = nic.ID
+			m.NICs = append(m.NICs, nic)
+		case spec.TypeSerialPort:
+			m.Serial = append(m.Serial, qemu.SerialPort{Port: c.Serial, Socket: filepath.Join(dir, c.Serial+".sock")})
+		case spec.TypeQemuPvpanic:
+			m.Pvpanic = m.Pvpanic || c.Pvpanic.EnableISA
+		}
+	}
+	for _, c := range s.Components {
+		for _, key := range c.Boot {
+			m.BootOrder = append(m.BootOrder, ids[key])
+		}
+	}
+	return m, nil
+}
+
+// disk is the QEMU disk of a spec's disk component: its backend's file,
+// by its real path (checked again here), or its blob written into the
+// VM's directory.
+func (v *VM) disk(s *spec.Spec, c spec.Component, n int) (qemu.Disk, error) {
+	d := qemu.Disk{ID: fmt.Sprintf("disk%d", n), Kind: qemu.VirtioBlk, PCI: qemuPCI(c.Disk.PCI), BlockSize: 512}
+	if c.Type == spec.TypeNvmeDisk {
+		d.Kind = qemu.NVMe
+		d.Serial = printable(c.Disk.SerialNumber)
+		if d.Serial == "" {
+			d.Serial = d.ID
+		}
+	}
+	b := s.Components[c.Disk.BackendID]
+	switch {
+	case b.File != nil:
+		real, err := filepath.EvalSymlinks(b.File.Path)
+		if err != nil {
+			return d, err
+		}
+		if !spec.Within(real, v.sled.FileRoots) {
+			return d, fmt.Errorf("%s (%s) is outside this sled's guest storage", b.File.Path, real)
+		}
+		d.Path, d.ReadOnly, d.BlockSize = real, b.File.ReadOnly, int(b.File.BlockSize)
+	case b.Blob != nil:
+		d.Path, d.ReadOnly = filepath.Join(v.opts.Dir, d.ID+".blob"), b.Blob.ReadOnly
+		// Whole sectors: the guest sees the blob padded with zeros.
+		data := append(slices.Clone(b.Blob.Data), make([]byte, (512-len(b.Blob.Data)%512)%512)...)
+		if err := os.WriteFile(d.Path, data, 0o600); err != nil {
+			return d, err
+		}
+	default:
+		return d, fmt.Errorf("backend %q is not a file or a blob", c.Disk.BackendID)
+	}
+	return d, nil
+}
+
+func qemuPCI(p spec.PCIPath) qemu.PCIPath {
+	return qemu.PCIPath{Bus: p.Bus, Device: p.Device, Function: p.Function}
+}
+
+// printable is an NVMe serial number as QEMU takes it: its printable ASCII,
+// trailing spaces and NULs dropped.
+func printable(b []byte) string {
+	s := strings.TrimRight(string(b), " \x00")
+	for _, c := range []byte(s) {
+		if c < 0x20 || c > 0x7e {
+			return ""
+		}
+	}
+	return s
+}
+
+func jsonEqual(a, b []byte) bool {
+	var ca, cb bytes.Buffer
+	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
+		return bytes.Equal(a, b)
+	}
+	return bytes.Equal(ca.Bytes(), cb.Bytes())
+}
+
+// The sled agent names each virtio NIC's backend (vnic_name, which upstream's
+// sled agent sets to the OPTE port it made for the NIC) after the NIC's MAC:
+// "vn" and its 12 hex digits. The VMM service learns the guest's MAC from
+// it, and it names the NIC's tap in the VMM's zone (15 bytes at most).
+const vnicPrefix = "vn"
+
+// VNICName is the vnic_name the agent gives the backend of a NIC with mac.
+func VNICName(mac net.HardwareAddr) string {
+	return vnicPrefix + strings.ReplaceAll(mac.String(), ":", "")
+}
+
+// MACOfVNIC is the MAC a vnic_name made by VNICName stands for.
+func MACOfVNIC(name string) (net.HardwareAddr, error) {
+	hexMAC, ok := strings.CutPrefix(name, vnicPrefix)
+	if !ok || len(hexMAC) != 12 || strings.ToLower(hexMAC) != hexMAC {
+		return nil, fmt.Errorf("vnic_name %q is not one this sled's agent made (%s and a MAC's 12 lowercase hex digits)", name, vnicPrefix)
+	}
+	var b [6]byte
+	if _, err := hex.Decode(b[:], []byte(hexMAC)); err != nil {
+		return nil, fmt.Errorf("vnic_name %q: %w", name, err)
+	}
+	return net.HardwareAddr(b[:]), nil
+}
+
+// NICsOf finds the MAC of every virtio NIC of s from its backend's
+// vnic_name, by the NIC's interface_id: a spec the agent sent carries them.
+func NICsOf(s *spec.Spec) (map[string]net.HardwareAddr, error) {
+	nics := map[string]net.HardwareAddr{}
+	var probs []string
+	for _, c := range s.Components {
+		if c.Type != spec.TypeVirtioNIC {
+			continue
+		}
+		b, ok := s.Components[c.NIC.BackendID]
+		if !ok || b.Network == nil {
+			continue // spec.Check names it
+		}
+		mac, err := MACOfVNIC(b.Network.VNICName)
+		if err != nil {
+			probs = append(probs, fmt.Sprintf("component %q: %v", c.NIC.BackendID, err))
+			continue
+		}
+		nics[strings.ToLower(c.NIC.InterfaceID)] = mac
+	}
+	if len(probs) > 0 {
+		slices.Sort(probs)
+		return nil, &spec.Error{Problems: probs}
+	}
+	return nics, nil
+}

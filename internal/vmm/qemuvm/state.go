@@ -1,0 +1,333 @@
+package qemuvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/qemu"
+)
+
+// set moves the VM to state, saying why.
+func (v *VM) set(state propolisapi.InstanceState, detail string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.setLocked(state, detail)
+}
+
+// setLocked moves the VM to state; the generation goes up with every change
+// of state or detail. Failed and Destroyed are final.
+func (v *VM) setLocked(state propolisapi.InstanceState, detail string) {
+	if cur := v.status.State; (cur == propolisapi.StateFailed || cur == propolisapi.StateDestroyed) && v.status.Gen > 0 {
+		return
+	}
+	if state == v.status.State && detail == v.detail && v.status.Gen > 0 {
+		return
+	}
+	v.status.Gen++
+	v.status.State, v.detail = state, detail
+	v.opts.Log.Info("guest state", "state", state, "detail", detail, "gen", v.status.Gen)
+	close(v.changed)
+	v.changed = make(chan struct{})
+}
+
+// Instance is what Ensure was given, and the VM's status.
+func (v *VM) Instance() (propolisapi.Properties, json.RawMessage, propolisapi.Status, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.props, v.raw, v.statusLocked(), v.ensured
+}
+
+func (v *VM) statusLocked() propolisapi.Status {
+	st := v.status
+	st.Detail = v.detail
+	return st
+}
+
+// Wait returns the status once its generation is above after, or the
+// current one when ctx ends.
+func (v *VM) Wait(ctx context.Context, after uint64) propolisapi.Status {
+	for {
+		v.mu.Lock()
+		st, ch := v.statusLocked(), v.changed
+		v.mu.Unlock()
+		if st.Gen > after {
+			return st
+		}
+		select {
+		case <-ctx.Done():
+			return st
+		case <-ch:
+		}
+	}
+}
+
+// Console is com1's.
+func (v *VM) Console() propolisapi.Console {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.ensured {
+		return nil
+	}
+	return v.console
+}
+
+// Request asks the guest to run, stop or reboot.
+func (v *VM) Request(ctx context.Context, r propolisapi.StateRequest) error {
+	v.mu.Lock()
+	state, proc := v.status.State, v.proc
+	v.mu.Unlock()
+	invalid := func() error {
+		return fmt.Errorf("%w: cannot %s a guest that is %s", propolisapi.ErrInvalidTransition, strings.ToLower(string(r)), state)
+	}
+	if proc == nil {
+		switch {
+		case state == propolisapi.StateStopped || state == propolisapi.StateDestroyed:
+			if r == propolisapi.RequestStop {
+				return nil
+			}
+		}
+		return invalid()
+	}
+	cctx, cancel := context.WithTimeout(ctx, v.opts.CallTimeout)
+	defer cancel()
+	mon := proc.Monitor()
+	switch r {
+	case propolisapi.RequestRun:
+		switch state {
+		case propolisapi.StateRunning, propolisapi.StateStarting, propolisapi.StateRebooting:
+			return nil
+		case propolisapi.StateCreating:
+			v.set(propolisapi.StateStarting, "QEMU asked to run the guest")
+			if err := mon.Cont(cctx); err != nil {
+				return fmt.Errorf("running the guest: %w", err)
+			}
+			v.confirmRunning(cctx, mon)
+			return nil
+		}
+	case propolisapi.RequestStop:
+		switch state {
+		case propolisapi.StateStopping, propolisapi.StateStopped, propolisapi.StateDestroyed:
+			return nil
+		case propolisapi.StateCreating:
+			// The guest never ran: nothing to shut down.
+			v.set(propolisapi.StateStopping, "the guest never ran: QEMU quits")
+			v.markShutdown()
+			return mon.Quit(cctx)
+		case propolisapi.StateStarting, propolisapi.StateRunning, propolisapi.StateRebooting:
+			v.markShutdown()
+			v.set(propolisapi.StateStopping, "ACPI power button pressed: waiting for the guest to power off")
+			if err := mon.SystemPowerdown(cctx); err != nil {
+				return fmt.Errorf("pressing the power button: %w", err)
+			}
+			return nil
+		}
+	case propolisapi.RequestReboot:
+		if state == propolisapi.StateRunning || state == propolisapi.StateRebooting {
+			v.set(propolisapi.StateRebooting, "system reset asked")
+			if err := mon.SystemReset(cctx); err != nil {
+				return fmt.Errorf("resetting the guest: %w", err)
+			}
+			v.confirmRunning(cctx, mon)
+			return nil
+		}
+	}
+	return invalid()
+}
+
+// confirmRunning moves a starting or rebooting VM to Running once QEMU says
+// the guest runs. The RESUME and RESET events do it too; asking closes the
+// race with a reset done before the request's answer.
+func (v *VM) confirmRunning(ctx context.Context, mon *qemu.Monitor) {
+	st, err := mon.QueryStatus(ctx)
+	if err != nil || !st.Running {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if s := v.status.State; s == propolisapi.StateStarting || s == propolisapi.StateRebooting {
+		v.setLocked(propolisapi.StateRunning, "QEMU runs the guest")
+	}
+}
+
+func (v *VM) markShutdown() {
+	v.mu.Lock()
+	v.shutdown = true
+	v.mu.Unlock()
+}
+
+// NMI injects a non-maskable interrupt.
+func (v *VM) NMI(ctx context.Context) error {
+	v.mu.Lock()
+	proc := v.proc
+	v.mu.Unlock()
+	if proc == nil {
+		return fmt.Errorf("%w: no guest runs", propolisapi.ErrInvalidTransition)
+	}
+	cctx, cancel := context.WithTimeout(ctx, v.opts.CallTimeout)
+	defer cancel()
+	return proc.Monitor().Execute(cctx, "inject-nmi", nil, nil)
+}
+
+// follow turns QEMU's events and exit into the VM's states, until QEMU has
+// exited and the VM is Stopped then Destroyed, or Failed.
+func (v *VM) follow(proc *qemu.Process) {
+	mon := proc.Monitor()
+	for {
+		select {
+		case ev := <-mon.Events():
+			v.event(proc, ev)
+		case <-proc.Wait():
+			v.exited(proc)
+			return
+		}
+	}
+}
+
+func (v *VM) event(proc *qemu.Process, ev qemu.Event) {
+	switch ev.Name {
+	case "RESUME", "RESET":
+		v.mu.Lock()
+		switch s := v.status.State; {
+		case ev.Name == "RESET" && s == propolisapi.StateRunning:
+			// The guest reset itself: it reboots, and runs again at once.
+			v.setLocked(propolisapi.StateRebooting, "the guest reset itself")
+			v.setLocked(propolisapi.StateRunning, "QEMU runs the guest after its reset")
+		case s == propolisapi.StateStarting || s == propolisapi.StateRebooting:
+			v.setLocked(propolisapi.StateRunning, "QEMU runs the guest")
+		}
+		v.mu.Unlock()
+	case "SHUTDOWN":
+		var d struct {
+			Guest  bool   `json:"guest"`
+			Reason string `json:"reason"`
+		}
+		json.Unmarshal(ev.Data, &d)
+		v.mu.Lock()
+		v.shutdown = true
+		if s := v.status.State; s != propolisapi.StateStopping {
+			v.setLocked(propolisapi.StateStopping, "the guest powered off ("+d.Reason+")")
+		}
+		v.mu.Unlock()
+	case "GUEST_PANICKED":
+		v.set(propolisapi.StateFailed, "the guest panicked (pvpanic): "+string(ev.Data))
+		go proc.Kill(context.Background())
+	case "STOP":
+		// A stop nobody asked for is QEMU's: an internal error (KVM's
+		// emulation failure), an I/O error, a full disk.
+		ctx, cancel := context.WithTimeout(context.Background(), v.opts.CallTimeout)
+		st, err := proc.Monitor().QueryStatus(ctx)
+		cancel()
+		if err != nil || st.Status == "paused" || st.Status == "shutdown" {
+			return
+		}
+		if st.Status == "internal-error" || st.Status == "io-error" || st.Status == "guest-panicked" {
+			v.set(propolisapi.StateFailed, fmt.Sprintf("QEMU stopped the guest: %s: %s", st.Status, lastLines(proc.Stderr(), 3)))
+			go proc.Kill(context.Background())
+		}
+	}
+}
+
+// exited takes QEMU's exit: Stopped then Destroyed after a power-off,
+// Failed otherwise.
+func (v *VM) exited(proc *qemu.Process) {
+	v.mu.Lock()
+	shutdown := v.shutdown
+	v.proc = nil
+	serial := v.serial
+	v.serial = nil
+	v.mu.Unlock()
+	if serial != nil {
+		serial.Close()
+	}
+	how := "exited"
+	if st := proc.ExitState(); st != nil {
+		how = st.String()
+	}
+	if shutdown && proc.ExitState() != nil && proc.ExitState().Success() {
+		v.set(propolisapi.StateStopped, "the guest powered off and QEMU exited")
+		v.cleanup()
+		v.set(propolisapi.StateDestroyed, "QEMU exited and the VM's files are removed")
+		return
+	}
+	v.set(propolisapi.StateFailed, fmt.Sprintf("QEMU %s: %s", how, lastLines(proc.Stderr(), 3)))
+	v.cleanup()
+}
+
+// cleanup removes the VM's sockets and blob files; its firmware variables
+// stay, as a disk's contents do.
+func (v *VM) cleanup() {
+	for _, pat := range []string{"*.sock", "*.blob"} {
+		files, _ := filepath.Glob(filepath.Join(v.opts.Dir, pat))
+		for _, f := range files {
+			os.Remove(f)
+		}
+	}
+}
+
+// Close quits QEMU (kills it if it does not exit within ctx) and waits for
+// it; the VM is Failed unless it had stopped.
+func (v *VM) Close(ctx context.Context) error {
+	v.mu.Lock()
+	v.closed = true
+	proc := v.proc
+	v.mu.Unlock()
+	if proc == nil {
+		return nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, v.opts.CallTimeout)
+	proc.Monitor().Quit(qctx)
+	cancel()
+	select {
+	case <-proc.Wait():
+		return nil
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+	}
+	return proc.Kill(ctx)
+}
+
+// readSerial feeds com1's output to the console until the connection ends.
+func (v *VM) readSerial(conn net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := conn.Read(buf)
+		if n > 0 {
+			v.console.Append(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// writeSerial sends input to com1.
+func (v *VM) writeSerial(ctx context.Context, p []byte) (int, error) {
+	v.mu.Lock()
+	conn := v.serial
+	v.mu.Unlock()
+	if conn == nil {
+		return 0, errors.New("the guest's serial port is not connected")
+	}
+	if d, ok := ctx.Deadline(); ok {
+		conn.SetWriteDeadline(d)
+	} else {
+		conn.SetWriteDeadline(time.Now().Add(v.opts.CallTimeout))
+	}
+	return conn.Write(p)
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) == 1 && lines[0] == "" {
+		return "no output"
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], " | ")
+}
