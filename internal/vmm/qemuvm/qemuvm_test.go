@@ -99,7 +99,7 @@ func specJSON(disk string, pvpanic bool) json.RawMessage {
 			"boot-disk":         comp("virtio_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10)}),
 			"boot-disk-backend": comp("file_storage_backend", map[string]any{"path": disk, "readonly": false, "block_size": 512}),
 			"net0":              comp("virtio_nic", map[string]any{"backend_id": "net0-backend", "interface_id": nicID, "pci_path": pci(8)}),
-			"net0-backend":      comp("virtio_network_backend", map[string]any{"vnic_name": VNICName(mustMAC(testMAC))}),
+			"net0-backend":      comp("virtio_network_backend", map[string]any{"vnic_name": spec.VNICName(mustMAC(testMAC))}),
 			"com1":              comp("serial_port", map[string]any{"num": "com1"}),
 			"pvpanic":           comp("qemu_pvpanic", map[string]any{"enable_isa": pvpanic}),
 			"boot-settings":     comp("boot_settings", map[string]any{"order": []any{map[string]any{"id": "boot-disk"}}}),
@@ -164,24 +164,6 @@ func mustMAC(s string) net.HardwareAddr {
 		panic(err)
 	}
 	return mac
-}
-
-// vnic_names carry their NIC's MAC; others are not this agent's.
-func TestVNICName(t *testing.T) {
-	mac := mustMAC(testMAC)
-	name := VNICName(mac)
-	if name != "vna84025f00007" || len(name) > 15 {
-		t.Fatalf("VNICName = %q", name)
-	}
-	got, err := MACOfVNIC(name)
-	if err != nil || got.String() != testMAC {
-		t.Fatalf("MACOfVNIC(%q) = %v, %v", name, got, err)
-	}
-	for _, bad := range []string{"vopte0", "vnA84025F00007", "vna84025f0000", "vna84025f0000g", "xna84025f00007"} {
-		if _, err := MACOfVNIC(bad); err == nil {
-			t.Errorf("MACOfVNIC(%q) succeeded", bad)
-		}
-	}
 }
 
 func lastBytes(b []byte, n int) string { return string(b[max(0, len(b)-n):]) }
