@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -239,4 +240,31 @@ func (r *Reconciler) ZoneStorage(filesystemPool, zoneName, durable string) (Zone
 		}
 	}
 	return paths, nil
+}
+
+// ReadyPaths are where the ensured datasets of the given kinds are, from
+// the published state (it never waits on a backend call): for instance
+// the local_storage datasets in which a guest's disk files may lie.
+func (r *Reconciler) ReadyPaths(kinds ...string) []string {
+	r.store.mu.Lock()
+	rd := r.store.snap.ready
+	r.store.mu.Unlock()
+	var out []string
+	for name, d := range rd.datasets {
+		if !d.ok || d.path == "" {
+			continue
+		}
+		pool, _, _ := strings.Cut(name, "/")
+		id, ok := PoolIDFromName(pool)
+		if !ok {
+			continue
+		}
+		for _, k := range kinds {
+			if name == DatasetName(id, k) {
+				out = append(out, d.path)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
