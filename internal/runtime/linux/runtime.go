@@ -76,6 +76,10 @@ type Options struct {
 	// --no-clock): it never sets this machine's clock (development and
 	// tests; the agent's --ntp-no-clock).
 	NTPNoClock bool
+	// VMMArgs, if set, gives the arguments added to a VMM zone's command
+	// when it is made (the agent's: how guests run, where their disks may
+	// lie); they may hold the placeholders of an Image.
+	VMMArgs func() []string
 	// AgentBinary is the binary DefaultImage runs (default: this executable).
 	// It is copied into the data dir, so zones outlive the file it came from.
 	AgentBinary string
@@ -226,6 +230,9 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	addr, _ := spec.Config.ServiceAddr()
 	// What the zone runs, checked before anything of it is made.
 	img := r.imageFor(spec)
+	if spec.Config.ZoneType.Type == zone.VMMZoneType && r.opts.VMMArgs != nil {
+		img.Command = append(slices.Clip(img.Command), r.opts.VMMArgs()...)
+	}
 	argv, err := img.expand(spec, addr, r.agent, root, r.opts.Tag)
 	if err != nil {
 		return err
