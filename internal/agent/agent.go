@@ -42,6 +42,8 @@ import (
 	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/timesync/servers"
 	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
+	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -126,6 +128,17 @@ type Config struct {
 	// NTPNoClock makes the linux runtime's NTP zones only track time
 	// (chronyd -x), never set the host's clock (development and tests).
 	NTPNoClock bool `json:"ntp-no-clock"`
+	// VMMReservoirPercentage and VMMReservoirSizeMB size the VMM
+	// reservoir (internal/vmm/reservoir): a percentage of usable memory or
+	// a size in MiB, not both; neither is reservoir.DefaultPercentage.
+	VMMReservoirPercentage int    `json:"vmm-reservoir-percentage"`
+	VMMReservoirSizeMB     uint64 `json:"vmm-reservoir-size-mb"`
+	// VMMImageDir is a directory of guest disk images that file backends
+	// may name, beside the pools' local_storage datasets ("" for none).
+	VMMImageDir string `json:"vmm-image-dir"`
+	// VMMAccel is how the linux runtime's guests run: kvm, tcg, or auto
+	// (KVM only where hardware virtualisation is really there).
+	VMMAccel string `json:"vmm-accel"`
 	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
 	// ownership tag and name prefix (tests; default "sled-agent" and none).
 	ZoneTag     string `json:"-"`
@@ -178,6 +191,13 @@ type Agent struct {
 	nat *nat.Reconciler
 	// vmms hosts the VMMs.
 	vmms *vmm.Manager
+	// guestHost makes a VMM zone's service reachable; accel and accelWhy
+	// are how the linux runtime's guests run, and reservoir their memory
+	// (vmmhost.go).
+	guestHost       vmm.Host
+	guestSled       func() spec.Sled
+	accel, accelWhy string
+	reservoir       *reservoir.Account
 	// storage, if set, realises the config's disks and datasets (sim
 	// runtime; storage.go).
 	storage *storage.Reconciler
@@ -286,7 +306,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	rt, err := newRuntime(cfg, a.log.With("component", "runtime"))
+	rt, err := newRuntime(cfg, a.log.With("component", "runtime"), a.vmmServiceArgs)
 	if err != nil {
 		return nil, err
 	}
@@ -333,12 +353,18 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		a.nat = nat.New(a.rec, *natOpts)
 		onRunningChange = append(onRunningChange, a.nat.Poke)
 	}
-	var host vmm.Host = vmm.InProcessHost{} // the sim's zones run nothing
-	if _, ok := rt.(*linux.Runtime); ok {
-		host = vmm.LinuxHost{}
+	if err := a.vmmHost(cfg, rt, hw); err != nil {
+		return nil, err
 	}
 	claimSet := sledClaims(underlay) // zones and VMMs never share an id or address
-	a.vmms = vmm.New(rt, host, vmm.Options{StateDir: filepath.Join(cfg.DataDir, "vmms"), Claims: claimSet, Log: a.log.With("component", "vmm")})
+	a.vmms = vmm.New(rt, a.guestHost, vmm.Options{
+		StateDir:  filepath.Join(cfg.DataDir, "vmms"),
+		Claims:    claimSet,
+		Sled:      a.guestSled,
+		Identity:  vmm.SledIdentity{ID: sledID, Serial: hw.Baseboard.Serial, Model: hw.Baseboard.Part, Revision: hw.Baseboard.Revision},
+		Reservoir: a.reservoir,
+		Log:       a.log.With("component", "vmm"),
+	})
 	// A zone may have died: the zone reconciler relists, VMM monitors look.
 	rt.SetNotify(func() {
 		a.rec.Poke()
@@ -397,6 +423,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		"baseboard_part", hw.Baseboard.Part, "baseboard_serial", hw.Baseboard.Serial, "baseboard_revision", hw.Baseboard.Revision,
 		"cpu_family", hw.CPUFamily, "physical_ram", hw.PhysicalRAM, "hardware_threads", hw.HardwareThreads)
 	deps := api.Deps{
+		Reservoir:  a.reservoir,
+		Accel:      a.accel,
+		AccelWhy:   a.accelWhy,
 		Identity:   a.identity,
 		Configs:    a.store,
 		Reconciler: a.rec,
@@ -575,7 +604,7 @@ type runtime interface {
 }
 
 // newRuntime builds the zone runtime cfg names.
-func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
+func newRuntime(cfg Config, log *slog.Logger, vmmArgs func() []string) (runtime, error) {
 	switch cfg.Runtime {
 	case "sim":
 		// The simulated OS outlives the agent, as a real one does.
@@ -606,6 +635,7 @@ func newRuntime(cfg Config, log *slog.Logger) (runtime, error) {
 			PoolRoot:    poolRoot(cfg),
 			NTPNoClock:  cfg.NTPNoClock,
 			Images:      cfg.Images, // validated by New
+			VMMArgs:     vmmArgs,
 			Log:         log,
 		})
 	default:

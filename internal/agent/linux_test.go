@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -23,6 +22,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/cli"
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
@@ -34,7 +34,6 @@ import (
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/timesync/ntpzone/ntpzonetest"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
@@ -50,20 +49,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// serveVMMIfAsked is ServeIfAsked for the VMM image: `<binary> vmm-service
-// --listen A --id I`.
+// serveVMMIfAsked is ServeIfAsked for the VMM image: `<binary>
+// vmm-service …` runs as `sled-agent vmm-service …` does (with the linux
+// runtime, a QEMU machine).
 func serveVMMIfAsked() {
-	a := os.Args
-	if len(a) != 6 || a[1] != "vmm-service" || a[2] != "--listen" || a[4] != "--id" {
-		return
+	if len(os.Args) > 1 && os.Args[1] == "vmm-service" {
+		os.Exit(cli.Main(os.Args[1:]))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	if err := propolis.Serve(ctx, a[3], a[5], propolis.Options{BootTime: 100 * time.Millisecond}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(0)
 }
 
 // linuxZones is a config of three zones on addresses no other test uses: two

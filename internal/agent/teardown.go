@@ -50,7 +50,7 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, erro
 			return nil, err
 		}
 	}
-	rt, err := newRuntime(cfg, log)
+	rt, err := newRuntime(cfg, log, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -11,17 +11,30 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/api"
+	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 const testVMM = "6a2a4a2e-57c3-4e3c-8c3b-1b4f0d6e8a01"
 
-// ensureBody is an InstanceEnsureBody as the control plane sends it (the
-// parts this agent does not act on abbreviated, but present).
+const testInstance = "0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e"
+
+// ensureBody is an InstanceEnsureBody as the control plane sends it, with a
+// spec any sled can realise (vmmtest).
 func ensureBody(addr string) string {
-	return `{"instance_id":"0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e","propolis_addr":"` + addr + `",
-	"vmm_runtime":{"gen":1,"state":"starting","time_updated":"2026-11-29T00:00:00Z"},
-	"local_config":{"hostname":"vm0","nics":[]},"metadata":{"project_id":"a","silo_id":"b"},"vmm_spec":{"board":{}}}`
+	return string(vmmtest.Body(testInstance, addr, nil, nil))
+}
+
+// ensureBodyWith is ensureBody with top-level members replaced.
+func ensureBodyWith(addr string, extra map[string]any) string {
+	return string(vmmtest.Body(testInstance, addr, nil, extra))
+}
+
+// ensureBodySpec is ensureBody with its spec changed by change.
+func ensureBodySpec(addr string, change func(spec map[string]any)) string {
+	s := vmmtest.Spec()
+	change(s)
+	return string(vmmtest.Body(testInstance, addr, s, nil))
 }
 
 // call sends a JSON request to the agent and returns the status and body.
@@ -103,6 +116,11 @@ func TestVMMRoundTripOverTheAPI(t *testing.T) {
 	}
 }
 
+// okAddr is a propolis_addr a VMM may have.
+const okAddr = "[fd00:1122:3344:101::1:5]:12400"
+
+func comps(s map[string]any) map[string]any { return s["components"].(map[string]any) }
+
 func TestVMMBadRequestsChangeNothing(t *testing.T) {
 	a, _ := start(t, agent.Config{DataDir: t.TempDir()})
 	for _, c := range []struct {
@@ -117,8 +135,28 @@ func TestVMMBadRequestsChangeNothing(t *testing.T) {
 		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"gen":1`, `"gen":9223372036854775808`, 1), 400, "vmm_runtime.gen 9223372036854775808: want an integer between 0 and 9223372036854775807"},
 		// What the document says upstream's types are: objects, and one of
 		// VmmState's values.
-		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"metadata":{"project_id":"a","silo_id":"b"}`, `"metadata":null`, 1), 400, "metadata: want a JSON object (upstream's InstanceMetadata), not null"},
-		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"vmm_spec":{"board":{}}`, `"vmm_spec":[]`, 1), 400, "vmm_spec: want a JSON object (upstream's VmmSpec)"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodyWith("[fd00::1]:1", map[string]any{"metadata": nil}), 400, "metadata: want a JSON object (upstream's InstanceMetadata), not null"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodyWith("[fd00::1]:1", map[string]any{"vmm_spec": []any{}}), 400, "vmm_spec: want a JSON object (upstream's VmmSpec)"},
+		// Specs this sled cannot realise.
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) { s["board"].(map[string]any)["cpus"] = 0 }), 400, "board.cpus 0"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) { s["board"].(map[string]any)["cpus"] = 10000 }), 400, "hardware threads for guests"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) { s["board"].(map[string]any)["memory_mb"] = 0 }), 400, "board.memory_mb 0"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) { s["board"].(map[string]any)["memory_mb"] = 1 << 40 }), 400, "not enough room in the VMM reservoir"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) {
+			comps(s)["boot-disk-backend"] = map[string]any{"type": "file_storage_backend", "component": map[string]any{"path": "/etc/shadow", "readonly": false, "block_size": 512}}
+		}), 400, `path \"/etc/shadow\" (/etc/shadow) is outside this sled's guest storage`},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) {
+			comps(s)["boot-disk-backend"] = map[string]any{"type": "crucible_storage_backend", "component": map[string]any{"readonly": false, "request_json": "{}"}}
+		}), 400, "crucible_storage_backend): cannot be realised on this sled"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) {
+			comps(s)["boot-settings"] = map[string]any{"type": "boot_settings", "component": map[string]any{"order": []any{map[string]any{"id": "floppy"}}}}
+		}), 400, `boot entry \"floppy\" names no component`},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) {
+			comps(s)["net0"].(map[string]any)["component"].(map[string]any)["pci_path"] = map[string]any{"bus": 0, "device": 16, "function": 0}
+		}), 400, "are both at pci_path 00:10.0"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBodySpec(okAddr, func(s map[string]any) {
+			comps(s)["net0"].(map[string]any)["component"].(map[string]any)["backend_id"] = "nothing"
+		}), 400, `backend_id \"nothing\" names no component`},
 		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"state":"starting"`, `"state":"sideways"`, 1), 400, `vmm_runtime.state \"sideways\": want one of starting, running`},
 		{http.MethodPut, "/vmms/" + testVMM + "/state", `{"state":{"type":"running"}}`, 404, "no such VMM"},
 		{http.MethodDelete, "/vmms/" + testVMM, "", 404, "no such VMM"},

@@ -26,6 +26,7 @@ type AgentInventory struct {
 	LastReconciliation *ReconciliationSummary   `json:"last_reconciliation" doc:"The last completed pass; null before the first."`
 	ZoneStates         []ZoneSummary            `json:"zone_states" doc:"Every zone the agent manages, sorted by name."`
 	VMMs               []VMMSummary             `json:"vmms" doc:"Every VMM: its zone, state and what last happened to it (details in GET /agent/vmms)."`
+	VMMHost            VMMHost                  `json:"vmm_host" doc:"How this sled runs guests: the accelerator chosen and why, and the VMM reservoir with what its VMMs hold."`
 	NAT                *nat.Status              `json:"nat" doc:"This sled's NAT entries on every switch: how the switches were found, each switch's slot, last success and error, entries wanted and present, conflicts; null when the agent manages none."`
 	DDM                *DDMStatus               `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes; null when the agent manages none."`
 	Restore            reconciler.RestoreStatus `json:"restore" doc:"What the agent found at start-up and did about it (as GET /agent/restore)."`
@@ -43,6 +44,20 @@ type NTPServers interface {
 // TimeSync is the time-sync watcher, as inventory sees it.
 type TimeSync interface {
 	Status() timesync.Status
+}
+
+// VMMHost is how the sled runs guests.
+type VMMHost struct {
+	Accelerator    string `json:"accelerator" doc:"kvm or tcg (QEMU's emulation); empty with the sim runtime, whose guests are simulated."`
+	AcceleratorWhy string `json:"accelerator_why,omitempty" doc:"Why that accelerator: what was found of hardware virtualisation."`
+	ReservoirBytes uint64 `json:"reservoir_bytes" doc:"The VMM reservoir, guests' memory (inventory's reservoir_size)."`
+	ReservoirUsed  uint64 `json:"reservoir_used_bytes" doc:"What the registered VMMs hold of it."`
+}
+
+// Reservoir is the VMM reservoir's account.
+type Reservoir interface {
+	Size() uint64
+	Used() uint64
 }
 
 // ConfigSummary names a config by its generation and size.
@@ -121,6 +136,10 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 			}
 			inv.VMMs = append(inv.VMMs, sum)
 		}
+	}
+	inv.VMMHost = VMMHost{Accelerator: s.deps.Accel, AcceleratorWhy: s.deps.AccelWhy}
+	if r := s.deps.Reservoir; r != nil {
+		inv.VMMHost.ReservoirBytes, inv.VMMHost.ReservoirUsed = r.Size(), r.Used()
 	}
 	if s.deps.NAT != nil {
 		st := s.deps.NAT.Status()

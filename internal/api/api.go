@@ -100,6 +100,10 @@ type Deps struct {
 	NAT NAT
 	// VMMs, if set, is the VMM manager, behind /vmms.
 	VMMs VMMs
+	// Reservoir, if set, is the VMM reservoir (inventory's reservoir_size);
+	// Accel and AccelWhy how guests run, for people.
+	Reservoir       Reservoir
+	Accel, AccelWhy string
 	// Storage, if set, is the storage reconciler, reported in inventory;
 	// nil: the agent manages no storage (no disks, pools or datasets).
 	Storage Storage

@@ -17,7 +17,6 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/vmm"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
 )
 
 // noVMMs is a VMM manager with no VMM.
@@ -26,7 +25,7 @@ type noVMMs struct{}
 func (noVMMs) Register(string, vmm.Registration) (vmm.Info, error) { return vmm.Info{}, vmm.ErrInvalid }
 func (noVMMs) Get(string) (vmm.Info, error)                        { return vmm.Info{}, vmm.ErrNotFound }
 func (noVMMs) List() []vmm.Info                                    { return nil }
-func (noVMMs) RequestState(context.Context, string, propolis.Request) (vmm.Info, bool, error) {
+func (noVMMs) RequestState(context.Context, string, vmm.Request) (vmm.Info, bool, error) {
 	return vmm.Info{}, false, vmm.ErrNotFound
 }
 func (noVMMs) Unregister(context.Context, string) (vmm.Info, error) {

@@ -98,6 +98,14 @@ func servicesNotOnline(zones []reconciler.ZoneStatus) []SvcEnabledNotOnline {
 	return out
 }
 
+// reservoirSize is the VMM reservoir's size in bytes (0 without one).
+func (s *Server) reservoirSize() uint64 {
+	if r := s.deps.Reservoir; r != nil {
+		return r.Size()
+	}
+	return 0
+}
+
 // inventoryIdentity builds the members of Inventory that never change while
 // the agent runs: all the small ones but smf_services_enabled_not_online
 // and the storage ones (disks, zpools, datasets).
@@ -116,7 +124,7 @@ func (s *Server) inventoryIdentity() InventoryIdentity {
 		UsableHardwareThreads: hw.HardwareThreads,
 		UsablePhysicalRAM:     hw.PhysicalRAM,
 		CPUFamily:             string(cpu),
-		ReservoirSize:         0, // this agent reserves no memory for VMMs
+		ReservoirSize:         s.reservoirSize(),
 		FileSourceResolver:    fileSourceResolver(),
 		ReferenceMeasurements: []SingleMeasurementInventory{},
 		FMD:                   FmdResult{Err: &FmdInventoryError{Kind: "fmd_error", Message: noFMD}},

@@ -37,7 +37,7 @@ type InventoryIdentity struct {
 	UsableHardwareThreads       uint32                             `json:"usable_hardware_threads"`
 	UsablePhysicalRAM           uint64                             `json:"usable_physical_ram"`
 	CPUFamily                   string                             `json:"cpu_family" enum:"unknown,amd_milan,amd_turin,amd_turin_dense"`
-	ReservoirSize               uint64                             `json:"reservoir_size" doc:"Memory reserved for VMMs, in bytes: this agent reserves none."`
+	ReservoirSize               uint64                             `json:"reservoir_size" doc:"The VMM reservoir, memory for guests, in bytes (--vmm-reservoir-percentage or --vmm-reservoir-size-mb)."`
 	Disks                       []InventoryDisk                    `json:"disks"`
 	Zpools                      []InventoryZpool                   `json:"zpools"`
 	Datasets                    []InventoryDataset                 `json:"datasets"`

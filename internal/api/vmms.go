@@ -16,8 +16,8 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/google/uuid"
 
+	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/vmm"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
 )
 
 // VMMs is the VMM manager (internal/vmm.Manager).
@@ -25,7 +25,7 @@ type VMMs interface {
 	Register(id string, reg vmm.Registration) (vmm.Info, error)
 	Get(id string) (vmm.Info, error)
 	List() []vmm.Info
-	RequestState(ctx context.Context, id string, r propolis.Request) (vmm.Info, bool, error)
+	RequestState(ctx context.Context, id string, r vmm.Request) (vmm.Info, bool, error)
 	Unregister(ctx context.Context, id string) (vmm.Info, error)
 }
 
@@ -67,9 +67,9 @@ type InstanceEnsureBody struct {
 	MigrationID  *string           `json:"migration_id,omitempty" format:"uuid" nullable:"true" doc:"Not acted on: this agent does not migrate VMMs."`
 	PropolisAddr *string           `json:"propolis_addr" nullable:"false" doc:"[ipv6]:port on the underlay at which the VMM serves its Propolis API."`
 	VmmRuntime   *vmm.RuntimeState `json:"vmm_runtime" nullable:"false" doc:"The VMM's initial state."`
-	LocalConfig  keptObject        `json:"local_config" doc:"Upstream's InstanceSledLocalConfig: kept as sent, not acted on."`
+	LocalConfig  keptObject        `json:"local_config" doc:"Upstream's InstanceSledLocalConfig: its nics give each virtio NIC of the spec its MAC (by interface_id), its hostname names the instance; the rest is kept as sent."`
 	Metadata     keptObject        `json:"metadata" doc:"Upstream's InstanceMetadata: kept as sent, not acted on."`
-	VmmSpec      keptObject        `json:"vmm_spec" doc:"Upstream's VmmSpec: kept as sent, not acted on."`
+	VmmSpec      keptObject        `json:"vmm_spec" doc:"Upstream's VmmSpec (propolis-server 5.0.0's InstanceSpec): the guest's board and components. A spec this sled cannot realise is refused (400), naming the component and why."`
 }
 
 // VmmPutStateBody is upstream's, as this agent reads it (unknown members
@@ -109,7 +109,7 @@ func (s *Server) registerVMMs() {
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}",
 		Summary:          "Register a VMM and start bringing its zone up",
-		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address (409).",
+		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address (409). A vmm_spec this sled cannot realise (a component it does not offer, more CPUs than its hardware threads, two devices on one PCI path, a boot entry or backend_id naming nothing, a file backend outside the sled's guest storage) or whose memory is more than what is left of the VMM reservoir is refused (400, naming the problem) and changes nothing.",
 		MaxBodyBytes:     MaxVMMBodyBytes,
 		SkipValidateBody: true,
 		Errors:           []int{400, 409},
@@ -208,8 +208,12 @@ func parseRegistration(raw []byte) (vmm.Registration, error) {
 		// Upstream's Generation refuses it the same way.
 		return vmm.Registration{}, fmt.Errorf("vmm_runtime.gen %d: want an integer between 0 and %d", g, uint64(vmm.MaxGen))
 	}
+	g, err := vmm.ParseGuest(raw)
+	if err != nil {
+		return vmm.Registration{}, err
+	}
 	// A copy: the server reuses the buffer raw lies in.
-	return vmm.Registration{InstanceID: id.String(), PropolisAddr: addr, Initial: *b.VmmRuntime, Body: json.RawMessage(bytes.Clone(raw))}, nil
+	return vmm.Registration{InstanceID: id.String(), PropolisAddr: addr, Initial: *b.VmmRuntime, Body: json.RawMessage(bytes.Clone(raw)), Guest: g}, nil
 }
 
 // vmmStates are upstream's VmmState values (vmm.RuntimeState's enum).
@@ -232,7 +236,7 @@ func (s *Server) vmmError(ctx context.Context, err error) error {
 		return apiError(ctx, http.StatusConflict, err.Error())
 	case errors.Is(err, vmm.ErrInvalid):
 		return apiError(ctx, http.StatusBadRequest, err.Error())
-	case errors.Is(err, propolis.ErrUnreachable):
+	case errors.Is(err, propolisapi.ErrUnreachable):
 		return apiError(ctx, http.StatusServiceUnavailable, err.Error())
 	default:
 		return apiError(ctx, http.StatusInternalServerError, err.Error())
@@ -282,14 +286,14 @@ func (s *Server) vmmPutState(ctx context.Context, in *vmmPutStateInput) (*vmmPut
 	if err := json.Unmarshal(in.RawBody, &b); err != nil || b.State == nil {
 		return nil, apiError(ctx, http.StatusBadRequest, `body must be {"state": {"type": "running" | "stopped" | "reboot"}}`)
 	}
-	var r propolis.Request
+	var r vmm.Request
 	switch b.State.Type {
 	case "running":
-		r = propolis.RequestRunning
+		r = vmm.RequestRunning
 	case "stopped":
-		r = propolis.RequestStopped
+		r = vmm.RequestStopped
 	case "reboot":
-		r = propolis.RequestReboot
+		r = vmm.RequestReboot
 	case "migration_target":
 		return nil, apiError(ctx, http.StatusBadRequest, "live migration (migration_target) is not supported by this agent")
 	default:

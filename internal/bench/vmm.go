@@ -25,6 +25,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
+	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -127,7 +128,7 @@ func (r *vmmRun) round(ctx context.Context, phase, id, addr string) (time.Durati
 		}
 		defer r.a.Sim().SetFaults(sim.Faults{})
 	}
-	body := `{"instance_id":"` + uuid.NewString() + `","propolis_addr":"` + addr + `","vmm_runtime":{"gen":1,"state":"starting","time_updated":"2026-01-01T00:00:00Z"},"local_config":{},"metadata":{},"vmm_spec":{}}`
+	body := string(vmmtest.Body(uuid.NewString(), addr, nil, nil))
 	if err := r.do(ctx, http.MethodPut, "/vmms/"+id, body, nil); err != nil {
 		return 0, err
 	}

@@ -116,6 +116,10 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.PoolRoot, "pool-root", "", "where the linux runtime's pools are mounted, <pool-root>/ext/<pool id> (default <data-dir>/storage)")
 	f.BoolVar(&c.SkipTimesync, "skip-timesync", false, "start zones that need synchronized time without waiting for the NTP zone to say it is (development)")
 	f.BoolVar(&c.NTPNoClock, "ntp-no-clock", false, "the linux runtime's NTP zones only track time (chronyd -x) and never set the host's clock (development, tests)")
+	f.IntVar(&c.VMMReservoirPercentage, "vmm-reservoir-percentage", 0, "the VMM reservoir, guests' memory, as a percentage (1-99) of usable memory (default 60, as upstream's non-gimlet sleds; 91 on gimlets)")
+	f.Uint64Var(&c.VMMReservoirSizeMB, "vmm-reservoir-size-mb", 0, "the VMM reservoir as a size in MiB (instead of --vmm-reservoir-percentage)")
+	f.StringVar(&c.VMMImageDir, "vmm-image-dir", "", "directory of guest disk images that a VMM's file backends may name, beside the pools' local_storage datasets")
+	f.StringVar(&c.VMMAccel, "vmm-accel", "auto", "how the linux runtime's guests run: kvm, tcg, or auto (KVM only where hardware virtualisation is there: kvm_intel or kvm_amd)")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -172,6 +176,11 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	if cmd.Flags().Changed("ntp-no-clock") {
 		c.NTPNoClock = flags.NTPNoClock
 	}
+	if cmd.Flags().Changed("vmm-reservoir-percentage") || cmd.Flags().Changed("vmm-reservoir-size-mb") {
+		c.VMMReservoirPercentage, c.VMMReservoirSizeMB = flags.VMMReservoirPercentage, flags.VMMReservoirSizeMB
+	}
+	set("vmm-image-dir", &c.VMMImageDir, flags.VMMImageDir)
+	set("vmm-accel", &c.VMMAccel, flags.VMMAccel)
 	set("vdev-dir", &c.VdevDir, flags.VdevDir)
 	set("pool-root", &c.PoolRoot, flags.PoolRoot)
 	set("zone-tag", &c.ZoneTag, flags.ZoneTag)

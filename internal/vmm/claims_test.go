@@ -10,7 +10,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/claims"
 	"github.com/sled-agent/sled-agent/internal/vmm"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+	"github.com/sled-agent/sled-agent/internal/vmm/simguest"
 )
 
 func TestRegisterCollidingWithAZoneIsRefused(t *testing.T) {
@@ -18,7 +18,7 @@ func TestRegisterCollidingWithAZoneIsRefused(t *testing.T) {
 	zone := "zone oxz_crucible_" + vmmID + " (id " + vmmID + ")"
 	c.Claim("sled config", []claims.Claim{{Key: claims.ID(vmmID), Holder: zone, As: "id"}})
 	dir := t.TempDir()
-	e := newEnv(t, propolis.Options{}, vmm.Options{Claims: c, StateDir: dir})
+	e := newEnv(t, simguest.Options{}, vmm.Options{Claims: c, StateDir: dir})
 	_, err := e.m.Register(vmmID, registration())
 	if !errors.Is(err, vmm.ErrCollision) || !strings.Contains(err.Error(), "is the id of "+zone) {
 		t.Fatalf("registering with a zone's id: %v", err)
@@ -37,7 +37,7 @@ func TestRegisterCollidingWithAZoneIsRefused(t *testing.T) {
 func TestUnregisterReleasesResumeClaims(t *testing.T) {
 	c := claims.New()
 	dir := t.TempDir()
-	e := newEnv(t, propolis.Options{}, vmm.Options{Claims: c, StateDir: dir})
+	e := newEnv(t, simguest.Options{}, vmm.Options{Claims: c, StateDir: dir})
 	e.register()
 	addr := claims.Addr(registration().PropolisAddr.Addr())
 	if owner, _, ok := c.Holder(addr); !ok || !strings.HasPrefix(owner, "vmm ") {
@@ -49,7 +49,7 @@ func TestUnregisterReleasesResumeClaims(t *testing.T) {
 	// VMM again.
 	e.m.Close()
 	c2 := claims.New()
-	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{Claims: c2, StateDir: dir})
+	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{Claims: c2, StateDir: dir, Identity: testIdentity})
 	t.Cleanup(m2.Close)
 	if n, err := m2.Resume(); n != 1 || err != nil {
 		t.Fatalf("Resume: %d, %v", n, err)

@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/claims"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
+	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -86,6 +88,18 @@ type Options struct {
 	// StateDir keeps each VMM's registration and state, so that a restarted
 	// agent adopts them (Resume); "" keeps nothing.
 	StateDir string
+	// Sled is what a VMM's spec is checked against at registration: the
+	// hardware threads a guest may have, and where its disks' files may
+	// lie (the pools' local_storage datasets and the image directory).
+	// Nil: nothing is checked but the spec's own rules.
+	Sled func() spec.Sled
+	// Identity is the sled's, for the instance properties a VMM's service
+	// is given.
+	Identity SledIdentity
+	// Reservoir, if set, admits each VMM's guest memory: a VMM whose
+	// memory is more than what is left of it is refused (ErrInvalid), and
+	// it holds its memory until it is unregistered.
+	Reservoir *reservoir.Account
 	// Claims, if set, is where each VMM claims its id and address
 	// (registering, resuming) and gives them up (once its zone is torn
 	// down at unregister); a VMM colliding with a zone or the sled is
@@ -116,12 +130,52 @@ type Registration struct {
 	// Body is the registration as sent, fields this agent does not act on
 	// included.
 	Body json.RawMessage
+	// Guest is what Body says of the guest (ParseGuest); nil for a VMM
+	// adopted from a record whose body has no spec this agent reads.
+	Guest *Guest
 }
 
 // MaxGen is the largest VMM generation: upstream's generations are bounded
 // at i64::MAX. A registration above it is refused; at it, the generation
 // stays (see setLocked).
 const MaxGen = math.MaxInt64
+
+// VMM states, upstream's VmmState.
+const (
+	StateStarting  = "starting"
+	StateRunning   = "running"
+	StateStopping  = "stopping"
+	StateStopped   = "stopped"
+	StateRebooting = "rebooting"
+	StateMigrating = "migrating"
+	StateFailed    = "failed"
+	StateDestroyed = "destroyed"
+)
+
+// Request is a state a VMM is asked to reach, as upstream's
+// VmmStateRequested without migration.
+type Request string
+
+const (
+	// RequestRunning asks a starting guest to boot; a guest that runs or
+	// reboots already has it.
+	RequestRunning Request = "running"
+	// RequestStopped asks the guest to stop for good.
+	RequestStopped Request = "stopped"
+	// RequestReboot asks a running guest to reboot.
+	RequestReboot Request = "reboot"
+)
+
+// propolis is the request as the VMM service's API says it.
+func (r Request) propolis() propolisapi.StateRequest {
+	switch r {
+	case RequestRunning:
+		return propolisapi.RequestRun
+	case RequestStopped:
+		return propolisapi.RequestStop
+	}
+	return propolisapi.RequestReboot
+}
 
 // RuntimeState is upstream's VmmRuntimeState.
 type RuntimeState struct {
@@ -205,15 +259,20 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 		}
 		return old.info(), nil
 	}
+	if err := m.admit(id, reg); err != nil {
+		return Info{}, err
+	}
 	v := newVMM(m, id, reg)
 	undo, err := v.claim()
 	if err != nil {
 		v.cancel()
+		m.unreserve(id)
 		return Info{}, err
 	}
 	if err := v.save(); err != nil {
 		undo()
 		v.cancel()
+		m.unreserve(id)
 		return Info{}, err
 	}
 	m.mu.Lock()
@@ -221,6 +280,36 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 	m.mu.Unlock()
 	m.wg.Go(func() { v.monitor(v.ctx, false) })
 	return v.info(), nil
+}
+
+// admit checks a new VMM's spec against the sled and takes its memory from
+// the reservoir; a VMM the sled cannot host is ErrInvalid, saying why.
+func (m *Manager) admit(id string, reg Registration) error {
+	g := reg.Guest
+	if g == nil {
+		return fmt.Errorf("%w: no vmm_spec", ErrInvalid)
+	}
+	sled := spec.Sled{Threads: 255, NICs: g.NICs}
+	if m.opts.Sled != nil {
+		sled = m.opts.Sled()
+		sled.NICs = g.NICs
+	}
+	if err := spec.Check(g.Spec, sled); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if r := m.opts.Reservoir; r != nil {
+		if err := r.Reserve(id, g.MemoryBytes()); err != nil {
+			return fmt.Errorf("%w: board.memory_mb %d: %w", ErrInvalid, g.Spec.Board.MemoryMiB, err)
+		}
+	}
+	return nil
+}
+
+// unreserve gives back what VMM id holds of the reservoir.
+func (m *Manager) unreserve(id string) {
+	if r := m.opts.Reservoir; r != nil {
+		r.Release(id)
+	}
 }
 
 // claims are what VMM v holds: its id and its address.
@@ -300,7 +389,7 @@ func (m *Manager) List() []Info {
 // RequestState asks VMM id's guest to run, stop or reboot. It returns once
 // the service took the request, with the VMM's state then; changed is false
 // when the request changed nothing.
-func (m *Manager) RequestState(ctx context.Context, id string, r propolis.Request) (info Info, changed bool, err error) {
+func (m *Manager) RequestState(ctx context.Context, id string, r Request) (info Info, changed bool, err error) {
 	m.mu.Lock()
 	v, ok := m.vmms[id]
 	m.mu.Unlock()
@@ -346,8 +435,9 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 		return v.info(), err
 	}
 	v.release()
+	m.unreserve(id)
 	v.mu.Lock()
-	v.setLocked(string(propolis.StateDestroyed), "unregistered; zone torn down", "unregistered")
+	v.setLocked(StateDestroyed, "unregistered; zone torn down", "unregistered")
 	v.mu.Unlock()
 	return v.info(), nil
 }

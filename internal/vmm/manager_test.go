@@ -10,7 +10,8 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/vmm"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+	"github.com/sled-agent/sled-agent/internal/vmm/simguest"
+	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -19,16 +20,20 @@ const waitDeadline = 10 * time.Second
 
 const vmmID = "6a2a4a2e-57c3-4e3c-8c3b-1b4f0d6e8a01"
 
+// testIdentity is the sled's, as the instance properties carry it.
+var testIdentity = vmm.SledIdentity{ID: "7b1e3c5a-0000-4000-8000-000000000001", Serial: "test-sled", Model: "i86pc"}
+
 type env struct {
 	t  *testing.T
 	rt *sim.Runtime
 	m  *vmm.Manager
 }
 
-func newEnv(t *testing.T, guest propolis.Options, opts vmm.Options) *env {
+func newEnv(t *testing.T, guest simguest.Options, opts vmm.Options) *env {
 	t.Helper()
 	rt := sim.New(sim.Options{})
 	opts.PollWait = 100 * time.Millisecond
+	opts.Identity = testIdentity
 	m := vmm.New(rt, vmm.InProcessHost{Options: guest}, opts)
 	rt.SetNotify(m.Poke)
 	t.Cleanup(m.Close)
@@ -36,12 +41,7 @@ func newEnv(t *testing.T, guest propolis.Options, opts vmm.Options) *env {
 }
 
 func registration() vmm.Registration {
-	return vmm.Registration{
-		InstanceID:   "0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e",
-		PropolisAddr: netip.MustParseAddrPort("[fd00:1122:3344:101::1:5]:12400"),
-		Initial:      vmm.RuntimeState{Gen: 1, State: "starting"},
-		Body:         []byte(`{"instance_id":"0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e","extra":"kept"}`),
-	}
+	return vmmtest.Registration("0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e", "[fd00:1122:3344:101::1:5]:12400", map[string]any{"extra": "kept"})
 }
 
 func (e *env) register() vmm.Info {
@@ -70,7 +70,7 @@ func (e *env) waitState(state string) vmm.Info {
 }
 
 // request asks for r, retrying while the service is not yet up.
-func (e *env) request(r propolis.Request) vmm.Info {
+func (e *env) request(r vmm.Request) vmm.Info {
 	e.t.Helper()
 	info, _, err := e.m.RequestState(context.Background(), vmmID, r)
 	if err != nil {
@@ -85,12 +85,12 @@ func (e *env) zoneExists() bool {
 }
 
 func TestRegisterRunStopRoundTrip(t *testing.T) {
-	e := newEnv(t, propolis.Options{BootTime: 50 * time.Millisecond, StopTime: 50 * time.Millisecond}, vmm.Options{})
+	e := newEnv(t, simguest.Options{BootTime: 50 * time.Millisecond, StopTime: 50 * time.Millisecond}, vmm.Options{})
 	first := e.register()
 	if first.State.State != "starting" || first.Zone != "oxz_propolis-server_"+vmmID || !strings.Contains(string(first.Registration), `"extra":"kept"`) {
 		t.Fatalf("registered %+v", first)
 	}
-	e.request(propolis.RequestRunning)
+	e.request(vmm.RequestRunning)
 	running := e.waitState("running")
 	if running.State.Gen <= first.State.Gen {
 		t.Fatalf("gen %d after %d", running.State.Gen, first.State.Gen)
@@ -98,18 +98,18 @@ func TestRegisterRunStopRoundTrip(t *testing.T) {
 	if !e.zoneExists() {
 		t.Fatal("no zone for a running VMM")
 	}
-	e.request(propolis.RequestStopped)
+	e.request(vmm.RequestStopped)
 	gone := e.waitState("destroyed")
 	if gone.State.Gen <= running.State.Gen || e.zoneExists() {
 		t.Fatalf("after stop: %+v, zone exists %v", gone, e.zoneExists())
 	}
-	if _, _, err := e.m.RequestState(context.Background(), vmmID, propolis.RequestRunning); !errors.Is(err, vmm.ErrInvalid) {
+	if _, _, err := e.m.RequestState(context.Background(), vmmID, vmm.RequestRunning); !errors.Is(err, vmm.ErrInvalid) {
 		t.Fatalf("running a destroyed VMM: %v", err)
 	}
 }
 
 func TestRegisterTwiceUnknownAndConflicts(t *testing.T) {
-	e := newEnv(t, propolis.Options{}, vmm.Options{})
+	e := newEnv(t, simguest.Options{}, vmm.Options{})
 	e.register()
 	if _, err := e.m.Register(vmmID, registration()); err != nil {
 		t.Fatalf("registering again: %v", err)
@@ -123,7 +123,7 @@ func TestRegisterTwiceUnknownAndConflicts(t *testing.T) {
 		t.Fatalf("unknown VMM: %v", err)
 	}
 	e.waitState("starting")
-	if _, _, err := e.m.RequestState(context.Background(), vmmID, propolis.RequestReboot); !errors.Is(err, vmm.ErrInvalid) {
+	if _, _, err := e.m.RequestState(context.Background(), vmmID, vmm.RequestReboot); !errors.Is(err, vmm.ErrInvalid) {
 		t.Fatalf("rebooting a VMM that never ran: %v", err)
 	}
 	if _, err := e.m.Unregister(context.Background(), vmmID); err != nil {
@@ -156,7 +156,7 @@ func (e *env) vanish(phase string) {
 }
 
 func TestZoneVanishingBeforeTheServiceIsUp(t *testing.T) {
-	e := newEnv(t, propolis.Options{}, vmm.Options{})
+	e := newEnv(t, simguest.Options{}, vmm.Options{})
 	if err := e.rt.SetFaults(sim.Faults{Zones: map[string]sim.ZoneFaults{vmmID: {Start: "hang"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -172,37 +172,37 @@ func TestZoneVanishingBeforeTheServiceIsUp(t *testing.T) {
 }
 
 func TestZoneVanishingWhileStarting(t *testing.T) {
-	e := newEnv(t, propolis.Options{BootTime: time.Hour}, vmm.Options{})
+	e := newEnv(t, simguest.Options{BootTime: time.Hour}, vmm.Options{})
 	e.register()
-	e.request(propolis.RequestRunning)
+	e.request(vmm.RequestRunning)
 	waitDetail(t, e, "booting")
 	e.vanish("while the guest was starting")
 }
 
 func TestZoneVanishingWhileRunning(t *testing.T) {
-	e := newEnv(t, propolis.Options{BootTime: 10 * time.Millisecond}, vmm.Options{})
+	e := newEnv(t, simguest.Options{BootTime: 10 * time.Millisecond}, vmm.Options{})
 	e.register()
-	e.request(propolis.RequestRunning)
+	e.request(vmm.RequestRunning)
 	e.waitState("running")
 	e.vanish("while the guest was running")
 }
 
 func TestZoneVanishingWhileStopping(t *testing.T) {
-	e := newEnv(t, propolis.Options{BootTime: 10 * time.Millisecond, StopTime: time.Hour}, vmm.Options{StopGrace: time.Hour})
+	e := newEnv(t, simguest.Options{BootTime: 10 * time.Millisecond, StopTime: time.Hour}, vmm.Options{StopGrace: time.Hour})
 	e.register()
-	e.request(propolis.RequestRunning)
+	e.request(vmm.RequestRunning)
 	e.waitState("running")
-	e.request(propolis.RequestStopped)
+	e.request(vmm.RequestStopped)
 	e.waitState("stopping")
 	e.vanish("while the guest was stopping")
 }
 
 func TestStopThatDoesNotFinishIsForced(t *testing.T) {
-	e := newEnv(t, propolis.Options{BootTime: 10 * time.Millisecond, StopTime: time.Hour}, vmm.Options{StopGrace: 200 * time.Millisecond})
+	e := newEnv(t, simguest.Options{BootTime: 10 * time.Millisecond, StopTime: time.Hour}, vmm.Options{StopGrace: 200 * time.Millisecond})
 	e.register()
-	e.request(propolis.RequestRunning)
+	e.request(vmm.RequestRunning)
 	e.waitState("running")
-	e.request(propolis.RequestStopped)
+	e.request(vmm.RequestStopped)
 	info := e.waitState("destroyed")
 	if !strings.Contains(info.Detail, "forced") || e.zoneExists() {
 		t.Fatalf("after an overdue stop: %+v, zone exists %v", info, e.zoneExists())

@@ -10,8 +10,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+	"github.com/sled-agent/sled-agent/internal/vmm/service"
+	"github.com/sled-agent/sled-agent/internal/vmm/simguest"
+	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -36,21 +39,22 @@ type vmm struct {
 	// forgotten is set, under saveMu, once the file is removed for good.
 	forgotten bool
 
-	mu      sync.Mutex
-	state   RuntimeState     // guarded by mu
-	detail  string           // guarded by mu
-	history []LogEntry       // guarded by mu
-	client  *propolis.Client // guarded by mu; set once the service answers
-	svcGen  uint64           // guarded by mu; the service's last gen seen
-	pending propolis.Request // guarded by mu; asked before the service answered
-	stopAt  time.Time        // guarded by mu; when a stop was asked
+	mu       sync.Mutex
+	state    RuntimeState        // guarded by mu
+	detail   string              // guarded by mu
+	history  []LogEntry          // guarded by mu
+	client   *propolisapi.Client // guarded by mu; set once the service has the instance
+	svcGen   uint64              // guarded by mu; the service's last gen seen
+	watchErr error               // guarded by mu; the state monitor's last error
+	pending  Request             // guarded by mu; asked before the service answered
+	stopAt   time.Time           // guarded by mu; when a stop was asked
 }
 
 func newVMM(m *Manager, id string, reg Registration) *vmm {
 	ctx, cancel := context.WithCancel(m.ctx)
 	owner := fmt.Sprintf("vmm %s #%d", id, m.owners.Add(1))
 	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	v.state = RuntimeState{Gen: min(max(reg.Initial.Gen, 1), MaxGen), State: string(propolis.StateStarting), TimeUpdated: time.Now()}
+	v.state = RuntimeState{Gen: min(max(reg.Initial.Gen, 1), MaxGen), State: StateStarting, TimeUpdated: time.Now()}
 	v.detail = "zone being created"
 	v.record("registered", fmt.Sprintf("service at %s", reg.PropolisAddr))
 	return v
@@ -156,15 +160,21 @@ func (v *vmm) monitor(ctx context.Context, adopt bool) {
 			return
 		}
 	}
-	resume := adopt && v.guestState() == string(propolis.StateRunning)
+	resume := adopt && v.guestState() == StateRunning
 	reach, stopService, err := v.m.host.Start(ctx, v.id, v.reg.PropolisAddr, resume)
 	if err != nil {
 		v.fail(fmt.Sprintf("reaching its service: %v", err))
 		return
 	}
 	defer stopService()
-	client := propolis.NewClient(reach)
+	client := propolisapi.NewClient(reach)
 	client.Timeout = opts.CallTimeout
+	if err := v.ensureInstance(ctx, client, resume); err != nil {
+		if ctx.Err() == nil {
+			v.fail(err.Error())
+		}
+		return
+	}
 	v.mu.Lock()
 	v.client = client
 	pending := v.pending
@@ -178,11 +188,72 @@ func (v *vmm) monitor(ctx context.Context, adopt bool) {
 	v.follow(ctx, client)
 }
 
-// follow tracks the guest through its service until the VMM ends.
-func (v *vmm) follow(ctx context.Context, client *propolis.Client) {
+// ensureInstance gives the VMM's service its instance (PUT /instance) unless
+// it has one already (an adopted VMM whose service outlived the agent). A
+// service that does not answer is asked again until ServiceLost has passed;
+// a spec it refuses fails the VMM. resume: the guest ran before the agent
+// restarted, and runs again if its service had to be made anew.
+func (v *vmm) ensureInstance(ctx context.Context, c *propolisapi.Client, resume bool) error {
 	opts := v.m.opts
+	deadline := time.Now().Add(opts.ServiceLost)
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		_, err := c.Get(ctx)
+		if err == nil {
+			return nil // the instance is there: the guest is the one followed
+		}
+		if errors.Is(err, propolisapi.ErrNoInstance) {
+			err = v.ensure(ctx, c, resume)
+			if err == nil {
+				return nil
+			}
+			var api *propolisapi.APIError
+			if errors.As(err, &api) && api.StatusCode < 500 {
+				return fmt.Errorf("its service refused the instance: %v", err)
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("its service did not take the instance within %s: %v", opts.ServiceLost, err)
+		}
+		v.pause(ctx, delay)
+	}
+}
+
+// ensure sends the instance, and asks it to run if it ran before.
+func (v *vmm) ensure(ctx context.Context, c *propolisapi.Client, resume bool) error {
+	g := v.reg.Guest
+	if g == nil {
+		return errors.New("no instance spec is known for it (registered by an agent that kept none)")
+	}
+	body, err := g.serviceSpec()
+	if err != nil {
+		return fmt.Errorf("preparing its instance spec: %w", err)
+	}
+	if err := c.Ensure(ctx, g.properties(v.reg.InstanceID, v.m.opts.Identity), body); err != nil {
+		return err
+	}
+	v.record("instance created", "the VMM service has the instance spec")
+	if resume {
+		return c.PutState(ctx, propolisapi.RequestRun)
+	}
+	return nil
+}
+
+// follow tracks the guest through its service until the VMM ends: the
+// service's state monitor in the background, the zone looked at every
+// PollWait and at every poke.
+func (v *vmm) follow(ctx context.Context, client *propolisapi.Client) {
+	opts := v.m.opts
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	answers := make(chan watchAnswer, 1)
+	go v.watch(wctx, client, answers)
+	tick := time.NewTicker(opts.PollWait)
+	defer tick.Stop()
 	lastAnswer := time.Now()
-	for ctx.Err() == nil {
+	for {
 		if gone, why := v.zoneGone(ctx); gone {
 			v.fail(fmt.Sprintf("zone vanished while the guest was %s: %s", v.guestState(), why))
 			return
@@ -191,54 +262,75 @@ func (v *vmm) follow(ctx context.Context, client *propolis.Client) {
 			v.forceStop(ctx)
 			return
 		}
-		st, err := v.poll(ctx, client)
-		switch {
-		case ctx.Err() != nil:
+		select {
+		case <-ctx.Done():
 			return
-		case errors.Is(err, errPoked):
-			continue
-		case err != nil:
+		case <-v.pokec:
+		case <-tick.C:
 			if time.Since(lastAnswer) > opts.ServiceLost {
-				v.fail(fmt.Sprintf("its service has not answered for %s: %v", opts.ServiceLost, err))
+				v.fail(fmt.Sprintf("its service has not answered for %s: %v", opts.ServiceLost, v.lastWatchError()))
 				return
 			}
-			v.pause(ctx, 100*time.Millisecond)
-			continue
-		}
-		lastAnswer = time.Now()
-		if state, _ := v.observe(st); state == propolis.StateStopped {
-			v.finishStop(ctx, "guest stopped")
-			return
+		case a := <-answers:
+			if a.err != nil {
+				continue
+			}
+			lastAnswer = time.Now()
+			switch state, _ := v.observe(a.st); state {
+			case StateStopped, StateDestroyed:
+				v.finishStop(ctx, "guest stopped")
+				return
+			case StateFailed:
+				v.fail("the guest failed: " + a.st.Detail)
+				return
+			}
 		}
 	}
 }
 
-var errPoked = errors.New("poked")
+// watchAnswer is one answer of the service's state monitor, or why there
+// was none.
+type watchAnswer struct {
+	st  propolisapi.Status
+	err error
+}
 
-// poll waits for the service's next change, at most PollWait, or until a
-// poke says the zone may be gone.
-func (v *vmm) poll(ctx context.Context, c *propolis.Client) (propolis.Status, error) {
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	poked := make(chan struct{})
-	go func() {
+// watch long-polls the service's state monitor until ctx ends, handing
+// every answer to follow. An answer that is no newer (the service's wait
+// ran out) still says the service is alive.
+func (v *vmm) watch(ctx context.Context, c *propolisapi.Client, out chan<- watchAnswer) {
+	for delay := 50 * time.Millisecond; ctx.Err() == nil; {
+		v.mu.Lock()
+		after := v.svcGen
+		v.mu.Unlock()
+		st, err := c.StateMonitor(ctx, after+1)
+		v.mu.Lock()
+		v.watchErr = err
+		v.mu.Unlock()
 		select {
-		case <-v.pokec:
-			close(poked)
-			cancel()
-		case <-pctx.Done():
+		case out <- watchAnswer{st: st, err: err}:
+		case <-ctx.Done():
+			return
 		}
-	}()
-	v.mu.Lock()
-	after := v.svcGen
-	v.mu.Unlock()
-	st, err := c.WaitChange(pctx, after, v.m.opts.PollWait)
-	select {
-	case <-poked:
-		return st, errPoked
-	default:
+		if err == nil {
+			delay = 50 * time.Millisecond
+			continue
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		delay = min(2*delay, time.Second)
 	}
-	return st, err
+}
+
+func (v *vmm) lastWatchError() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.watchErr
 }
 
 func (v *vmm) pause(ctx context.Context, d time.Duration) {
@@ -293,40 +385,69 @@ func (v *vmm) guestState() string {
 	return v.state.State
 }
 
+// vmmState is upstream's VmmState for the service's InstanceState, as
+// upstream's sled agent maps it (omicron sled-agent/src/common/instance.rs),
+// except that a stopped guest reads "stopped" (upstream: "stopping") until
+// its zone is torn down: this agent reports each step.
+func vmmState(s propolisapi.InstanceState) string {
+	switch s {
+	case propolisapi.StateCreating, propolisapi.StateStarting:
+		return StateStarting
+	case propolisapi.StateRunning, propolisapi.StateRepairing:
+		return StateRunning
+	case propolisapi.StateStopping:
+		return StateStopping
+	case propolisapi.StateStopped:
+		return StateStopped
+	case propolisapi.StateRebooting:
+		return StateRebooting
+	case propolisapi.StateMigrating:
+		return StateMigrating
+	case propolisapi.StateDestroyed:
+		return StateDestroyed
+	}
+	return StateFailed
+}
+
 // observe takes the service's status as the VMM's and returns its state,
 // and whether that changed the VMM's.
-func (v *vmm) observe(st propolis.Status) (propolis.State, bool) {
+func (v *vmm) observe(st propolisapi.Status) (string, bool) {
 	v.mu.Lock()
-	if st.Gen < v.svcGen {
-		cur := v.state.State // an older answer than one already seen
+	if st.Gen < v.svcGen || (st.Gen == v.svcGen && v.svcGen != 0) {
+		cur := v.state.State // an answer no newer than one already taken
 		v.mu.Unlock()
-		return propolis.State(cur), false
+		return cur, false
 	}
 	v.svcGen = st.Gen
-	changed := v.setLocked(string(st.State), st.Detail, "guest "+string(st.State))
+	state := vmmState(st.State)
+	detail := st.Detail
+	if detail == "" {
+		detail = "its service says " + string(st.State)
+	}
+	changed := v.setLocked(state, detail, "guest "+state)
 	v.mu.Unlock()
 	if changed {
 		v.saveOrLog()
 	}
-	return st.State, changed
+	return state, changed
 }
 
 // request hands r to the service, or keeps it until the service answers.
-func (v *vmm) request(ctx context.Context, r propolis.Request) (Info, bool, error) {
+func (v *vmm) request(ctx context.Context, r Request) (Info, bool, error) {
 	v.mu.Lock()
 	state, detail, client := v.state.State, v.detail, v.client
 	switch {
-	case state == string(propolis.StateFailed) || state == string(propolis.StateDestroyed):
+	case state == StateFailed || state == StateDestroyed:
 		v.mu.Unlock()
 		return Info{}, false, fmt.Errorf("%w: the VMM is %s (%s)", ErrInvalid, state, detail)
 	case client == nil:
-		if r == propolis.RequestReboot {
+		if r == RequestReboot {
 			v.mu.Unlock()
 			return Info{}, false, fmt.Errorf("%w: the VMM is %s and cannot reboot", ErrInvalid, state)
 		}
 		changed := v.pending != r
 		v.pending = r
-		if r == propolis.RequestStopped && v.stopAt.IsZero() {
+		if r == RequestStopped && v.stopAt.IsZero() {
 			v.stopAt = time.Now()
 		}
 		v.recordLocked("requested", string(r)+" (once its service is up)")
@@ -334,28 +455,40 @@ func (v *vmm) request(ctx context.Context, r propolis.Request) (Info, bool, erro
 		return v.info(), changed, nil
 	}
 	gen := v.state.Gen
-	if r == propolis.RequestStopped && v.stopAt.IsZero() {
+	if r == RequestStopped && v.stopAt.IsZero() {
 		v.stopAt = time.Now()
 	}
 	v.mu.Unlock()
-	st, err := client.Request(ctx, r)
-	if errors.Is(err, propolis.ErrInvalidTransition) {
+	err := client.PutState(ctx, r.propolis())
+	if errors.Is(err, propolisapi.ErrInvalidTransition) {
 		return Info{}, false, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if err != nil {
 		return Info{}, false, fmt.Errorf("asking the VMM's service to %s: %w", r, err)
 	}
 	v.record("requested", string(r))
-	_, changed := v.observe(st)
+	// The state the request led to, if it changed one: the service has
+	// moved on already, and its state monitor answers at once with the
+	// newest status (whose generation orders it with the watch's).
+	sctx, cancel := context.WithTimeout(ctx, v.m.opts.CallTimeout)
+	if inst, err := client.Get(sctx); err == nil && vmmState(inst.State) != v.guestState() {
+		v.mu.Lock()
+		after := v.svcGen
+		v.mu.Unlock()
+		if st, err := client.StateMonitor(sctx, after+1); err == nil {
+			v.observe(st)
+		}
+	}
+	cancel()
 	info := v.info()
-	return info, changed || info.State.Gen != gen, nil
+	return info, info.State.Gen != gen, nil
 }
 
 // stopOverdue reports whether a stop has taken longer than StopGrace.
 func (v *vmm) stopOverdue() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return !v.stopAt.IsZero() && time.Since(v.stopAt) > v.m.opts.StopGrace && v.state.State != string(propolis.StateStopped)
+	return !v.stopAt.IsZero() && time.Since(v.stopAt) > v.m.opts.StopGrace && v.state.State != StateStopped
 }
 
 // forceStop tears down a VMM whose stop did not finish in time.
@@ -367,15 +500,15 @@ func (v *vmm) forceStop(ctx context.Context) {
 // finishStop tears the zone of a stopped VMM down.
 func (v *vmm) finishStop(ctx context.Context, why string) {
 	if err := v.teardown(ctx); err != nil {
-		v.set(string(propolis.StateFailed), fmt.Sprintf("%s, but tearing its zone down failed: %v", why, err), "teardown failed")
+		v.set(StateFailed, fmt.Sprintf("%s, but tearing its zone down failed: %v", why, err), "teardown failed")
 		return
 	}
-	v.set(string(propolis.StateDestroyed), why+"; zone torn down", "destroyed")
+	v.set(StateDestroyed, why+"; zone torn down", "destroyed")
 }
 
 // fail marks the VMM failed and removes what is left of its zone.
 func (v *vmm) fail(why string) {
-	v.set(string(propolis.StateFailed), why, "failed")
+	v.set(StateFailed, why, "failed")
 	v.m.opts.Log.Warn("VMM failed", "vmm", v.id, "why", why)
 	if err := v.teardown(v.m.ctx); err != nil {
 		v.record("cleanup failed", err.Error())
@@ -403,26 +536,44 @@ func (LinuxHost) Start(ctx context.Context, id string, addr netip.AddrPort, resu
 	return addr.String(), func() {}, nil
 }
 
-// InProcessHost is the Host of the sim runtime: the service runs in the
-// agent, on loopback, with the guest's timings in Options.
+// InProcessHost is the Host of the sim runtime: the VMM service runs in
+// the agent, on loopback, with a simulated guest (internal/vmm/simguest)
+// whose timings are in Options.
 type InProcessHost struct {
-	Options propolis.Options
+	Options simguest.Options
+	// Sled, if set, is what the service checks a spec against, as the
+	// service in a zone checks it against what the agent told it (the
+	// agent has checked it already).
+	Sled func() spec.Sled
 }
 
 // Start serves VMM id's service on a loopback port until stop; resume
-// starts its guest running (the agent's service died with the last agent).
+// leaves its guest running once it has its instance (the agent's service
+// died with the last agent, the guest with it).
 func (h InProcessHost) Start(ctx context.Context, id string, addr netip.AddrPort, resume bool) (string, func(), error) {
+	health, err := service.Health(id)
+	if err != nil {
+		return "", nil, err
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
 	}
+	opts := h.Options
+	opts.Running = resume
+	if h.Sled != nil {
+		opts.Sled = h.Sled()
+		opts.Sled.NICs = nil // from the spec's vnic_names, as a zone's service finds them
+	}
+	if opts.Sled.Threads == 0 {
+		opts.Sled.Threads = 255
+	}
+	guest := simguest.New(opts)
 	sctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		opts := h.Options
-		opts.Running = resume
-		propolis.ServeListener(sctx, ln, id, opts)
+		service.Serve(sctx, ln, guest, health, nil)
 	}()
-	return ln.Addr().String(), func() { cancel(); <-done }, nil
+	return ln.Addr().String(), func() { cancel(); <-done; guest.Close() }, nil
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/atomicfile"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -195,7 +194,22 @@ func readRecord(path string) (record, error) {
 
 func (m *Manager) adopt(id string, rec record) {
 	reg := Registration{InstanceID: rec.InstanceID, PropolisAddr: netip.MustParseAddrPort(rec.PropolisAddr), Initial: rec.Initial, Body: rec.Registration}
+	g, gerr := ParseGuest(rec.Registration)
+	if gerr == nil {
+		reg.Guest = g
+	}
 	v := newVMM(m, id, reg)
+	if gerr != nil {
+		v.record("no instance spec", "its registration's spec cannot be read: "+gerr.Error())
+	}
+	if r := m.opts.Reservoir; r != nil && g != nil {
+		// What runs holds its memory, whether or not it fits what the
+		// reservoir is now.
+		if err := r.Reserve(id, g.MemoryBytes()); err != nil {
+			m.opts.Log.Error("an adopted VMM does not fit the reservoir", "vmm", id, "err", err)
+			v.record("over the reservoir", err.Error())
+		}
+	}
 	v.mu.Lock()
 	v.history = nil
 	v.state = rec.State
@@ -207,7 +221,7 @@ func (m *Manager) adopt(id string, rec record) {
 	m.mu.Lock()
 	m.vmms[id] = v
 	m.mu.Unlock()
-	terminal := rec.State.State == string(propolis.StateFailed) || rec.State.State == string(propolis.StateDestroyed)
+	terminal := rec.State.State == StateFailed || rec.State.State == StateDestroyed
 	if terminal {
 		close(v.done) // nothing to follow
 		return

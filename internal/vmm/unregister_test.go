@@ -12,7 +12,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/vmm"
-	"github.com/sled-agent/sled-agent/internal/vmm/propolis"
+	"github.com/sled-agent/sled-agent/internal/vmm/simguest"
 )
 
 // An unregister racing a state request (and the monitor's own updates)
@@ -21,8 +21,8 @@ import (
 func TestUnregisteredVMMStaysGone(t *testing.T) {
 	dir := t.TempDir()
 	rt := sim.New(sim.Options{})
-	m := vmm.New(rt, vmm.InProcessHost{Options: propolis.Options{BootTime: time.Millisecond, StopTime: time.Millisecond}},
-		vmm.Options{StateDir: dir, PollWait: 20 * time.Millisecond})
+	m := vmm.New(rt, vmm.InProcessHost{Options: simguest.Options{BootTime: time.Millisecond, StopTime: time.Millisecond}},
+		vmm.Options{StateDir: dir, PollWait: 20 * time.Millisecond, Identity: testIdentity})
 	rt.SetNotify(m.Poke)
 	defer m.Close()
 	const tries = 60
@@ -32,7 +32,7 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 		if _, err := m.Register(id, registration()); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := m.RequestState(context.Background(), id, propolis.RequestRunning); err != nil {
+		if _, _, err := m.RequestState(context.Background(), id, vmm.RequestRunning); err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(waitDeadline)
@@ -45,7 +45,7 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 		// State requests, and the monitor following the guest as it stops,
 		// race the unregister.
 		var wg sync.WaitGroup
-		for _, r := range []propolis.Request{propolis.RequestStopped, propolis.RequestReboot, propolis.RequestStopped} {
+		for _, r := range []vmm.Request{vmm.RequestStopped, vmm.RequestReboot, vmm.RequestStopped} {
 			wg.Go(func() {
 				for {
 					if _, _, err := m.RequestState(context.Background(), id, r); errors.Is(err, vmm.ErrNotFound) {
@@ -69,7 +69,7 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 	if resurrected > 0 {
 		t.Errorf("%d of %d unregistered VMMs have a record again", resurrected, tries)
 	}
-	fresh := vmm.New(rt, vmm.InProcessHost{}, vmm.Options{StateDir: dir})
+	fresh := vmm.New(rt, vmm.InProcessHost{}, vmm.Options{StateDir: dir, Identity: testIdentity})
 	defer fresh.Close()
 	if n, err := fresh.Resume(); n != 0 || err != nil {
 		t.Errorf("a restarted manager resumed %d unregistered VMMs (%v): %+v", n, err, fresh.List())
@@ -81,13 +81,13 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 // of passing it, and its history says why.
 func TestGenerationStopsAtItsMaximum(t *testing.T) {
 	dir := t.TempDir()
-	e := newEnv(t, propolis.Options{BootTime: time.Millisecond}, vmm.Options{StateDir: dir})
+	e := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{StateDir: dir, Identity: testIdentity})
 	reg := registration()
 	reg.Initial.Gen = vmm.MaxGen
 	if _, err := e.m.Register(vmmID, reg); err != nil {
 		t.Fatal(err)
 	}
-	e.request(propolis.RequestRunning)
+	e.request(vmm.RequestRunning)
 	info := e.waitState("running")
 	if info.State.Gen != vmm.MaxGen {
 		t.Fatalf("gen %d, want it to stay at %d", info.State.Gen, uint64(vmm.MaxGen))
@@ -101,7 +101,7 @@ func TestGenerationStopsAtItsMaximum(t *testing.T) {
 	}
 	// Kept as it is, and adopted as it is.
 	e.m.Close()
-	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{StateDir: dir})
+	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{StateDir: dir, Identity: testIdentity})
 	defer m2.Close()
 	if _, err := m2.Resume(); err != nil {
 		t.Fatal(err)

@@ -33,6 +33,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/qemu"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
@@ -83,6 +85,10 @@ type VM struct {
 	// that exits after a SHUTDOWN event has stopped, not failed.
 	shutdown bool
 	closed   bool
+	// sockDir holds QEMU's sockets: Dir, or Dir by a short name through
+	// dirFile, a descriptor of it (closed at cleanup).
+	sockDir string
+	dirFile *os.File
 }
 
 // New returns a VM that has nothing yet: Ensure makes it.
@@ -100,6 +106,10 @@ func New(opts Options) *VM {
 	v.console = propolisapi.NewBuffer(consoleBytes, v.writeSerial)
 	return v
 }
+
+// maxSocketPath is the longest socket path used: Linux binds at most 107
+// bytes.
+const maxSocketPath = 100
 
 // consoleBytes is how much of com1's output is kept.
 const consoleBytes = 1 << 20
@@ -160,6 +170,24 @@ func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
 	if err := os.MkdirAll(v.opts.Dir, 0o700); err != nil {
 		return nil, err
 	}
+	sockDir := v.opts.Dir
+	if len(filepath.Join(sockDir, "qmp.sock")) > maxSocketPath {
+		// Too long for a socket's address: the same directory by a short
+		// name, through a descriptor of it that this process holds
+		// (/proc/<pid>/fd/<fd>, which QEMU and this process both resolve
+		// to it), so that nothing of the VM lives outside Dir.
+		d, err := os.OpenFile(v.opts.Dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, err
+		}
+		sockDir = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), d.Fd())
+		v.mu.Lock()
+		v.dirFile = d
+		v.mu.Unlock()
+	}
+	v.mu.Lock()
+	v.sockDir = sockDir
+	v.mu.Unlock()
 	m, err := v.machine(s)
 	if err != nil {
 		return nil, err
@@ -198,7 +226,7 @@ func (v *VM) machine(s *spec.Spec) (qemu.Machine, error) {
 		Chipset:   qemu.ChipsetFor(s.Board.PCIe),
 		Firmware:  qemu.Firmware{Code: v.opts.FirmwareCode, Vars: filepath.Join(dir, "vars.fd")},
 		Accel:     v.opts.Accel,
-		QMPSocket: filepath.Join(dir, "qmp.sock"),
+		QMPSocket: filepath.Join(v.sockDir, "qmp.sock"),
 		Sandbox:   true,
 	}
 	if err := qemu.PrepareVars(v.opts.FirmwareVars, m.Firmware.Vars); err != nil {
@@ -234,7 +262,7 @@ func (v *VM) machine(s *spec.Spec) (qemu.Machine, error) {
 			ids[key] = nic.ID
 			m.NICs = append(m.NICs, nic)
 		case spec.TypeSerialPort:
-			m.Serial = append(m.Serial, qemu.SerialPort{Port: c.Serial, Socket: filepath.Join(dir, c.Serial+".sock")})
+			m.Serial = append(m.Serial, qemu.SerialPort{Port: c.Serial, Socket: filepath.Join(v.sockDir, c.Serial+".sock")})
 		case spec.TypeQemuPvpanic:
 			m.Pvpanic = m.Pvpanic || c.Pvpanic.EnableISA
 		}

@@ -264,11 +264,18 @@ func (v *VM) exited(proc *qemu.Process) {
 // cleanup removes the VM's sockets and blob files; its firmware variables
 // stay, as a disk's contents do.
 func (v *VM) cleanup() {
+	v.mu.Lock()
+	dirFile := v.dirFile
+	v.dirFile = nil
+	v.mu.Unlock()
 	for _, pat := range []string{"*.sock", "*.blob"} {
 		files, _ := filepath.Glob(filepath.Join(v.opts.Dir, pat))
 		for _, f := range files {
 			os.Remove(f)
 		}
+	}
+	if dirFile != nil {
+		dirFile.Close()
 	}
 }
 

@@ -1,0 +1,135 @@
+package vmm
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/vmm/spec"
+)
+
+// Guest is what a registration says of the guest: its instance spec (the
+// body's vmm_spec), the MACs of its NICs (local_config.nics, by id), and
+// what names it (local_config.hostname, metadata).
+type Guest struct {
+	Spec      *spec.Spec
+	NICs      map[string]net.HardwareAddr
+	Hostname  string
+	ProjectID string
+	SiloID    string
+}
+
+// ParseGuest reads the guest of an InstanceEnsureBody. A vmm_spec it cannot
+// read is a *spec.Error naming the components; other errors name the field.
+func ParseGuest(body []byte) (*Guest, error) {
+	var b struct {
+		VmmSpec     json.RawMessage `json:"vmm_spec"`
+		LocalConfig struct {
+			Hostname string `json:"hostname"`
+			NICs     []struct {
+				ID  string `json:"id"`
+				MAC string `json:"mac"`
+			} `json:"nics"`
+		} `json:"local_config"`
+		Metadata struct {
+			ProjectID string `json:"project_id"`
+			SiloID    string `json:"silo_id"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return nil, fmt.Errorf("local_config, metadata: %v", err)
+	}
+	s, err := spec.Decode(b.VmmSpec)
+	if err != nil {
+		return nil, err
+	}
+	g := &Guest{Spec: s, NICs: map[string]net.HardwareAddr{}, Hostname: b.LocalConfig.Hostname, ProjectID: b.Metadata.ProjectID, SiloID: b.Metadata.SiloID}
+	for i, n := range b.LocalConfig.NICs {
+		id, err := uuid.Parse(n.ID)
+		if err != nil {
+			return nil, fmt.Errorf("local_config.nics[%d].id %q is not a UUID", i, n.ID)
+		}
+		mac, err := net.ParseMAC(n.MAC)
+		if err != nil || len(mac) != 6 || mac[0]&1 != 0 {
+			return nil, fmt.Errorf("local_config.nics[%d].mac %q is not a unicast MAC", i, n.MAC)
+		}
+		if _, dup := g.NICs[id.String()]; dup {
+			return nil, fmt.Errorf("local_config.nics: id %s is given twice", id)
+		}
+		g.NICs[id.String()] = mac
+	}
+	return g, nil
+}
+
+// MemoryBytes is what the guest holds of the VMM reservoir.
+func (g *Guest) MemoryBytes() uint64 { return g.Spec.Board.MemoryMiB << 20 }
+
+// serviceSpec is the spec the VMM service is given: as registered, but
+// every virtio NIC's backend named after the NIC's MAC (which is how the
+// service learns it, as upstream's propolis learns it from the OPTE port
+// the sled agent names there), and every file backend's path the real path
+// the agent checked.
+func (g *Guest) serviceSpec() (json.RawMessage, error) {
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(g.Spec.Raw, &doc); err != nil {
+		return nil, err
+	}
+	var comps map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(doc["components"], &comps); err != nil {
+		return nil, err
+	}
+	for key, c := range g.Spec.Components {
+		switch {
+		case c.Type == spec.TypeVirtioNIC:
+			mac := g.NICs[strings.ToLower(c.NIC.InterfaceID)]
+			b, err := json.Marshal(map[string]string{"vnic_name": spec.VNICName(mac)})
+			if err != nil {
+				return nil, err
+			}
+			comps[c.NIC.BackendID]["component"] = b
+		case c.File != nil:
+			real, err := filepath.EvalSymlinks(c.File.Path)
+			if err != nil {
+				return nil, fmt.Errorf("component %q: %w", key, err)
+			}
+			f := *c.File
+			f.Path = real
+			b, err := json.Marshal(f)
+			if err != nil {
+				return nil, err
+			}
+			comps[key]["component"] = b
+		}
+	}
+	cb, err := json.Marshal(comps)
+	if err != nil {
+		return nil, err
+	}
+	doc["components"] = cb
+	return json.Marshal(doc)
+}
+
+// SledIdentity is what a VMM's instance properties say of the sled.
+type SledIdentity struct {
+	ID, Serial, Model string
+	Revision          uint32
+}
+
+// properties are the instance properties the VMM service is given, as
+// upstream's sled agent makes them.
+func (g *Guest) properties(instanceID string, sled SledIdentity) propolisapi.Properties {
+	return propolisapi.Properties{
+		ID:          instanceID,
+		Name:        g.Hostname,
+		Description: "Omicron-managed VM",
+		Metadata: propolisapi.Metadata{
+			ProjectID: g.ProjectID, SiloID: g.SiloID,
+			SledID: sled.ID, SledSerial: sled.Serial, SledModel: sled.Model, SledRevision: sled.Revision,
+		},
+	}
+}
