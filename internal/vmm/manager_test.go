@@ -187,6 +187,20 @@ func TestZoneVanishingWhileRunning(t *testing.T) {
 	e.vanish("while the guest was running")
 }
 
+// A guest whose state does not change is a quiet guest, not a lost
+// service: its state monitor's long poll holds, and the VMM stays running
+// well past ServiceLost.
+func TestQuietGuestIsNotLost(t *testing.T) {
+	e := newEnv(t, simguest.Options{BootTime: 10 * time.Millisecond}, vmm.Options{ServiceLost: 300 * time.Millisecond})
+	e.register()
+	e.request(vmm.RequestRunning)
+	e.waitState("running")
+	time.Sleep(time.Second)
+	if info, err := e.m.Get(vmmID); err != nil || info.State.State != "running" {
+		t.Fatalf("a quiet running guest after 1s (ServiceLost 300ms): %+v, %v", info, err)
+	}
+}
+
 func TestZoneVanishingWhileStopping(t *testing.T) {
 	e := newEnv(t, simguest.Options{BootTime: 10 * time.Millisecond, StopTime: time.Hour}, vmm.Options{StopGrace: time.Hour})
 	e.register()

@@ -276,6 +276,9 @@ func (v *vmm) follow(ctx context.Context, client *propolisapi.Client) {
 				continue
 			}
 			lastAnswer = time.Now()
+			if a.alive {
+				continue
+			}
 			switch state, _ := v.observe(a.st); state {
 			case StateStopped, StateDestroyed:
 				v.finishStop(ctx, "guest stopped")
@@ -289,26 +292,40 @@ func (v *vmm) follow(ctx context.Context, client *propolisapi.Client) {
 }
 
 // watchAnswer is one answer of the service's state monitor, or why there
-// was none.
+// was none; alive is an answer that says only that the service answers.
 type watchAnswer struct {
-	st  propolisapi.Status
-	err error
+	st    propolisapi.Status
+	alive bool
+	err   error
 }
 
 // watch long-polls the service's state monitor until ctx ends, handing
-// every answer to follow. An answer that is no newer (the service's wait
-// ran out) still says the service is alive.
+// every answer to follow. The service holds a poll until its state changes
+// (or its own bound): a poll that nothing answered within half of
+// ServiceLost is ended, and the service asked whether it answers at all
+// (GET /instance), so that a quiet guest is not taken for a lost service.
 func (v *vmm) watch(ctx context.Context, c *propolisapi.Client, out chan<- watchAnswer) {
+	opts := v.m.opts
 	for delay := 50 * time.Millisecond; ctx.Err() == nil; {
 		v.mu.Lock()
 		after := v.svcGen
 		v.mu.Unlock()
-		st, err := c.StateMonitor(ctx, after+1)
+		pctx, cancel := context.WithTimeout(ctx, opts.ServiceLost/2)
+		st, err := c.StateMonitor(pctx, after+1)
+		quiet := err != nil && ctx.Err() == nil && pctx.Err() != nil
+		cancel()
+		var alive bool
+		if quiet {
+			gctx, cancel := context.WithTimeout(ctx, opts.CallTimeout)
+			_, err = c.Get(gctx)
+			cancel()
+			alive = err == nil
+		}
 		v.mu.Lock()
 		v.watchErr = err
 		v.mu.Unlock()
 		select {
-		case out <- watchAnswer{st: st, err: err}:
+		case out <- watchAnswer{st: st, alive: alive, err: err}:
 		case <-ctx.Done():
 			return
 		}
