@@ -406,9 +406,11 @@ func servicePIDs(t *testing.T, runDir, tag string, zones []sledconfig.Zone) map[
 }
 
 // TestLinuxVMMFailsWhenItsZoneIsDeleted is the outside check of VMMs on
-// Linux: a registered VMM asked to run reaches running in a real zone; after
-// the zone's namespace is deleted and its processes killed, its state says
-// failed (the issue asks within 2 s; the wait here is only a hang detector).
+// Linux: a registered VMM asked to run reaches running in a real zone (QEMU
+// runs its firmware: the spec's disk is a blob with nothing to boot); after
+// the zone's namespace is deleted and its processes killed, QEMU with them,
+// its state says failed (the issue asks within 2 s; the wait here is only a
+// hang detector).
 func TestLinuxVMMFailsWhenItsZoneIsDeleted(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
 	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix})

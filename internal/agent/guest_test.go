@@ -1,0 +1,186 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/testguest"
+	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
+)
+
+// guestWait bounds a boot of the test guest through OVMF under TCG (about
+// 20 s on a busy 2-vCPU machine): a hang detector, not a timing.
+const guestWait = 3 * time.Minute
+
+// guestSpec is vmmtest's spec with the test guest's disk, a file of the
+// image directory, as its boot disk.
+func guestSpec(disk string) map[string]any {
+	s := vmmtest.Spec()
+	comps(s)["boot-disk-backend"] = map[string]any{"type": "file_storage_backend", "component": map[string]any{"path": disk, "readonly": false, "block_size": 512}}
+	return s
+}
+
+// linuxGuestAgent starts a Linux agent whose image directory holds a copy
+// of the test guest, and returns it with the copy's path.
+func linuxGuestAgent(t *testing.T) (*agent.Agent, string) {
+	t.Helper()
+	tag, prefix, dir, runDir := linuxEnv(t)
+	image := testguest.Image(t) // skips without QEMU or OVMF
+	images := t.TempDir()
+	disk := filepath.Join(images, "boot.raw")
+	if err := os.Rename(testguest.TempCopy(t, image), disk); err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
+		VMMImageDir: images, VMMAccel: "tcg"})
+	run(t, a)
+	return a, disk
+}
+
+// serialHas waits for want in the guest's serial history from offset, read
+// from the VMM's service at addr as Nexus reads it, and returns the offset
+// after it.
+func serialHas(t *testing.T, addr string, from uint64, want string) uint64 {
+	t.Helper()
+	c := propolisapi.NewClient(addr)
+	deadline := time.Now().Add(guestWait)
+	var seen string
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		data, last, err := c.SerialHistory(ctx, propolisapi.SerialFromStart(from), 1<<20)
+		cancel()
+		if err == nil {
+			seen = string(data)
+			if i := strings.Index(seen, want); i >= 0 {
+				return last - uint64(len(data)) + uint64(i+len(want))
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("no %q in the serial history within %s; it holds: %q", want, guestWait, seen[max(0, len(seen)-2000):])
+	return 0
+}
+
+// TestLinuxGuestBootsRebootsAndStops is the outside check of a real guest:
+// a VMM registered with the test guest's disk boots it through OVMF, whose
+// console shows the guest's marker and the MAC local_config gave its NIC;
+// it reboots, and stops at the power button, its zone torn down.
+func TestLinuxGuestBootsRebootsAndStops(t *testing.T) {
+	a, disk := linuxGuestAgent(t)
+	const addr = "[fd00:1122:3344:1d0::9]:12400"
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, string(vmmtest.Body(testInstance, addr, guestSpec(disk), nil))); code != http.StatusOK {
+		t.Fatalf("register: %d %s", code, b)
+	}
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
+		t.Fatalf("run: %d %s", code, b)
+	}
+	waitVMM(t, a, "running")
+	off := serialHas(t, addr, 0, testguest.ReadyPrefix+vmmtest.MAC)
+
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"reboot"}}`); code != http.StatusOK {
+		t.Fatalf("reboot: %d %s", code, b)
+	}
+	off = serialHas(t, addr, off, testguest.ReadyPrefix+vmmtest.MAC)
+	waitVMM(t, a, "running")
+
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"stopped"}}`); code != http.StatusOK {
+		t.Fatalf("stop: %d %s", code, b)
+	}
+	waitVMMWithin(t, a, "destroyed", guestWait)
+}
+
+// TestLinuxGuestKilledFails: QEMU killed behind the agent's back fails the
+// VMM, with QEMU's end in its detail, and its zone is removed.
+func TestLinuxGuestKilledFails(t *testing.T) {
+	a, disk := linuxGuestAgent(t)
+	const addr = "[fd00:1122:3344:1d0::a]:12400"
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, string(vmmtest.Body(testInstance, addr, guestSpec(disk), nil))); code != http.StatusOK {
+		t.Fatalf("register: %d %s", code, b)
+	}
+	call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`)
+	waitVMM(t, a, "running")
+	pids := qemuPIDs(t, disk)
+	if len(pids) != 1 {
+		t.Fatalf("QEMU processes of the guest's disk: %v, want one", pids)
+	}
+	syscall.Kill(pids[0], syscall.SIGKILL)
+	waitVMMWithin(t, a, "failed", guestWait)
+	if got := vmmDetail(t, a); !strings.Contains(got, "signal: killed") {
+		t.Errorf("detail %q does not say how QEMU ended", got)
+	}
+	waitFor(t, "no QEMU left", func() (bool, string) {
+		p := qemuPIDs(t, disk)
+		return len(p) == 0, fmt.Sprint("QEMU ", p)
+	})
+}
+
+// waitVMMWithin is waitVMM with its own deadline.
+func waitVMMWithin(t *testing.T, a *agent.Agent, state string, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st := vmmState(t, a)
+		if st.VmmState.State == state {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("VMM %s after %s, waiting for %s: %s", st.VmmState.State, d, state, vmmDetail(t, a))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// vmmDetail is what the agent's view says of the VMM.
+func vmmDetail(t *testing.T, a *agent.Agent) string {
+	t.Helper()
+	code, b := call(t, a, http.MethodGet, "/agent/vmms", "")
+	if code != http.StatusOK {
+		t.Fatalf("GET /agent/vmms: %d %s", code, b)
+	}
+	var vmms []vmm.Info
+	if err := json.Unmarshal(b, &vmms); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vmms {
+		if v.ID == testVMM {
+			return v.Detail
+		}
+	}
+	return "(no such VMM)"
+}
+
+// qemuPIDs are the QEMU processes whose command line names disk.
+func qemuPIDs(t *testing.T, disk string) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(cmd), "qemu-system") && strings.Contains(string(cmd), disk) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
