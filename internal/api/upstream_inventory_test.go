@@ -15,6 +15,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
+	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
 )
 
 // The upstream Inventory (sled-agent API 48.0.0), written from the upstream
@@ -214,7 +215,7 @@ func TestInventoryIsUpstreamsInEveryState(t *testing.T) {
 	zones := sledconfigtest.Crucibles(3)
 
 	t.Run("not yet run", func(t *testing.T) {
-		s := newSled(t, sim.Options{}, withIdentity(id))
+		s := newSled(t, sim.Options{}, withIdentity(id), func(d *api.Deps) { d.Reservoir = reservoir.NewAccount(600 << 30) })
 		inv := s.upstreamInventory(spec)
 		if inv.ReconcilerStatus.Status != "not_yet_run" || inv.LastReconciliation != nil || inv.LedgeredSledConfig != nil {
 			t.Errorf("before any config: status %q, last %v, ledgered %v", inv.ReconcilerStatus.Status, inv.LastReconciliation, inv.LedgeredSledConfig)
@@ -222,7 +223,7 @@ func TestInventoryIsUpstreamsInEveryState(t *testing.T) {
 		// The sled's identity and hardware, as Identity has them.
 		want := upBaseboard{PartNumber: "913-0000019", SerialNumber: "BRM42220004"}
 		if inv.SledID != sledID || inv.SledAgentAddress != id.Address || inv.SledRole != "scrimlet" || inv.BaseboardID != want ||
-			inv.CPUFamily != "amd_milan" || inv.UsablePhysicalRAM != 1<<40 || inv.UsableHardwareThreads != 128 || inv.ReservoirSize != 0 {
+			inv.CPUFamily != "amd_milan" || inv.UsablePhysicalRAM != 1<<40 || inv.UsableHardwareThreads != 128 || inv.ReservoirSize != 600<<30 {
 			t.Errorf("identity and hardware: %+v", inv)
 		}
 		// What this platform cannot have, in upstream's error variants.
