@@ -184,6 +184,12 @@ func (v *vmm) monitor(ctx context.Context, adopt bool) {
 		if _, _, err := v.request(ctx, pending); err != nil {
 			v.record("request failed", fmt.Sprintf("%s: %v", pending, err))
 		}
+		v.mu.Lock()
+		if v.pending == pending {
+			v.pending = ""
+		}
+		v.mu.Unlock()
+		v.saveOrLog()
 	}
 	v.follow(ctx, client)
 }
@@ -469,6 +475,13 @@ func (v *vmm) request(ctx context.Context, r Request) (Info, bool, error) {
 		}
 		v.recordLocked("requested", string(r)+" (once its service is up)")
 		v.mu.Unlock()
+		if changed {
+			// Kept with the VMM, so that an agent restart loses no
+			// request it answered.
+			if err := v.save(); err != nil {
+				return Info{}, false, fmt.Errorf("keeping the request: %w", err)
+			}
+		}
 		return v.info(), changed, nil
 	}
 	gen := v.state.Gen

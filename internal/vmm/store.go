@@ -25,12 +25,15 @@ import (
 
 // record is a VMM's file.
 type record struct {
-	ID           string          `json:"propolis_id"`
-	InstanceID   string          `json:"instance_id"`
-	PropolisAddr string          `json:"propolis_addr"`
-	Initial      RuntimeState    `json:"initial"`
-	State        RuntimeState    `json:"vmm_state"`
-	Detail       string          `json:"detail,omitempty"`
+	ID           string       `json:"propolis_id"`
+	InstanceID   string       `json:"instance_id"`
+	PropolisAddr string       `json:"propolis_addr"`
+	Initial      RuntimeState `json:"initial"`
+	State        RuntimeState `json:"vmm_state"`
+	Detail       string       `json:"detail,omitempty"`
+	// Pending is a state asked for before the VMM's service had its
+	// instance: a restarted agent hands it over as the dead one would have.
+	Pending      Request         `json:"pending,omitempty"`
 	Registration json.RawMessage `json:"registration"`
 }
 
@@ -51,7 +54,7 @@ func (v *vmm) save() error {
 	}
 	v.mu.Lock()
 	rec := record{ID: v.id, InstanceID: v.reg.InstanceID, PropolisAddr: v.reg.PropolisAddr.String(), Initial: v.reg.Initial,
-		State: v.state, Detail: v.detail, Registration: v.reg.Body}
+		State: v.state, Detail: v.detail, Pending: v.pending, Registration: v.reg.Body}
 	v.mu.Unlock()
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
@@ -215,6 +218,7 @@ func (m *Manager) adopt(id string, rec record) {
 	v.state = rec.State
 	v.state.Gen = min(v.state.Gen, MaxGen) // a file from before the bound
 	v.detail = rec.Detail
+	v.pending = rec.Pending
 	v.setLocked(rec.State.State, "adopted after an agent restart", "adopted")
 	v.mu.Unlock()
 	v.claimFree()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,5 +109,30 @@ func TestGenerationStopsAtItsMaximum(t *testing.T) {
 	}
 	if got, err := m2.Get(vmmID); err != nil || got.State.Gen != vmm.MaxGen {
 		t.Fatalf("after a restart: gen %d (%v)", got.State.Gen, err)
+	}
+}
+
+// A state asked for before the VMM's service is up is kept with the VMM,
+// so that an agent killed before handing it over loses nothing it
+// answered; once handed over it is no longer kept.
+func TestPendingRequestIsKept(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{StateDir: dir})
+	if err := e.rt.SetFaults(sim.Faults{Zones: map[string]sim.ZoneFaults{vmmID: {Start: "hang"}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.register()
+	e.request(vmm.RequestRunning)
+	rec, err := os.ReadFile(filepath.Join(dir, vmmID+".json"))
+	if err != nil || !strings.Contains(string(rec), `"pending": "running"`) {
+		t.Fatalf("the VMM's record after a request it could not hand over yet: %s (%v)", rec, err)
+	}
+	dir2 := t.TempDir()
+	e2 := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{StateDir: dir2})
+	e2.register()
+	e2.request(vmm.RequestRunning)
+	e2.waitState("running")
+	if rec, err := os.ReadFile(filepath.Join(dir2, vmmID+".json")); err != nil || strings.Contains(string(rec), `"pending"`) {
+		t.Fatalf("the record of a VMM whose request was handed over: %s (%v)", rec, err)
 	}
 }
