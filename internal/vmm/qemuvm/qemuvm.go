@@ -57,13 +57,41 @@ type Options struct {
 	// Sled is what a spec is checked against, again: the agent checked it
 	// before the VMM's zone existed, and a file may have moved since.
 	Sled spec.Sled
-	// Start starts QEMU's command (a cgroup, a user): see qemu.StartOptions.
+	// Start starts QEMU's command (a namespace, a user): see
+	// qemu.StartOptions.
 	Start func(*exec.Cmd) error
+	// Confine, if set, confines QEMU (the VMM service's: a cgroup of its
+	// own with limits sized for the guest, internal/vmm/guestcg). It is
+	// called once the spec is known, before QEMU starts, and what it
+	// returns wraps Start. It never fails: a confinement it could not make
+	// says why, and QEMU runs as it can.
+	Confine func(Guest) Confinement
 	// StartTimeout bounds QEMU's start until its monitor answers (30s).
 	StartTimeout time.Duration
 	// CallTimeout bounds each QMP command (5s).
 	CallTimeout time.Duration
 	Log         *slog.Logger
+}
+
+// Guest is what a confinement is sized for.
+type Guest struct {
+	CPUs      int
+	MemoryMiB int64
+	Accel     qemu.Accel
+}
+
+// Confinement is where and how one QEMU runs confined.
+type Confinement interface {
+	// Start wraps a Start hook (nil: (*exec.Cmd).Start) so that QEMU
+	// starts in the confinement. QEMU holds the guest paused (-S) until it
+	// is told to run, so a hook may place it once it has started.
+	Start(next func(*exec.Cmd) error) func(*exec.Cmd) error
+	// String says how QEMU is confined, or why it is not (once started:
+	// what the start did).
+	String() string
+	// MemoryKill says, once QEMU has exited, that the confinement's
+	// memory limit killed it; "" if it did not or that cannot be told.
+	MemoryKill() string
 }
 
 // VM is one guest. It implements propolisapi.Backend.
@@ -89,6 +117,10 @@ type VM struct {
 	// dirFile, a descriptor of it (closed at cleanup).
 	sockDir string
 	dirFile *os.File
+	// conf confines QEMU (nil without Options.Confine); confined says
+	// how, once QEMU has started.
+	conf     Confinement
+	confined string
 }
 
 // New returns a VM that has nothing yet: Ensure makes it.
@@ -159,7 +191,7 @@ func (v *VM) Ensure(ctx context.Context, props propolisapi.Properties, raw json.
 		return errors.New("the VMM service is closing")
 	}
 	v.proc = proc
-	v.setLocked(propolisapi.StateCreating, "QEMU holds the guest paused until it is asked to run")
+	v.setLocked(propolisapi.StateCreating, v.confinedLocked("QEMU holds the guest paused until it is asked to run"))
 	v.mu.Unlock()
 	go v.follow(proc)
 	return nil
@@ -192,11 +224,24 @@ func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	start := v.opts.Start
+	var conf Confinement
+	if v.opts.Confine != nil {
+		conf = v.opts.Confine(Guest{CPUs: m.CPUs, MemoryMiB: int64(m.MemoryMiB), Accel: m.Accel})
+		start = conf.Start(start)
+	}
 	sctx, cancel := context.WithTimeout(ctx, v.opts.StartTimeout)
 	defer cancel()
-	proc, err := qemu.Start(sctx, m, qemu.StartOptions{Binary: v.opts.Binary, Start: v.opts.Start, Logger: v.opts.Log})
+	proc, err := qemu.Start(sctx, m, qemu.StartOptions{Binary: v.opts.Binary, Start: start, Logger: v.opts.Log})
 	if err != nil {
 		return nil, err
+	}
+	if conf != nil {
+		how := conf.String()
+		v.opts.Log.Info("qemu confinement", "pid", proc.PID(), "confinement", how)
+		v.mu.Lock()
+		v.conf, v.confined = conf, how
+		v.mu.Unlock()
 	}
 	for _, p := range m.Serial {
 		if p.Port != "com1" {

@@ -40,6 +40,13 @@ type guest struct {
 // namespace of the test's own, where QEMU makes its tap.
 func newGuest(t *testing.T) *guest {
 	t.Helper()
+	return newGuestWith(t, nil)
+}
+
+// newGuestWith is newGuest with the VM's options changed by edit (if not
+// nil) before the VM is made.
+func newGuestWith(t *testing.T, edit func(*Options)) *guest {
+	t.Helper()
 	image := testguest.Image(t) // skips without root, QEMU or OVMF
 	code, vars, err := testguest.OVMF()
 	if err != nil {
@@ -51,7 +58,7 @@ func newGuest(t *testing.T) *guest {
 		t.Fatal(err)
 	}
 	netns := testNetns(t)
-	vm := New(Options{
+	opts := Options{
 		Name:         "qemuvm-test",
 		Dir:          t.TempDir(),
 		FirmwareCode: code,
@@ -61,7 +68,11 @@ func newGuest(t *testing.T) *guest {
 		// which the agent made.
 		Sled:  spec.Sled{Threads: 2, FileRoots: []string{storage}},
 		Start: func(cmd *exec.Cmd) error { return zonenet.StartIn(netns, cmd) },
-	})
+	}
+	if edit != nil {
+		edit(&opts)
+	}
+	vm := New(opts)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

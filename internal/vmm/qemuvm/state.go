@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
@@ -153,8 +154,17 @@ func (v *VM) confirmRunning(ctx context.Context, mon *qemu.Monitor) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if s := v.status.State; s == propolisapi.StateStarting || s == propolisapi.StateRebooting {
-		v.setLocked(propolisapi.StateRunning, "QEMU runs the guest")
+		v.setLocked(propolisapi.StateRunning, v.confinedLocked("QEMU runs the guest"))
 	}
+}
+
+// confinedLocked is detail, a state of a guest whose QEMU runs, with how
+// QEMU is confined, if it was asked to be: the agent's view shows it.
+func (v *VM) confinedLocked(detail string) string {
+	if v.confined == "" {
+		return detail
+	}
+	return detail + "; QEMU " + v.confined
 }
 
 func (v *VM) markShutdown() {
@@ -199,9 +209,9 @@ func (v *VM) event(proc *qemu.Process, ev qemu.Event) {
 		case ev.Name == "RESET" && s == propolisapi.StateRunning:
 			// The guest reset itself: it reboots, and runs again at once.
 			v.setLocked(propolisapi.StateRebooting, "the guest reset itself")
-			v.setLocked(propolisapi.StateRunning, "QEMU runs the guest after its reset")
+			v.setLocked(propolisapi.StateRunning, v.confinedLocked("QEMU runs the guest after its reset"))
 		case s == propolisapi.StateStarting || s == propolisapi.StateRebooting:
-			v.setLocked(propolisapi.StateRunning, "QEMU runs the guest")
+			v.setLocked(propolisapi.StateRunning, v.confinedLocked("QEMU runs the guest"))
 		}
 		v.mu.Unlock()
 	case "SHUTDOWN":
@@ -243,6 +253,7 @@ func (v *VM) exited(proc *qemu.Process) {
 	v.proc = nil
 	serial := v.serial
 	v.serial = nil
+	conf := v.conf
 	v.mu.Unlock()
 	if serial != nil {
 		serial.Close()
@@ -256,6 +267,13 @@ func (v *VM) exited(proc *qemu.Process) {
 		v.cleanup()
 		v.set(propolisapi.StateDestroyed, "QEMU exited and the VM's files are removed")
 		return
+	}
+	if st := proc.ExitState(); conf != nil && st != nil && killed(st) {
+		// The kernel kills a cgroup's process with SIGKILL at its
+		// memory limit: say so, if the cgroup counted it.
+		if k := conf.MemoryKill(); k != "" {
+			how += ": " + k
+		}
 	}
 	v.set(propolisapi.StateFailed, fmt.Sprintf("QEMU %s: %s", how, lastLines(proc.Stderr(), 3)))
 	v.cleanup()
@@ -329,6 +347,12 @@ func (v *VM) writeSerial(ctx context.Context, p []byte) (int, error) {
 		conn.SetWriteDeadline(time.Now().Add(v.opts.CallTimeout))
 	}
 	return conn.Write(p)
+}
+
+// killed reports whether a process ended by SIGKILL.
+func killed(st *os.ProcessState) bool {
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
 func lastLines(s string, n int) string {
