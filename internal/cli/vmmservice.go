@@ -15,6 +15,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/qemu"
+	"github.com/sled-agent/sled-agent/internal/vmm/guestcg"
 	"github.com/sled-agent/sled-agent/internal/vmm/qemuvm"
 	"github.com/sled-agent/sled-agent/internal/vmm/service"
 	"github.com/sled-agent/sled-agent/internal/vmm/simguest"
@@ -32,6 +33,7 @@ type vmmServiceFlags struct {
 	qemu                qemuvm.Options
 	accel               string
 	fileRoots           []string
+	guestCgroup         string
 }
 
 // newVMMServiceCmd is the service a VMM zone runs: propolis-server's API
@@ -64,6 +66,7 @@ func newVMMServiceCmd() *cobra.Command {
 	f.StringVar(&fl.accel, "accel", string(qemu.TCG), "qemu: the accelerator, kvm or tcg (the agent decides)")
 	f.StringVar(&fl.qemu.Dir, "dir", "", "qemu: the VM's own directory (sockets, firmware variables, blob disks), an absolute path")
 	f.StringArrayVar(&fl.fileRoots, "file-root", nil, "a directory a file-backed disk may lie in, an absolute path (repeatable)")
+	f.StringVar(&fl.guestCgroup, "guest-cgroup", "", "qemu: the cgroup QEMU is confined in, with the guest's limits: sled-agent/<tag>/<zone>.guest below each hierarchy's root (the zone runtime gives it)")
 	for _, name := range []string{"listen", "id"} {
 		cmd.MarkFlagRequired(name)
 	}
@@ -107,8 +110,14 @@ func runVMMService(fl vmmServiceFlags) error {
 		if !filepath.IsAbs(fl.qemu.Dir) {
 			return fmt.Errorf("--dir %q: the qemu backend needs the VM's directory, an absolute path", fl.qemu.Dir)
 		}
+		if fl.guestCgroup != "" {
+			if err := guestcg.ValidName(fl.guestCgroup); err != nil {
+				return fmt.Errorf("--guest-cgroup: %w", err)
+			}
+		}
 		opts := fl.qemu
 		opts.Name, opts.Accel, opts.Sled, opts.Log = fl.id, qemu.Accel(fl.accel), sled, log
+		opts.Confine = confineGuest(fl.guestCgroup)
 		vm = qemuvm.New(opts)
 		backend = vm
 	default:
@@ -132,4 +141,18 @@ func runVMMService(fl vmmServiceFlags) error {
 		}
 	}
 	return err
+}
+
+// confineGuest confines a guest's QEMU in the cgroup name (guestcg), with
+// limits sized for the guest, in whichever hierarchies this host holds the
+// controllers; without a name (a zone made by an agent that gave none) it
+// is not confined, and says so. QEMU runs whatever could be done.
+func confineGuest(name string) func(qemuvm.Guest) qemuvm.Confinement {
+	return func(g qemuvm.Guest) qemuvm.Confinement {
+		if name == "" {
+			return guestcg.None("the VMM service was given no --guest-cgroup")
+		}
+		l := guestcg.LimitsFor(guestcg.Size{CPUs: g.CPUs, MemoryMiB: g.MemoryMiB, TCG: g.Accel == qemu.TCG, HostMemory: guestcg.HostMemory()})
+		return guestcg.Make(guestcg.Detect(), name, l)
+	}
 }

@@ -15,6 +15,8 @@ func TestVMMServiceRefuses(t *testing.T) {
 	sled(t, "vmm-service", "--listen", "127.0.0.1:0", "--id", id, "--boot-time", "0s").failed(t, "--boot-time 0s", "positive")
 	sled(t, "vmm-service", "--listen", "127.0.0.1:0", "--id", id, "--stop-time", "-1s").failed(t, "--stop-time -1s")
 	sled(t, "vmm-service", "--listen", "256.0.0.1:1", "--id", id).failed(t, "256.0.0.1")
+	sled(t, "vmm-service", "--listen", "127.0.0.1:0", "--id", id, "--backend", "qemu", "--dir", t.TempDir(),
+		"--guest-cgroup", "sled-agent/../../memory").failed(t, "--guest-cgroup", "want sled-agent/<tag>/<zone>.guest")
 }
 
 func TestVMMServiceIsHidden(t *testing.T) {
@@ -23,7 +25,7 @@ func TestVMMServiceIsHidden(t *testing.T) {
 		t.Errorf("help lists the hidden vmm-service command:\n%s", r.stdout)
 	}
 	r = sled(t, "vmm-service", "--help").ok(t)
-	for _, f := range []string{"--listen", "--id", "--boot-time", "--stop-time", "--reboot-time"} {
+	for _, f := range []string{"--listen", "--id", "--boot-time", "--stop-time", "--reboot-time", "--guest-cgroup"} {
 		if !strings.Contains(r.stdout, f) {
 			t.Errorf("vmm-service --help lacks %s:\n%s", f, r.stdout)
 		}

@@ -82,6 +82,11 @@ func Make(h Host, name string, l Limits) *Group {
 	return g
 }
 
+// None is a Group that confines nothing, for why.
+func None(why string) *Group {
+	return &Group{memory: limit{why: why}, cpu: limit{why: why}, unplaced: map[string]string{}, write: writeFile}
+}
+
 // v2Controllers reads the controllers v2's root offers (cgroup.controllers).
 func v2Controllers(root string) (map[string]bool, string) {
 	b, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))

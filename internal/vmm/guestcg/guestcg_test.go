@@ -321,6 +321,16 @@ func TestMakeUnconfined(t *testing.T) {
 			t.Errorf("writes %q, MemoryKill %q", f.writes, g.MemoryKill())
 		}
 	})
+	t.Run("none", func(t *testing.T) {
+		g := None("no guest cgroup given")
+		if got := g.String(); got != "not confined: no guest cgroup given" {
+			t.Errorf("String() = %q", got)
+		}
+		cmd := exec.Command("qemu")
+		if err := g.Start(fakeStart(4242))(cmd); err != nil || cmd.SysProcAttr != nil || g.MemoryKill() != "" {
+			t.Errorf("start: %v, %+v, %q", err, cmd.SysProcAttr, g.MemoryKill())
+		}
+	})
 	t.Run("no name", func(t *testing.T) {
 		f := newFakeTree(t, nil)
 		g := Make(f.host("cg", "", ""), "", testLimits)
