@@ -99,38 +99,61 @@ var built struct {
 	path string
 }
 
-// Image returns the path of the built test guest image, building it first
-// when the cache has none built by the current scripts/build-test-guest (a
-// few minutes at most: it downloads Debian's kernel). The image is shared:
-// a test boots its own copy (see TempCopy). Image skips the test when it does
-// not run as root or when QEMU or OVMF is missing.
+// Why Build cannot give the image on this machine.
+var (
+	ErrNotRoot = errors.New("building and booting the test guest needs root")
+	ErrNoQEMU  = errors.New("no " + QEMU + " (Debian's qemu-system-x86; scripts/setup installs it as root)")
+)
+
+// Image returns the path of the built test guest image, as [Build] does, and
+// skips the test where Build cannot give one: without root, QEMU or OVMF.
 func Image(t testing.TB) string {
 	t.Helper()
+	path, err := Build(t.Logf)
+	switch {
+	case errors.Is(err, ErrNotRoot), errors.Is(err, ErrNoQEMU), errors.Is(err, ErrNoOVMF):
+		t.Skipf("testguest: %v", err)
+	case err != nil:
+		t.Fatalf("testguest: %v", err)
+	}
+	return path
+}
+
+// Build returns the path of the built test guest image, building it first
+// when the cache has none built by the current scripts/build-test-guest (a
+// few minutes at most: it downloads Debian's kernel); logf, if not nil, is
+// told of a build. The image is shared: whoever boots it boots a copy (see
+// TempCopy and CopyTo). It fails with ErrNotRoot, ErrNoQEMU or ErrNoOVMF
+// where the guest cannot be built or booted.
+func Build(logf func(format string, args ...any)) (string, error) {
 	if os.Geteuid() != 0 {
-		t.Skip("testguest: building and booting the test guest needs root")
+		return "", ErrNotRoot
 	}
 	if _, err := exec.LookPath(QEMU); err != nil {
-		t.Skipf("testguest: no %s (Debian's qemu-system-x86; scripts/setup installs it as root)", QEMU)
+		return "", ErrNoQEMU
 	}
 	if _, _, err := OVMF(); err != nil {
-		t.Skipf("testguest: %v", err)
+		return "", err
+	}
+	if logf == nil {
+		logf = func(string, ...any) {}
 	}
 	built.Lock()
 	defer built.Unlock()
 	if built.path != "" {
-		return built.path
+		return built.path, nil
 	}
-	path, err := build(t)
+	path, err := build(logf)
 	if err != nil {
-		t.Fatalf("testguest: %v", err)
+		return "", err
 	}
 	built.path = path
-	return path
+	return path, nil
 }
 
 // build brings CacheDir's image up to date with the script, under the
 // cache's lock, and returns its path.
-func build(t testing.TB) (string, error) {
+func build(logf func(format string, args ...any)) (string, error) {
 	script, err := scriptPath()
 	if err != nil {
 		return "", err
@@ -159,7 +182,7 @@ func build(t testing.TB) (string, error) {
 	if stamp, err := os.ReadFile(img + ".stamp"); err == nil && strings.TrimSpace(string(stamp)) == hash && regular(img) {
 		return img, nil
 	}
-	t.Logf("testguest: building %s with %s", img, script)
+	logf("testguest: building %s with %s", img, script)
 	start := time.Now()
 	var out bytes.Buffer
 	cmd := exec.Command("bash", script, img)
@@ -167,7 +190,7 @@ func build(t testing.TB) (string, error) {
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("%s %s: %w\n%s", script, img, err, out.Bytes())
 	}
-	t.Logf("testguest: built in %v:\n%s", time.Since(start).Round(time.Second), out.Bytes())
+	logf("testguest: built in %v:\n%s", time.Since(start).Round(time.Second), out.Bytes())
 	return img, nil
 }
 
@@ -203,13 +226,14 @@ func scriptPath() (string, error) {
 func TempCopy(t testing.TB, src string) string {
 	t.Helper()
 	dst := filepath.Join(t.TempDir(), filepath.Base(src))
-	if err := copyFile(dst, src); err != nil {
+	if err := CopyTo(dst, src); err != nil {
 		t.Fatalf("testguest: %v", err)
 	}
 	return dst
 }
 
-func copyFile(dst, src string) error {
+// CopyTo copies src to dst, a file that must not exist yet.
+func CopyTo(dst, src string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
