@@ -1,0 +1,178 @@
+package bench
+
+// What the guest benchmark reads of guests and processes: consoles, the
+// spec and disks it gives them, resident sets and command lines.
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/testguest"
+	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
+)
+
+// consoleTimes times a console's output from t0: its first byte and the
+// marker.
+type consoleTimes struct {
+	t0            time.Time
+	first, marker time.Duration
+	seen          []byte // the output's end, enough to find the marker across reads
+}
+
+// add takes output read at now and reports whether the marker has been
+// seen.
+func (c *consoleTimes) add(out []byte, now time.Time) bool {
+	if c.marker != 0 {
+		return true
+	}
+	if len(out) == 0 {
+		return false
+	}
+	if c.first == 0 {
+		c.first = now.Sub(c.t0)
+	}
+	c.seen = append(c.seen, out...)
+	if bytes.Contains(c.seen, []byte(marker)) {
+		c.marker = now.Sub(c.t0)
+		return true
+	}
+	if len(c.seen) > 64<<10 {
+		c.seen = append(c.seen[:0], c.seen[len(c.seen)-4<<10:]...)
+	}
+	return false
+}
+
+// tail is the end of the output, for errors.
+func (c *consoleTimes) tail() string {
+	return string(c.seen[max(0, len(c.seen)-500):])
+}
+
+// guestSpec is vmmtest's instance spec with disk as its boot disk's file
+// and its NIC's backend named vnic.
+func guestSpec(disk, vnic string) map[string]any {
+	s := vmmtest.Spec()
+	comps := s["components"].(map[string]any)
+	comps["boot-disk-backend"] = map[string]any{"type": "file_storage_backend", "component": map[string]any{"path": disk, "readonly": false, "block_size": 512}}
+	comps["net0-backend"] = map[string]any{"type": "virtio_network_backend", "component": map[string]any{"vnic_name": vnic}}
+	return s
+}
+
+// copyDisk makes dst a copy of the test guest's image, on disk before any
+// boot is timed.
+func copyDisk(dst, image string) error {
+	if err := testguest.CopyTo(dst, image); err != nil {
+		return err
+	}
+	f, err := os.Open(dst)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// rssKiB is a process's resident set (VmRSS), in KiB.
+func rssKiB(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) == 2 && f[1] == "kB" {
+				return strconv.Atoi(f[0])
+			}
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for process %d", pid)
+}
+
+// cmdline is a process's command line.
+func cmdline(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"), nil
+}
+
+// vmmProcs are the processes of a VMM zone, by what they run.
+type vmmProcs struct {
+	qemu, service, supervisor []int
+}
+
+// zoneProcs sorts the processes in the namespace at path by their program:
+// QEMU, runsv (the zone's supervisor), and the VMM service (the agent's
+// binary).
+func zoneProcs(path string) (vmmProcs, error) {
+	var out vmmProcs
+	pids, err := namespacePIDs(path)
+	if err != nil {
+		return out, err
+	}
+	for _, pid := range pids {
+		exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe")
+		if err != nil {
+			continue // gone
+		}
+		switch base := filepath.Base(strings.TrimSuffix(exe, " (deleted)")); {
+		case strings.HasPrefix(base, "qemu-system"):
+			out.qemu = append(out.qemu, pid)
+		case base == "runsv":
+			out.supervisor = append(out.supervisor, pid)
+		default:
+			out.service = append(out.service, pid)
+		}
+	}
+	return out, nil
+}
+
+// add samples a VMM zone's processes.
+func (m *GuestMemory) add(p vmmProcs) {
+	for _, s := range []struct {
+		pids []int
+		to   *[]int
+	}{{p.qemu, &m.QEMUKiB}, {p.service, &m.ServiceKiB}, {p.supervisor, &m.SupervisorKiB}} {
+		for _, pid := range s.pids {
+			if kib, err := rssKiB(pid); err == nil {
+				*s.to = append(*s.to, kib)
+			}
+		}
+	}
+}
+
+// procFD is a directory by a descriptor's name, as qemuvm names a VM's
+// directory whose path is too long for a socket.
+var procFD = regexp.MustCompile(`/proc/[0-9]+/fd/[0-9]+`)
+
+// normaliseArgv is a QEMU command line with what differs between two VMs
+// of one spec replaced: the disk's path, the VM's directory (where its
+// firmware variables are, or by a descriptor's name), and its name.
+func normaliseArgv(argv []string, name, disk string) []string {
+	dir := ""
+	for _, a := range argv {
+		if strings.Contains(a, "node-name=fw-vars,") {
+			if _, f, ok := strings.Cut(a, "file.filename="); ok {
+				f, _, _ = strings.Cut(f, ",")
+				dir = filepath.Dir(f)
+			}
+		}
+	}
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		a = strings.ReplaceAll(a, disk, "{disk}")
+		if dir != "" {
+			a = strings.ReplaceAll(a, dir, "{dir}")
+		}
+		a = procFD.ReplaceAllString(a, "{dir}")
+		out[i] = strings.ReplaceAll(a, name, "{name}")
+	}
+	return out
+}
