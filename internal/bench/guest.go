@@ -148,6 +148,9 @@ type GuestRun struct {
 	StopMs float64 `json:"stop_ms"`
 	// ForcedStops counts the agent's VMMs whose stop it had to force.
 	ForcedStops int `json:"forced_stops,omitempty"`
+	// Detail is what the agent said of its first VMM while it ran (how
+	// its QEMU runs).
+	Detail string `json:"agent_detail,omitempty"`
 	// History is the agent's record of its first VMM, ms from the phase's
 	// start to each event (the first of each name), and StopHistory from
 	// the stop request.
@@ -170,6 +173,7 @@ type phase struct {
 	stop                         time.Duration
 	forced                       int
 	history, stopHistory         map[string]float64
+	detail                       string
 	mem                          GuestMemory
 	argv                         []string // the first QEMU's command line, normalised
 }
@@ -344,7 +348,7 @@ func (b *guestBench) measure(ctx context.Context, side, n int) (phase, error) {
 
 // run is the phase as printed.
 func (p phase) run() GuestRun {
-	r := GuestRun{StopMs: msOf(p.stop), ForcedStops: p.forced, History: p.history, StopHistory: p.stopHistory, Memory: p.mem}
+	r := GuestRun{StopMs: msOf(p.stop), ForcedStops: p.forced, Detail: p.detail, History: p.history, StopHistory: p.stopHistory, Memory: p.mem}
 	for _, d := range p.connected {
 		r.SerialConnectedMs = append(r.SerialConnectedMs, msOf(d))
 	}

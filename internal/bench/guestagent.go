@@ -286,6 +286,11 @@ func (b *guestBench) agentPhase(ctx context.Context, n int) (p phase, err error)
 		return p, err
 	}
 	p.history = historyOf(infos, vms[0].id, t0)
+	for _, info := range infos {
+		if info.ID == vms[0].id {
+			p.detail = info.Detail
+		}
+	}
 
 	sctx, cancel := context.WithTimeout(ctx, b.opts.StopTimeout)
 	defer cancel()
