@@ -365,9 +365,10 @@ func (r *Runtime) removeUnmarkedRoots(ctx context.Context, roots []string) ([]st
 }
 
 // zoneShaped reports whether name is one a zone could have:
-// oxz_<kind>_<id>, the kind of lower-case letters and '_', the id a UUID in
-// lower case (as sledconfig.Zone.Name writes it). Such a name holds nothing
-// that a path or a glob pattern (see rootsOf) reads specially.
+// oxz_<kind>_<id>, the kind of lower-case letters, '_' and '-' (VMM zones'
+// is propolis-server), the id a UUID in lower case (as sledconfig.Zone.Name
+// writes it). Such a name holds nothing that a path or a glob pattern (see
+// rootsOf) reads specially.
 func zoneShaped(name string) bool {
 	rest, ok := strings.CutPrefix(name, sledconfig.ZoneNamePrefix)
 	if !ok || len(rest) < 38 || rest[len(rest)-37] != '_' {
@@ -375,7 +376,7 @@ func zoneShaped(name string) bool {
 	}
 	kind, id := rest[:len(rest)-37], rest[len(rest)-36:]
 	for i := 0; i < len(kind); i++ {
-		if c := kind[i]; (c < 'a' || c > 'z') && c != '_' {
+		if c := kind[i]; (c < 'a' || c > 'z') && c != '_' && c != '-' {
 			return false
 		}
 	}
