@@ -50,7 +50,7 @@ const parent = "sled-agent"
 // of tag: its path below the root of each hierarchy.
 func Name(tag, zone string) string { return path.Join(parent, tag, zone+Suffix) }
 
-var elemRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$`)
+var elemRe = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 
 // ValidName checks that name is one Name makes: sled-agent/<tag>/<x>.guest,
 // each part of letters, digits, '.', '_' and '-' (no "..").
@@ -60,7 +60,7 @@ func ValidName(name string) error {
 		return fmt.Errorf("guest cgroup %q: want %s/<tag>/<zone>%s", name, parent, Suffix)
 	}
 	for _, p := range parts[1:] {
-		if !elemRe.MatchString(p) || strings.Contains(p, "..") {
+		if !elemRe.MatchString(p) || p == "." || strings.Contains(p, "..") {
 			return fmt.Errorf("guest cgroup %q: %q is not a plain name", name, p)
 		}
 	}
