@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/vmm/guestcg"
 )
 
 // cgroups gives each zone a cgroup (v2) of its own: runsv is born in it, so
@@ -112,12 +114,53 @@ func (c cgroups) kill(ctx context.Context, zone string) error {
 	return nil
 }
 
-// RemoveEmptyDirs removes the runtime's own cgroup directories if no zone is
-// left in them. Tests and benchmarks that use their own tag call it last.
+// RemoveEmptyDirs removes the runtime's own cgroup directories, in every
+// hierarchy, if no zone or guest is left in them. Tests and benchmarks that
+// use their own tag call it last.
 func (r *Runtime) RemoveEmptyDirs() {
+	r.guests.RemoveEmpty(r.opts.Tag)
 	if !r.cg.available() {
 		return
 	}
 	os.Remove(r.cg.root)
 	os.Remove(filepath.Dir(r.cg.root)) // sled-agent/, if no other tag uses it
+}
+
+// Guests' cgroups.
+//
+// A VMM zone's service confines its guest's QEMU in a cgroup of its own
+// (internal/vmm/guestcg): <zone>.guest next to the zone's cgroup, under
+// this runtime's tag, in the v2 hierarchy and in the v1 ones of memory and
+// cpu, as the host has them; the runtime names it in the service's command
+// (--guest-cgroup). It is the zone's: Destroy kills what runs in it and
+// removes it with the rest of the zone, Sweep finds it by its name when its
+// zone is gone, and a dead sled's debris includes it once empty.
+
+// guestCgroup is the name of the cgroup of the guest of the named zone
+// (guestcg.Name); "" if the tag or the name cannot make one (then no
+// service was given one either).
+func (r *Runtime) guestCgroup(zone string) string {
+	name := guestcg.Name(r.opts.Tag, zone)
+	if guestcg.ValidName(name) != nil {
+		return ""
+	}
+	return name
+}
+
+// removeGuestCgroup kills whatever runs in the named zone's guest cgroup,
+// and removes it from every hierarchy, until ctx ends. A zone without one
+// has nothing to do.
+func (r *Runtime) removeGuestCgroup(ctx context.Context, zone string) error {
+	name := r.guestCgroup(zone)
+	if name == "" {
+		return nil
+	}
+	removed, err := r.guests.Remove(ctx, name)
+	if len(removed) > 0 {
+		r.opts.Log.Debug("guest cgroup removed", "zone", zone, "dirs", removed)
+	}
+	if err != nil {
+		return fmt.Errorf("guest cgroup: %w", err)
+	}
+	return nil
 }

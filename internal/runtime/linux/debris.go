@@ -33,10 +33,11 @@ import (
 //     cannot start meanwhile;
 //   - nothing of the zone lives: no namespace, no link with its mark, no
 //     supervisor of its service directory, no process with that directory's
-//     mark or in its cgroup.
+//     mark or in its cgroup or its guest's.
 //
 // What debris is: the service directory (with the claim), the zone's empty
-// cgroup and an NTP zone's command socket directory. Its root, in the other
+// cgroup, its guest's empty cgroups and an NTP zone's command socket
+// directory. Its root, in the other
 // sled's data dir, is not ours to touch. Anything else of another sled's is
 // refused, as before, with an error (OtherSledError) that says what lives
 // and the teardown that clears it.
@@ -164,6 +165,9 @@ func (r *Runtime) liveParts(name string) []string {
 			live = append(live, "processes in cgroup "+r.cg.dir(name))
 		}
 	}
+	if cg := r.guestCgroup(name); cg != "" {
+		live = append(live, r.guests.Populated(cg)...)
+	}
 	return live
 }
 
@@ -185,6 +189,16 @@ func (r *Runtime) removeDebris(name string) ([]string, error) {
 			errs = append(errs, fmt.Errorf("cgroup: %w", err))
 		} else if err == nil {
 			lines = append(lines, "cgroup "+r.cg.dir(name))
+		}
+	}
+	if cg := r.guestCgroup(name); cg != "" {
+		for _, d := range r.guests.Dirs(cg) {
+			// rmdir, as above: its guest's QEMU is dead (liveParts).
+			if err := os.Remove(d.Path); err == nil {
+				lines = append(lines, "guest cgroup "+d.Path)
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("guest cgroup: %w", err))
+			}
 		}
 	}
 	if strings.HasPrefix(name, ntpZonePrefix) {

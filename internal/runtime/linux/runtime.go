@@ -32,6 +32,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/timesync/chrony"
+	"github.com/sled-agent/sled-agent/internal/vmm/guestcg"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 )
@@ -78,7 +79,9 @@ type Options struct {
 	NTPNoClock bool
 	// VMMArgs, if set, gives the arguments added to a VMM zone's command
 	// when it is made (the agent's: how guests run, where their disks may
-	// lie); they may hold the placeholders of an Image.
+	// lie); they may hold the placeholders of an Image. The runtime adds
+	// --guest-cgroup, the cgroup the service confines its QEMU in, which
+	// Destroy removes (cgroup.go).
 	VMMArgs func() []string
 	// AgentBinary is the binary DefaultImage runs (default: this executable).
 	// It is copied into the data dir, so zones outlive the file it came from.
@@ -97,7 +100,8 @@ type Runtime struct {
 	agent   string // the kept agent binary
 	dataDir string // opts.DataDir, absolute (claims name it)
 
-	cg cgroups
+	cg     cgroups
+	guests guestcg.Host // the hierarchies guests' cgroups are in (cgroup.go)
 
 	mu       sync.Mutex
 	watchers map[string]watcher  // guarded by mu; supervisor watchers by zone name
@@ -136,7 +140,7 @@ func New(opts Options) (*Runtime, error) {
 	if opts.DataDirLock, err = filepath.Abs(cmp.Or(opts.DataDirLock, filepath.Join(dataDir, DataDirLockFile))); err != nil {
 		return nil, fmt.Errorf("data dir lock: %w", err)
 	}
-	r := &Runtime{opts: opts, dataDir: dataDir, watchers: map[string]watcher{}, roots: map[string][]string{}, cg: newCgroups(opts.Tag)}
+	r := &Runtime{opts: opts, dataDir: dataDir, watchers: map[string]watcher{}, roots: map[string][]string{}, cg: newCgroups(opts.Tag), guests: guestcg.Detect()}
 	if !r.cg.available() {
 		opts.Log.Warn("no cgroup v2 file system: zone processes will be found by walking /proc")
 	}
@@ -232,6 +236,9 @@ func (r *Runtime) Ensure(ctx context.Context, spec zone.Spec) error {
 	img := r.imageFor(spec)
 	if spec.Config.ZoneType.Type == zone.VMMZoneType && r.opts.VMMArgs != nil {
 		img.Command = append(slices.Clip(img.Command), r.opts.VMMArgs()...)
+		if cg := r.guestCgroup(spec.Name); cg != "" {
+			img.Command = append(img.Command, "--guest-cgroup", cg)
+		}
 	}
 	argv, err := img.expand(spec, addr, r.agent, root, r.opts.Tag)
 	if err != nil {
@@ -501,8 +508,9 @@ func (r *Runtime) stopWatching(name string) *supervise.Proc {
 }
 
 // Destroy removes every part of the named zone: its service and supervisor,
-// any process left in its namespace, its links and namespace, and its root
-// (a root dataset's contents only: roots.go).
+// any process left in its namespace or cgroup, its guest's cgroup with what
+// runs in it, its links and namespace, and its root (a root dataset's
+// contents only: roots.go).
 // Parts that do not exist are skipped; parts not marked as ours are left
 // alone, and so is all but the roots of a zone whose parts are not proven
 // our sled's (see claim.go).
@@ -560,6 +568,11 @@ func (r *Runtime) Destroy(ctx context.Context, name string) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("stopping its service: %w", err))
 		}
+	}
+	// A guest's QEMU, in its own cgroup: killed if the service did not
+	// end it, before the network it uses goes.
+	if err := r.removeGuestCgroup(ctx, name); err != nil {
+		errs = append(errs, err)
 	}
 	if zoneID == "" {
 		zoneID = idFromName(name)

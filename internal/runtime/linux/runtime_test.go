@@ -34,7 +34,8 @@ import (
 // "zone-service …" serves like `sled-agent zone-service`, "never-ready"
 // runs without ever answering a health check; "tcp-listen" and "zone-probe"
 // are a service that is not the agent's and a readiness command
-// (ready_root_test.go).
+// (ready_root_test.go); "guest-stand-in" plays a VMM zone's service
+// (guest_root_test.go).
 func TestMain(m *testing.M) {
 	zoneservicetest.ServeIfAsked()
 	if len(os.Args) > 1 && os.Args[1] == "never-ready" {
@@ -42,6 +43,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	standInIfAsked()
+	guestStandInIfAsked()
 	ntpzonetest.ServeIfAsked()
 	os.Exit(m.Run())
 }

@@ -17,11 +17,13 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/vmm/guestcg"
 )
 
 // Sweep removes every part that carries this runtime's marks but belongs
 // to no zone that List reports: namespaces, host links, service directories
-// with their supervisors, marked processes and per-zone cgroups, left by a
+// with their supervisors, marked processes, per-zone cgroups and guests'
+// cgroups (<zone>.guest, in every hierarchy) with what runs in them, left by a
 // zone whose root was removed or by an Ensure or Destroy that a crash cut
 // short; and the legacy zone roots in our data dir that hold no readable
 // mark (a crash between creating a root and renaming its mark into place
@@ -195,9 +197,21 @@ func (r *Runtime) findOrphans(zones zoneSet) (orphans, error) {
 		cgs, err := subdirs(r.cg.root)
 		errs = append(errs, err)
 		for _, name := range cgs {
+			if strings.HasSuffix(name, guestcg.Suffix) {
+				continue // a guest's, below
+			}
 			if r.adopt(&o, zones, name, "cgroup "+r.cg.dir(name)) {
 				o.cgroups = append(o.cgroups, r.cg.dir(name))
 			}
+		}
+	}
+	// Guests' cgroups, in every hierarchy: their zone's, by name.
+	guests, err := r.guests.Guests(r.opts.Tag)
+	errs = append(errs, err)
+	for _, name := range slices.Sorted(maps.Keys(guests)) {
+		dirs := guests[name]
+		if r.adopt(&o, zones, name, "guest cgroup "+strings.Join(dirs, ", ")) {
+			o.cgroups = append(o.cgroups, dirs...)
 		}
 	}
 	procs, err := r.markedProcs(zones, &o)
