@@ -485,10 +485,18 @@ func (v *vmm) request(ctx context.Context, r Request) (Info, bool, error) {
 		return v.info(), changed, nil
 	}
 	gen := v.state.Gen
-	if r == RequestStopped && v.stopAt.IsZero() {
+	newStop := r == RequestStopped && v.stopAt.IsZero()
+	if newStop {
 		v.stopAt = time.Now()
 	}
 	v.mu.Unlock()
+	if newStop {
+		// Kept before the service is asked: a restarted agent forces a
+		// stop the guest ignores, as this one would.
+		if err := v.save(); err != nil {
+			return Info{}, false, fmt.Errorf("keeping the request: %w", err)
+		}
+	}
 	err := client.PutState(ctx, r.propolis())
 	if errors.Is(err, propolisapi.ErrInvalidTransition) {
 		return Info{}, false, fmt.Errorf("%w: %v", ErrInvalid, err)

@@ -33,7 +33,10 @@ type record struct {
 	Detail       string       `json:"detail,omitempty"`
 	// Pending is a state asked for before the VMM's service had its
 	// instance: a restarted agent hands it over as the dead one would have.
-	Pending      Request         `json:"pending,omitempty"`
+	Pending Request `json:"pending,omitempty"`
+	// StopAsked is when a stop was asked: a restarted agent forces a stop
+	// that outlives StopGrace as the dead one would have.
+	StopAsked    *time.Time      `json:"stop_asked,omitempty"`
 	Registration json.RawMessage `json:"registration"`
 }
 
@@ -55,6 +58,10 @@ func (v *vmm) save() error {
 	v.mu.Lock()
 	rec := record{ID: v.id, InstanceID: v.reg.InstanceID, PropolisAddr: v.reg.PropolisAddr.String(), Initial: v.reg.Initial,
 		State: v.state, Detail: v.detail, Pending: v.pending, Registration: v.reg.Body}
+	if !v.stopAt.IsZero() {
+		at := v.stopAt
+		rec.StopAsked = &at
+	}
 	v.mu.Unlock()
 	data, err := json.MarshalIndent(rec, "", "  ")
 	if err != nil {
@@ -219,6 +226,14 @@ func (m *Manager) adopt(id string, rec record) {
 	v.state.Gen = min(v.state.Gen, MaxGen) // a file from before the bound
 	v.detail = rec.Detail
 	v.pending = rec.Pending
+	switch {
+	case rec.StopAsked != nil:
+		v.stopAt = *rec.StopAsked
+	case rec.State.State == StateStopping:
+		// Stopping, with no record of when the stop was asked: its grace
+		// starts now.
+		v.stopAt = time.Now()
+	}
 	v.setLocked(rec.State.State, "adopted after an agent restart", "adopted")
 	v.mu.Unlock()
 	v.claimFree()

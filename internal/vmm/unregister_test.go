@@ -136,3 +136,36 @@ func TestPendingRequestIsKept(t *testing.T) {
 		t.Fatalf("the record of a VMM whose request was handed over: %s (%v)", rec, err)
 	}
 }
+
+// A stop the guest ignores is forced within StopGrace even when the agent
+// was restarted meanwhile: the grace is kept with the VMM.
+func TestStopOutlivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnv(t, simguest.Options{BootTime: time.Millisecond, StopTime: time.Hour}, vmm.Options{StateDir: dir, StopGrace: 300 * time.Millisecond})
+	e.register()
+	e.request(vmm.RequestRunning)
+	e.waitState("running")
+	e.request(vmm.RequestStopped)
+	e.waitState("stopping")
+	e.m.Close()
+	m2 := vmm.New(e.rt, vmm.InProcessHost{Options: simguest.Options{StopTime: time.Hour}},
+		vmm.Options{StateDir: dir, Identity: testIdentity, StopGrace: 300 * time.Millisecond, PollWait: 50 * time.Millisecond})
+	defer m2.Close()
+	if _, err := m2.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(waitDeadline)
+	for {
+		info, err := m2.Get(vmmID)
+		if err == nil && info.State.State == "destroyed" {
+			if !strings.Contains(info.Detail, "forced") {
+				t.Errorf("detail %q does not say the stop was forced", info.Detail)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a stop asked before a restart, ignored by the guest: %+v (%v)", info, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
