@@ -34,15 +34,17 @@ type Limits struct {
 //
 // QEMU's memory beyond the guest's RAM was measured on QEMU 7.2 (TCG, one
 // vCPU, 256 MiB, every page of RAM touched with -mem-prealloc, booted to
-// the test guest's prompt): 364 MB of anonymous memory (256 MiB of RAM,
-// 62 MiB of translation cache, about 46 MiB of QEMU itself: heap, device
-// models, the firmware's flash, thread stacks) and 15 MB of page cache
-// read from the disk. The limit adds to the guest's memory:
+// the test guest's prompt): its cgroup peaked at 365 MiB, 347 MiB of it
+// anonymous (the guest's 256 MiB, 62 MiB of translation cache, 29 MiB of
+// QEMU's own: heap, device models, the firmware's flash, thread stacks)
+// and 15 MiB of page cache read from the disk. The limit adds to the
+// guest's memory:
 //
-//   - qemuOverhead, 256 MiB, for QEMU itself: five times what was measured,
-//     for more devices and queues, vhost-net's buffers, the disks' I/O
-//     threads, and the page cache of the disk files charged to the cgroup
-//     (which the kernel reclaims before it kills anything);
+//   - qemuOverhead, 256 MiB, for QEMU itself: over five times the 44 MiB
+//     measured (its own and the page cache), for more devices and queues,
+//     vhost-net's buffers, the disks' I/O threads, and the page cache of
+//     the disk files charged to the cgroup (which the kernel reclaims
+//     before it kills anything);
 //   - cpuOverhead, 16 MiB per vCPU: a vCPU thread's stack and state (and
 //     its TLB under TCG);
 //   - 1/32 of the guest's memory: the page tables and KVM's structures
