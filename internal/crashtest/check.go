@@ -71,6 +71,15 @@ func (r *run) mismatch(ctx context.Context) string {
 	if seen != len(want) {
 		return fmt.Sprintf("agent reports %d of %d wanted zones", seen, len(want))
 	}
+	if problem := r.vmmMismatch(ctx); problem != "" {
+		return problem
+	}
+	// The machine: the config's zones and the zones of the VMMs that run.
+	vmmZones := r.wantedVMMZones()
+	for name, id := range vmmZones {
+		ids[id] = true
+		want[name] = ""
+	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	owned, err := r.obs.Owned(lctx)
 	cancel()
@@ -79,7 +88,11 @@ func (r *run) mismatch(ctx context.Context) string {
 	}
 	roots := 0
 	for _, o := range owned.Zones {
-		if h, ok := want[o.Name]; !ok || o.Hash != h || !o.Running {
+		h, ok := want[o.Name]
+		if _, vmmZone := vmmZones[o.Name]; vmmZone {
+			h = o.Hash // a VMM zone's config is the VMM's, checked above
+		}
+		if !ok || o.Hash != h || !o.Running {
 			return fmt.Sprintf("zone root %s: wanted %v, config %.12s, running %v (%s)", o.Name, ok, o.Hash, o.Running, o.Detail)
 		}
 		roots++
@@ -207,6 +220,15 @@ func (r *run) healthyPIDs(ctx context.Context) map[string]int {
 	for _, o := range listed {
 		byName[o.Name] = o
 	}
+	// A running VMM's service, which QEMU runs under, keeps running too.
+	qemus := qemuProcesses(r.dir)
+	for name, id := range r.wantedVMMZones() {
+		if o, ok := byName[name]; ok && o.Running && len(qemus[id]) == 1 {
+			if pid := r.pid(name); pid > 0 {
+				out[name] = pid
+			}
+		}
+	}
 	for _, z := range r.zones {
 		o, ok := byName[z.Name()]
 		if !ok || !o.Running || o.Hash != z.Hash() {
@@ -274,6 +296,11 @@ func (r *run) cleanup(keepLog bool) error {
 			errs = append(errs, err)
 		} else if n := len(owned.Zones) + len(owned.Namespaces) + len(owned.Links) + len(owned.Processes); n > 0 {
 			errs = append(errs, fmt.Errorf("left behind after teardown: %+v", owned))
+		}
+		for id, pids := range qemuProcesses(r.dir) {
+			if _, ours := r.vmms[id]; ours {
+				errs = append(errs, fmt.Errorf("QEMU %v of VMM %s left behind after teardown", pids, id))
+			}
 		}
 		r.obs.RemoveEmptyDirs()
 		if err := btrfs.ReleaseUnder(ctx, r.dir); err != nil {

@@ -11,7 +11,9 @@
 //     roots);
 //   - no restart of a zone that was healthy before the kill and whose config
 //     did not change (its service keeps its PID);
-//   - the ledger intact, at the last generation acknowledged.
+//   - the ledger intact, at the last generation acknowledged;
+//   - VMMs (real guests) in the state last asked, with one QEMU each while
+//     they run, and nothing left of a deleted one (vmms.go).
 package crashtest
 
 import (
@@ -103,6 +105,9 @@ type Result struct {
 	// the zone first ran.
 	DataLost        int      `json:"data_lost"`
 	DataLostDetails []string `json:"data_lost_details,omitempty"`
+	// VMMsFailed lists the VMMs that a kill left failed (their zone
+	// half-made, say), with what the agent said; nothing of them may run.
+	VMMsFailed []string `json:"vmms_failed,omitempty"`
 	// AgentLog is where the agent's log was kept, when the run failed.
 	AgentLog string `json:"agent_log,omitempty"`
 }
@@ -140,6 +145,10 @@ type run struct {
 	zones   []sledconfig.Zone // the last acknowledged config's zones
 	nextIdx int               // next crucible index to add
 	data    map[string]string // zone id → what its durable dataset holds (keepData)
+	vmms    map[string]*ctVMM // the VMMs made and not known gone (vmms.go)
+	vmmSeq  int               // numbers the VMMs' addresses
+	// vmmsFailed says which VMMs a kill failed, and why.
+	vmmsFailed []string
 }
 
 // Run runs a crash test. It needs root and runsv; everything it
@@ -175,7 +184,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	}
 	var b [3]byte
 	rand.Read(b[:])
-	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), tag: "ct" + hex.EncodeToString(b[:]), data: map[string]string{}}
+	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), tag: "ct" + hex.EncodeToString(b[:]), data: map[string]string{}, vmms: map[string]*ctVMM{}}
 	r.prefix = r.tag + "-"
 	if r.dir, err = os.MkdirTemp("", "sled-agent-crashtest-"); err != nil {
 		return nil, err
@@ -248,6 +257,14 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 			}
 		}
+		switch vaction, err := r.vmmMutate(ctx); {
+		case err != nil:
+			return nil, fmt.Errorf("iteration %d: %s: %w", i+1, vaction, err)
+		case vaction != "" && next == nil:
+			action = vaction
+		case vaction != "":
+			action += ", " + vaction
+		}
 		// A third of the kills land in the first 50 ms, while zones are
 		// torn down and made; a third while services start; the rest
 		// anywhere up to MaxKillDelay, mostly once things have settled.
@@ -269,6 +286,9 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		res.Kills[action]++
 		t0 := time.Now()
 		if err := r.startAgent(ctx); err != nil {
+			return nil, fmt.Errorf("iteration %d: %w", i+1, err)
+		}
+		if err := r.vmmRecover(ctx); err != nil {
 			return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 		}
 		d, problem := r.converge(ctx)
@@ -309,6 +329,7 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	if err := r.kill(); err != nil {
 		return nil, err
 	}
+	res.VMMsFailed = r.vmmsFailed
 	p50, p99, mx := percentiles(took)
 	res.ConvergeP50ms, res.ConvergeP99ms, res.ConvergeMaxms = p50, p99, mx
 	return res, nil

@@ -12,12 +12,13 @@ import (
 )
 
 // agentEnv makes this test binary the agent: the crash test runs it with
-// `run …`, and the linux runtime's default image with `zone-service …`.
+// `run …`, the linux runtime's default image with `zone-service …`, and a
+// VMM's zone with `vmm-service …`.
 const agentEnv = "CRASHTEST_RUN_AGENT"
 
 func TestMain(m *testing.M) {
 	zoneservicetest.ServeIfAsked()
-	if os.Getenv(agentEnv) == "1" {
+	if os.Getenv(agentEnv) == "1" || len(os.Args) > 1 && os.Args[1] == "vmm-service" {
 		os.Exit(cli.Main(os.Args[1:]))
 	}
 	os.Exit(m.Run())
@@ -44,7 +45,7 @@ func TestKilledAgentRecovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("seed %d, kills %v, convergence p50 %.0f ms, max %.0f ms", res.Seed, res.Kills, res.ConvergeP50ms, res.ConvergeMaxms)
+	t.Logf("seed %d, kills %v, convergence p50 %.0f ms, max %.0f ms, VMMs a kill failed %v", res.Seed, res.Kills, res.ConvergeP50ms, res.ConvergeMaxms, res.VMMsFailed)
 	if !res.OK() {
 		t.Errorf("leaks %d %v; healthy zones restarted %d %v; ledger problems %d %v; data lost %d %v",
 			res.Leaks, res.LeakDetails, res.HealthyRestarts, res.RestartDetails, res.LedgerProblems, res.LedgerDetails, res.DataLost, res.DataLostDetails)
