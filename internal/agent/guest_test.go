@@ -184,3 +184,41 @@ func qemuPIDs(t *testing.T, disk string) []int {
 	}
 	return out
 }
+
+// TestLinuxGuestPowersItselfOff: a guest told on its serial console (the
+// websocket Nexus proxies users' consoles to) to power off ends stopped,
+// then destroyed, its zone torn down: the VMM's state is the guest's.
+func TestLinuxGuestPowersItselfOff(t *testing.T) {
+	a, disk := linuxGuestAgent(t)
+	const addr = "[fd00:1122:3344:1d0::b]:12400"
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, string(vmmtest.Body(testInstance, addr, guestSpec(disk), nil))); code != http.StatusOK {
+		t.Fatalf("register: %d %s", code, b)
+	}
+	call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`)
+	waitVMM(t, a, "running")
+	ctx, cancel := context.WithTimeout(t.Context(), guestWait)
+	defer cancel()
+	con, err := propolisapi.NewClient(addr).SerialConnect(ctx, propolisapi.SerialFromStart(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer con.Close()
+	var seen []byte
+	for !strings.Contains(string(seen), testguest.ReadyPrefix+vmmtest.MAC) {
+		out, err := con.ReadOutput(ctx)
+		if err != nil {
+			t.Fatalf("reading the console: %v; it printed %q", err, seen)
+		}
+		seen = append(seen, out...)
+	}
+	if err := con.WriteInput(ctx, []byte(testguest.CmdPoweroff+"\n")); err != nil {
+		t.Fatal(err)
+	}
+	waitVMMWithin(t, a, "destroyed", guestWait)
+	if got := vmmDetail(t, a); !strings.Contains(got, "guest stopped") {
+		t.Errorf("detail %q does not say the guest stopped", got)
+	}
+	if p := qemuPIDs(t, disk); len(p) != 0 {
+		t.Errorf("QEMU %v still runs", p)
+	}
+}
