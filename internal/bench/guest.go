@@ -118,7 +118,7 @@ type GuestComparison struct {
 // GuestMemoryMedians are medians of resident sets, in KiB, over every
 // sample of the rounds.
 type GuestMemoryMedians struct {
-	AgentIdleKiB   int `json:"agent_idle_rss_kib"`    // before any VMM
+	AgentIdleKiB   int `json:"agent_idle_rss_kib"`    // with no VMM, before a phase
 	AgentOneKiB    int `json:"agent_rss_kib_one"`     // with one guest running
 	AgentAtOnceKiB int `json:"agent_rss_kib_at_once"` // with AtOnce guests running
 	ServiceKiB     int `json:"service_rss_kib"`       // a VMM zone's service
@@ -161,6 +161,8 @@ type GuestRun struct {
 
 // GuestMemory is one sample of resident sets, in KiB, while the guests ran.
 type GuestMemory struct {
+	// AgentIdleKiB is the agent's before the phase, with no VMM.
+	AgentIdleKiB  int   `json:"agent_idle_rss_kib,omitempty"`
 	AgentKiB      int   `json:"agent_rss_kib,omitempty"`
 	ServiceKiB    []int `json:"service_rss_kib,omitempty"`
 	SupervisorKiB []int `json:"supervisor_rss_kib,omitempty"`
@@ -260,10 +262,6 @@ func (b *guestBench) run(ctx context.Context) (*GuestResult, error) {
 	if err := b.startAgent(ctx); err != nil {
 		return nil, err
 	}
-	idle, err := rssKiB(b.agent.cmd.Process.Pid)
-	if err != nil {
-		return nil, err
-	}
 	var ones, many [2][]phase // [0] floor, [1] agent
 	for r := range b.opts.Rounds {
 		order := []int{0, 1}
@@ -302,7 +300,7 @@ func (b *guestBench) run(ctx context.Context) (*GuestResult, error) {
 		c := comparePhases(many)
 		res.AtOnceVMMs = &c
 	}
-	res.Memory = memoryMedians(idle, ones, many)
+	res.Memory = memoryMedians(ones, many)
 	res.LoadEnd = loadAvg()
 	return res, nil
 }
@@ -390,7 +388,7 @@ func comparePhases(ps [2][]phase) GuestComparison {
 }
 
 // memoryMedians sums the memory samples up.
-func memoryMedians(idle int, ones, many [2][]phase) GuestMemoryMedians {
+func memoryMedians(ones, many [2][]phase) GuestMemoryMedians {
 	med := func(xs []int) int {
 		fs := make([]float64, len(xs))
 		for i, x := range xs {
@@ -398,7 +396,7 @@ func memoryMedians(idle int, ones, many [2][]phase) GuestMemoryMedians {
 		}
 		return int(median(fs))
 	}
-	var agentOne, agentMany, svc, sup, aq, fq []int
+	var idle, agentOne, agentMany, svc, sup, aq, fq []int
 	for _, p := range ones[1] {
 		agentOne = append(agentOne, p.mem.AgentKiB)
 	}
@@ -406,6 +404,7 @@ func memoryMedians(idle int, ones, many [2][]phase) GuestMemoryMedians {
 		agentMany = append(agentMany, p.mem.AgentKiB)
 	}
 	for _, p := range slices.Concat(ones[1], many[1]) {
+		idle = append(idle, p.mem.AgentIdleKiB)
 		svc = append(svc, p.mem.ServiceKiB...)
 		sup = append(sup, p.mem.SupervisorKiB...)
 		aq = append(aq, p.mem.QEMUKiB...)
@@ -413,7 +412,7 @@ func memoryMedians(idle int, ones, many [2][]phase) GuestMemoryMedians {
 	for _, p := range slices.Concat(ones[0], many[0]) {
 		fq = append(fq, p.mem.QEMUKiB...)
 	}
-	return GuestMemoryMedians{AgentIdleKiB: idle, AgentOneKiB: med(agentOne), AgentAtOnceKiB: med(agentMany),
+	return GuestMemoryMedians{AgentIdleKiB: med(idle), AgentOneKiB: med(agentOne), AgentAtOnceKiB: med(agentMany),
 		ServiceKiB: med(svc), SupervisorKiB: med(sup), AgentQEMUKiB: med(aq), FloorQEMUKiB: med(fq)}
 }
 

@@ -240,6 +240,9 @@ func (b *guestBench) agentPhase(ctx context.Context, n int) (p phase, err error)
 		v.body = string(vmmtest.Body(uuid.NewString(), v.addr, guestSpec(v.disk, "vopte0"), nil))
 	}
 
+	if p.mem.AgentIdleKiB, err = rssKiB(b.agent.cmd.Process.Pid); err != nil {
+		return p, err
+	}
 	bctx, cancel := context.WithTimeout(ctx, b.opts.BootTimeout)
 	defer cancel()
 	errs := make([]error, n)
