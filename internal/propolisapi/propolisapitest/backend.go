@@ -137,19 +137,11 @@ func (b *Backend) Instance() (propolisapi.Properties, json.RawMessage, propolisa
 }
 
 func (b *Backend) Wait(ctx context.Context, after uint64) propolisapi.Status {
-	for {
+	return propolisapi.WaitFor(ctx, after, func() (propolisapi.Status, <-chan struct{}) {
 		b.mu.Lock()
-		st, ch := b.st, b.changed
-		b.mu.Unlock()
-		if st.Gen > after {
-			return st
-		}
-		select {
-		case <-ctx.Done():
-			return st
-		case <-ch:
-		}
-	}
+		defer b.mu.Unlock()
+		return b.st, b.changed
+	})
 }
 
 // halted says whether the VM can never run again.

@@ -18,7 +18,6 @@
 package qemuvm
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -151,7 +150,7 @@ const consoleBytes = 1 << 20
 func (v *VM) Ensure(ctx context.Context, props propolisapi.Properties, raw json.RawMessage) error {
 	v.mu.Lock()
 	if v.ensured {
-		same := v.props == props && jsonEqual(v.raw, raw)
+		same := v.props == props && propolisapi.SameSpec(v.raw, raw)
 		v.mu.Unlock()
 		if !same {
 			return propolisapi.ErrConflict
@@ -370,12 +369,4 @@ func printable(b []byte) string {
 		}
 	}
 	return s
-}
-
-func jsonEqual(a, b []byte) bool {
-	var ca, cb bytes.Buffer
-	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
-		return bytes.Equal(a, b)
-	}
-	return bytes.Equal(ca.Bytes(), cb.Bytes())
 }

@@ -55,19 +55,11 @@ func (v *VM) statusLocked() propolisapi.Status {
 // Wait returns the status once its generation is above after, or the
 // current one when ctx ends.
 func (v *VM) Wait(ctx context.Context, after uint64) propolisapi.Status {
-	for {
+	return propolisapi.WaitFor(ctx, after, func() (propolisapi.Status, <-chan struct{}) {
 		v.mu.Lock()
-		st, ch := v.statusLocked(), v.changed
-		v.mu.Unlock()
-		if st.Gen > after {
-			return st
-		}
-		select {
-		case <-ctx.Done():
-			return st
-		case <-ch:
-		}
-	}
+		defer v.mu.Unlock()
+		return v.statusLocked(), v.changed
+	})
 }
 
 // Console is com1's.

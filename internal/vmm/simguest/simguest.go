@@ -160,7 +160,7 @@ func (g *Guest) ensureAgain(props propolisapi.Properties, raw json.RawMessage) (
 }
 
 func (g *Guest) sameLocked(props propolisapi.Properties, raw json.RawMessage) error {
-	if g.props != props || !jsonEqual(g.raw, raw) {
+	if g.props != props || !propolisapi.SameSpec(g.raw, raw) {
 		return propolisapi.ErrConflict
 	}
 	return nil
@@ -209,14 +209,6 @@ func pciLess(a, b spec.PCIPath) bool {
 	return slices.Compare([]uint8{a.Bus, a.Device, a.Function}, []uint8{b.Bus, b.Device, b.Function}) < 0
 }
 
-func jsonEqual(a, b []byte) bool {
-	var ca, cb bytes.Buffer
-	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
-		return bytes.Equal(a, b)
-	}
-	return bytes.Equal(ca.Bytes(), cb.Bytes())
-}
-
 // Instance is what Ensure was given, and the guest's status.
 func (g *Guest) Instance() (propolisapi.Properties, json.RawMessage, propolisapi.Status, bool) {
 	g.mu.Lock()
@@ -227,21 +219,11 @@ func (g *Guest) Instance() (propolisapi.Properties, json.RawMessage, propolisapi
 // Wait returns the status as soon as its generation is above after, or the
 // current status when ctx ends.
 func (g *Guest) Wait(ctx context.Context, after uint64) propolisapi.Status {
-	for {
+	return propolisapi.WaitFor(ctx, after, func() (propolisapi.Status, <-chan struct{}) {
 		g.mu.Lock()
-		st, changed := g.st, g.changed
-		g.mu.Unlock()
-		if st.Gen > after {
-			return st
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			return g.st
-		}
-	}
+		defer g.mu.Unlock()
+		return g.st, g.changed
+	})
 }
 
 // Console is com1's; nil before Ensure.
