@@ -161,8 +161,9 @@ func vmmDetail(t *testing.T, a *agent.Agent) string {
 	return "(no such VMM)"
 }
 
-// qemuPIDs are the QEMU processes whose command line names disk.
-func qemuPIDs(t *testing.T, disk string) []int {
+// qemuPIDs are the QEMU processes whose command line holds what (a disk's
+// path, or guest=<propolis id>).
+func qemuPIDs(t *testing.T, what string) []int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -178,7 +179,7 @@ func qemuPIDs(t *testing.T, disk string) []int {
 		if err != nil {
 			continue
 		}
-		if strings.Contains(string(cmd), "qemu-system") && strings.Contains(string(cmd), disk) {
+		if strings.Contains(string(cmd), "qemu-system") && strings.Contains(string(cmd), what) {
 			out = append(out, pid)
 		}
 	}
