@@ -123,7 +123,7 @@ func (b *guestBench) cleanup() error {
 
 // leftovers lists what of the run is still there: namespaces and host
 // links with its prefix or tag, processes whose command line or working
-// dir is in its dirs, the dirs, the agent's host lock and cgroup.
+// dir is in its dirs, the dirs, the agent's host lock and cgroups.
 func (b *guestBench) leftovers() []string {
 	var out []string
 	ents, _ := os.ReadDir(netnsDir)
@@ -154,10 +154,16 @@ func (b *guestBench) leftovers() []string {
 			}
 		}
 	}
-	for _, p := range []string{b.dir, b.runDir, filepath.Join(agent.HostLockDir, "sled-agent-"+b.tag+".lock"), "/sys/fs/cgroup/sled-agent/" + b.tag} {
+	for _, p := range []string{b.dir, b.runDir, filepath.Join(agent.HostLockDir, "sled-agent-"+b.tag+".lock")} {
 		if _, err := os.Stat(p); err == nil {
 			out = append(out, p)
 		}
+	}
+	// The zones' and guests' cgroups: on cgroup v2 at the top, or in a
+	// v1 hierarchy or v2's unified mount beneath it.
+	for _, g := range []string{"/sys/fs/cgroup/sled-agent/" + b.tag, "/sys/fs/cgroup/*/sled-agent/" + b.tag} {
+		found, _ := filepath.Glob(g)
+		out = append(out, found...)
 	}
 	return slices.Compact(out)
 }
