@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/vmm/guestcg"
+	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 // cgroups gives each zone a cgroup (v2) of its own: runsv is born in it, so
@@ -150,14 +151,14 @@ func (r *Runtime) guestCgroup(zone string) string {
 // removeGuestCgroup kills whatever runs in the named zone's guest cgroup,
 // and removes it from every hierarchy, until ctx ends. A zone without one
 // has nothing to do.
-func (r *Runtime) removeGuestCgroup(ctx context.Context, zone string) error {
-	name := r.guestCgroup(zone)
-	if name == "" {
-		return nil
+func (r *Runtime) removeGuestCgroup(ctx context.Context, zoneName string) error {
+	name := r.guestCgroup(zoneName)
+	if name == "" || !zone.IsVMM(zoneName) {
+		return nil // only a VMM's zone runs a guest
 	}
 	removed, err := r.guests.Remove(ctx, name)
 	if len(removed) > 0 {
-		r.opts.Log.Debug("guest cgroup removed", "zone", zone, "dirs", removed)
+		r.opts.Log.Debug("guest cgroup removed", "zone", zoneName, "dirs", removed)
 	}
 	if err != nil {
 		return fmt.Errorf("guest cgroup: %w", err)
