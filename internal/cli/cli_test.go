@@ -238,7 +238,7 @@ func TestOperatorCommands(t *testing.T) {
 
 	t.Run("inventory", func(t *testing.T) {
 		r := sledAt(t, a.url, "inventory").ok(t)
-		for _, want := range []string{a.SledID(), "gimlet", "generation 351, 13 zones", "last reconciliation", "generation 351: 13/13 zones ok"} {
+		for _, want := range []string{a.SledID(), "gimlet", "generation 351, 13 zones", "last reconciliation", "generation 351: 13/13 zones ok", "simulated; reservoir "} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("inventory does not show %q:\n%s", want, r.stdout)
 			}

@@ -137,6 +137,12 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			}
 		}
 	}
+	h := inv.VMMHost
+	guests := "simulated"
+	if h.Accelerator != "" {
+		guests = h.Accelerator + " (" + h.AcceleratorWhy + ")"
+	}
+	fmt.Fprintf(tw, "guests	%s; reservoir %d MiB, %d MiB held\n", guests, h.ReservoirBytes>>20, h.ReservoirUsed>>20)
 	for _, v := range inv.VMMs {
 		fmt.Fprintf(tw, "vmm %s\t%s (gen %d) %s\n", v.ID, v.State.State, v.State.Gen, v.Detail)
 	}
