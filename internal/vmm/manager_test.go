@@ -237,3 +237,31 @@ func waitDetail(t *testing.T, e *env, detail string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A request the service takes changes the VMM's state, even where the
+// state upstream names is the same (propolis's Creating and Starting are
+// both "starting"): the answer carries the new state, not null.
+func TestRequestToAServiceThatIsUpChangesTheState(t *testing.T) {
+	e := newEnv(t, simguest.Options{BootTime: time.Hour}, vmm.Options{})
+	e.register()
+	deadline := time.Now().Add(waitDeadline)
+	for {
+		info, _ := e.m.Get(vmmID)
+		up := false
+		for _, h := range info.History {
+			up = up || h.Event == "service up"
+		}
+		if up {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the service never came up: %+v", info.History)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	before, _ := e.m.Get(vmmID)
+	info, changed, err := e.m.RequestState(context.Background(), vmmID, vmm.RequestRunning)
+	if err != nil || !changed || info.State.Gen <= before.State.Gen || info.State.State != "starting" {
+		t.Fatalf("running asked of a service that is up: %+v changed %v (%v); before gen %d", info.State, changed, err, before.State.Gen)
+	}
+}

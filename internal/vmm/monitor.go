@@ -505,22 +505,26 @@ func (v *vmm) request(ctx context.Context, r Request) (Info, bool, error) {
 		return Info{}, false, fmt.Errorf("asking the VMM's service to %s: %w", r, err)
 	}
 	v.record("requested", string(r))
-	// The state the request led to, if it changed one: the service has
-	// moved on already, and its state monitor answers at once with the
-	// newest status (whose generation orders it with the watch's).
-	sctx, cancel := context.WithTimeout(ctx, v.m.opts.CallTimeout)
-	if inst, err := client.Get(sctx); err == nil && vmmState(inst.State) != v.guestState() {
-		v.mu.Lock()
-		after := v.svcGen
-		v.mu.Unlock()
-		if st, err := client.StateMonitor(sctx, after+1); err == nil {
-			v.observe(st)
-		}
+	// The status the request led to, if it changed one: the service took
+	// the request before it answered, so its state monitor answers at
+	// once with a newer status (whose generation orders it with the
+	// watch's); a request that changed nothing leaves it waiting, and
+	// requestSettle ends the wait.
+	v.mu.Lock()
+	after := v.svcGen
+	v.mu.Unlock()
+	sctx, cancel := context.WithTimeout(ctx, requestSettle)
+	if st, err := client.StateMonitor(sctx, after+1); err == nil {
+		v.observe(st)
 	}
 	cancel()
 	info := v.info()
 	return info, info.State.Gen != gen, nil
 }
+
+// requestSettle is how long a state request looks for the status it led
+// to: a request that changed nothing waits this long.
+const requestSettle = 250 * time.Millisecond
 
 // stopOverdue reports whether a stop has taken longer than StopGrace.
 func (v *vmm) stopOverdue() bool {
