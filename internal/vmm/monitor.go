@@ -268,6 +268,12 @@ func (v *vmm) follow(ctx context.Context, client *propolisapi.Client) {
 			v.forceStop(ctx)
 			return
 		}
+		if v.guestState() == StateStopped {
+			// Taken from the service by a request's answer rather than
+			// by the watch: the zone goes all the same.
+			v.finishStop(ctx, "guest stopped")
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -286,7 +292,7 @@ func (v *vmm) follow(ctx context.Context, client *propolisapi.Client) {
 				continue
 			}
 			switch state, _ := v.observe(a.st); state {
-			case StateStopped, StateDestroyed:
+			case StateStopped:
 				v.finishStop(ctx, "guest stopped")
 				return
 			case StateFailed:
@@ -410,8 +416,10 @@ func (v *vmm) guestState() string {
 
 // vmmState is upstream's VmmState for the service's InstanceState, as
 // upstream's sled agent maps it (omicron sled-agent/src/common/instance.rs),
-// except that a stopped guest reads "stopped" (upstream: "stopping") until
-// its zone is torn down: this agent reports each step.
+// except that a guest the service reports stopped or destroyed reads
+// "stopped" (upstream: "stopping", then "destroyed") until its zone is torn
+// down: "destroyed" means nothing of the VMM is left, and this agent
+// reports each step.
 func vmmState(s propolisapi.InstanceState) string {
 	switch s {
 	case propolisapi.StateCreating, propolisapi.StateStarting:
@@ -427,7 +435,7 @@ func vmmState(s propolisapi.InstanceState) string {
 	case propolisapi.StateMigrating:
 		return StateMigrating
 	case propolisapi.StateDestroyed:
-		return StateDestroyed
+		return StateStopped // destroyed once its zone is torn down (finishStop)
 	}
 	return StateFailed
 }
@@ -516,6 +524,7 @@ func (v *vmm) request(ctx context.Context, r Request) (Info, bool, error) {
 	sctx, cancel := context.WithTimeout(ctx, requestSettle)
 	if st, err := client.StateMonitor(sctx, after+1); err == nil {
 		v.observe(st)
+		v.poke() // the monitor looks at what it led to
 	}
 	cancel()
 	info := v.info()
