@@ -29,6 +29,9 @@ const sysClassNet = "/sys/class/net/"
 // hostLinkMark returns the index and alias of the host link called name, or
 // index 0 if there is none.
 func hostLinkMark(h *netlink.Handle, name string) (index int, alias string, err error) {
+	if err := checkLinkName(name); err != nil {
+		return 0, "", err // whichever way the link is looked up
+	}
 	sysfsNet.once.Do(func() {
 		// Links made or deleted between the two looks (other zones',
 		// other processes') make them differ for a moment: look again
@@ -63,8 +66,8 @@ func hostLinkMark(h *netlink.Handle, name string) (index int, alias string, err 
 // sysfsIndex returns the index of link name as /sys/class/net shows it, or
 // 0 if it shows none.
 func sysfsIndex(name string) (int, error) {
-	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
-		return 0, fmt.Errorf("%w: link name %q", ErrInvalid, name)
+	if err := checkLinkName(name); err != nil {
+		return 0, err
 	}
 	b, err := os.ReadFile(sysClassNet + name + "/ifindex")
 	if errors.Is(err, fs.ErrNotExist) {
@@ -124,4 +127,13 @@ func sysfsShowsUs(h *netlink.Handle) bool {
 		}
 	}
 	return true
+}
+
+// checkLinkName refuses a link name that is no name of a file in sysfs's
+// net directory.
+func checkLinkName(name string) error {
+	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return fmt.Errorf("%w: link name %q", ErrInvalid, name)
+	}
+	return nil
 }
