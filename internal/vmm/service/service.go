@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 )
 
@@ -29,7 +30,7 @@ const ZoneKind = "propolis-server"
 // ZoneName is the name of the zone of the VMM propolisID,
 // oxz_propolis-server_<id>, as upstream names it.
 func ZoneName(propolisID string) string {
-	return "oxz_" + ZoneKind + "_" + strings.ToLower(propolisID)
+	return zone.VMMNamePrefix + strings.ToLower(propolisID)
 }
 
 // health is the body of GET /health: what zoneservice.Get reads, plus the
