@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +80,22 @@ func (e *env) request(r vmm.Request) vmm.Info {
 	return info
 }
 
+// waitEvent waits for an event in the VMM's history.
+func (e *env) waitEvent(event string) {
+	e.t.Helper()
+	deadline := time.Now().Add(waitDeadline)
+	for {
+		info, err := e.m.Get(vmmID)
+		if err == nil && slices.ContainsFunc(info.History, func(l vmm.LogEntry) bool { return l.Event == event }) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("no %q in the VMM's history within %s: %+v (%v)", event, waitDeadline, info, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 func (e *env) zoneExists() bool {
 	_, ok := e.rt.Incarnation(zone.VMMNamePrefix + vmmID)
 	return ok
@@ -123,8 +140,14 @@ func TestRegisterTwiceUnknownAndConflicts(t *testing.T) {
 		t.Fatalf("unknown VMM: %v", err)
 	}
 	e.waitState("starting")
-	if _, _, err := e.m.RequestState(context.Background(), vmmID, vmm.RequestReboot); !errors.Is(err, vmm.ErrInvalid) {
+	if _, _, err := e.m.RequestState(context.Background(), vmmID, vmm.RequestReboot); !errors.Is(err, vmm.ErrInvalid) || !strings.Contains(err.Error(), "starting") {
 		t.Fatalf("rebooting a VMM that never ran: %v", err)
+	}
+	// Once the service is up too, the refusal still names the VMM's state
+	// (the service would refuse it in its own words).
+	e.waitEvent("guest starting")
+	if _, _, err := e.m.RequestState(context.Background(), vmmID, vmm.RequestReboot); !errors.Is(err, vmm.ErrInvalid) || !strings.Contains(err.Error(), "the VMM is starting and cannot reboot") {
+		t.Fatalf("rebooting a VMM whose service is up but never ran: %v", err)
 	}
 	if _, err := e.m.Unregister(context.Background(), vmmID); err != nil {
 		t.Fatal(err)

@@ -471,11 +471,13 @@ func (v *vmm) request(ctx context.Context, r Request) (Info, bool, error) {
 	case state == StateFailed || state == StateDestroyed:
 		v.mu.Unlock()
 		return Info{}, false, fmt.Errorf("%w: the VMM is %s (%s)", ErrInvalid, state, detail)
+	case r == RequestReboot && state != StateRunning && state != StateRebooting:
+		// Refused here whether or not the service is up yet, so that the
+		// answer names the VMM's state rather than depending on a race
+		// with the service's start (which refuses it too, in its words).
+		v.mu.Unlock()
+		return Info{}, false, fmt.Errorf("%w: the VMM is %s and cannot reboot", ErrInvalid, state)
 	case client == nil:
-		if r == RequestReboot {
-			v.mu.Unlock()
-			return Info{}, false, fmt.Errorf("%w: the VMM is %s and cannot reboot", ErrInvalid, state)
-		}
 		changed := v.pending != r
 		v.pending = r
 		if r == RequestStopped && v.stopAt.IsZero() {
