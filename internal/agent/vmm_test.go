@@ -165,6 +165,11 @@ func TestVMMBadRequestsChangeNothing(t *testing.T) {
 		if code != c.code || !strings.Contains(string(b), c.says) || !strings.Contains(string(b), `"request_id"`) {
 			t.Errorf("%s %s: %d %s, want %d saying %q", c.method, c.path, code, b, c.code, c.says)
 		}
+		// Nexus's instance watcher takes only this code as "the VMM is
+		// gone".
+		if code == http.StatusNotFound && !strings.Contains(string(b), `"error_code":"NO_SUCH_INSTANCE"`) {
+			t.Errorf("%s %s: %d %s, want error_code NO_SUCH_INSTANCE", c.method, c.path, code, b)
+		}
 	}
 	call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:101::1:5]:12400"))
 	waitVMM(t, a, "starting")

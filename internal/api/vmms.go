@@ -228,10 +228,20 @@ func propolisID(ctx context.Context, s string) (string, error) {
 	return u.String(), nil
 }
 
+// NoSuchInstance is the error_code of a VMM operation on a VMM this sled
+// does not have.
+const NoSuchInstance = "NO_SUCH_INSTANCE"
+
 func (s *Server) vmmError(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, vmm.ErrNotFound):
-		return apiError(ctx, http.StatusNotFound, err.Error())
+		// Upstream's code for a VMM the sled does not have (omicron
+		// sled-agent/src/sled_agent.rs): Nexus's instance watcher takes
+		// only a 404 with this code as "the VMM is gone" and marks it
+		// failed; any other 404 it reads as a fault of the sled.
+		e := apiError(ctx, http.StatusNotFound, err.Error())
+		e.ErrorCode = NoSuchInstance
+		return e
 	case errors.Is(err, vmm.ErrConflict), errors.Is(err, vmm.ErrCollision):
 		return apiError(ctx, http.StatusConflict, err.Error())
 	case errors.Is(err, vmm.ErrInvalid):
