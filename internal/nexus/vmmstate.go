@@ -56,10 +56,10 @@ type Publisher struct {
 	nexus VMMs
 	opts  PublisherOptions
 	sem   chan struct{}
-	ctx   context.Context
 	wg    sync.WaitGroup
 
 	mu   sync.Mutex
+	ctx  context.Context // Run's; nil before Run
 	vmms map[string]*delivery
 }
 
@@ -73,8 +73,9 @@ type delivery struct {
 	gone bool
 }
 
-// NewPublisher returns a publisher whose deliveries run until ctx ends.
-func NewPublisher(ctx context.Context, nexus VMMs, opts PublisherOptions) *Publisher {
+// NewPublisher returns a publisher; states handed to it before Run are
+// sent once it runs.
+func NewPublisher(nexus VMMs, opts PublisherOptions) *Publisher {
 	if opts.Retry == (backoff.Backoff{}) {
 		opts.Retry = backoff.Backoff{Initial: 250 * time.Millisecond, Max: 4 * time.Second}
 	}
@@ -84,7 +85,30 @@ func NewPublisher(ctx context.Context, nexus VMMs, opts PublisherOptions) *Publi
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{nexus: nexus, opts: opts, sem: make(chan struct{}, opts.Parallel), ctx: ctx, vmms: map[string]*delivery{}}
+	return &Publisher{nexus: nexus, opts: opts, sem: make(chan struct{}, opts.Parallel), vmms: map[string]*delivery{}}
+}
+
+// Run delivers states until ctx ends, and returns once no delivery runs.
+func (p *Publisher) Run(ctx context.Context) {
+	p.mu.Lock()
+	p.ctx = ctx
+	for id, d := range p.vmms {
+		p.startLocked(id, d)
+	}
+	p.mu.Unlock()
+	<-ctx.Done()
+	p.wg.Wait()
+}
+
+// startLocked starts d's delivery unless one runs, or the publisher does
+// not (yet, or any more).
+func (p *Publisher) startLocked(id string, d *delivery) {
+	if d.Sending || p.ctx == nil || p.ctx.Err() != nil || d.done >= d.latest.VmmState.Gen {
+		return
+	}
+	d.Sending = true
+	ctx := p.ctx
+	p.wg.Go(func() { p.deliver(ctx, id, d) })
 }
 
 // Publish hands Nexus a VMM's state. A state no newer than one already
@@ -100,10 +124,7 @@ func (p *Publisher) Publish(propolisID string, st SledVmmState) {
 		return
 	}
 	d.latest, d.Latest, d.gone = st, st.VmmState, false
-	if !d.Sending && p.ctx.Err() == nil {
-		d.Sending = true
-		p.wg.Go(func() { p.deliver(propolisID, d) })
-	}
+	p.startLocked(propolisID, d)
 }
 
 // Forget drops a VMM once its newest state is delivered (or refused).
@@ -112,14 +133,11 @@ func (p *Publisher) Forget(propolisID string) {
 	defer p.mu.Unlock()
 	if d, ok := p.vmms[propolisID]; ok {
 		d.gone = true
-		if !d.Sending {
+		if !d.Sending && d.done >= d.latest.VmmState.Gen {
 			delete(p.vmms, propolisID)
 		}
 	}
 }
-
-// Wait waits for the deliveries to end, once the publisher's ctx ended.
-func (p *Publisher) Wait() { p.wg.Wait() }
 
 // Status is where every VMM's state stands, by id.
 func (p *Publisher) Status() []Delivery {
@@ -135,11 +153,11 @@ func (p *Publisher) Status() []Delivery {
 
 // deliver sends d's newest state until Nexus has taken (or refused) the
 // newest there is. One runs per VMM at a time, so states go out in order.
-func (p *Publisher) deliver(id string, d *delivery) {
+func (p *Publisher) deliver(ctx context.Context, id string, d *delivery) {
 	for {
 		p.mu.Lock()
 		st := d.latest
-		if d.done >= st.VmmState.Gen || p.ctx.Err() != nil {
+		if d.done >= st.VmmState.Gen || ctx.Err() != nil {
 			d.Sending = false
 			if d.gone {
 				delete(p.vmms, id)
@@ -151,10 +169,10 @@ func (p *Publisher) deliver(id string, d *delivery) {
 
 		select {
 		case p.sem <- struct{}{}:
-		case <-p.ctx.Done():
+		case <-ctx.Done():
 			continue
 		}
-		err := p.nexus.PutVMM(p.ctx, id, st)
+		err := p.nexus.PutVMM(ctx, id, st)
 		<-p.sem
 
 		now := time.Now()
@@ -183,7 +201,7 @@ func (p *Publisher) deliver(id string, d *delivery) {
 				p.opts.Log.Warn("telling Nexus a VMM's state failed; retrying", "propolis_id", id, "gen", st.VmmState.Gen, "state", st.VmmState.State, "failures", failures, "retry_in", wait, "err", err)
 			}
 			select {
-			case <-p.ctx.Done():
+			case <-ctx.Done():
 			case <-time.After(wait):
 			}
 		}

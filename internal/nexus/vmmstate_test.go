@@ -77,8 +77,10 @@ const vmmA = "6a2a4a2e-57c3-4e3c-8c3b-1b4f0d6e8a01"
 
 func newPublisher(t *testing.T, f VMMs) (*Publisher, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(t.Context())
-	p := NewPublisher(ctx, f, PublisherOptions{})
-	t.Cleanup(func() { cancel(); p.Wait() })
+	p := NewPublisher(f, PublisherOptions{})
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 	return p, cancel
 }
 
@@ -224,5 +226,33 @@ func TestAForgottenVMMGoesOnceDelivered(t *testing.T) {
 		if len(p.Status()) != 0 || len(f.taken(vmmA)) != 1 {
 			t.Fatalf("after delivery: %+v, took %v", p.Status(), f.taken(vmmA))
 		}
+	})
+}
+
+// States handed over before the publisher runs (an agent adopting its VMMs
+// at start) are sent once it runs.
+func TestStatesBeforeRunAreSentOnceItRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeVMMs()
+		p := NewPublisher(f, PublisherOptions{})
+		p.Publish(vmmA, state(4, "running"))
+		p.Forget(vmmA)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if f.calls != 0 || len(p.Status()) != 1 {
+			t.Fatalf("before Run: %d calls, %+v", f.calls, p.Status())
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); p.Run(ctx) }()
+		synctest.Wait()
+		if diff := cmp.Diff([]uint64{4}, f.taken(vmmA)); diff != "" {
+			t.Fatalf("generations Nexus took (-want +got):\n%s", diff)
+		}
+		if len(p.Status()) != 0 {
+			t.Fatalf("a forgotten VMM kept after delivery: %+v", p.Status())
+		}
+		cancel()
+		<-done
 	})
 }
