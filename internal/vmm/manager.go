@@ -105,7 +105,17 @@ type Options struct {
 	// down at unregister); a VMM colliding with a zone or the sled is
 	// refused (ErrCollision).
 	Claims Claims
+	// States, if set, is told every change of a VMM's state, in order
+	// (the agent tells Nexus), and when a VMM is unregistered.
+	States States
 	Log    *slog.Logger
+}
+
+// States is told of VMM state changes. Its methods must not block: they
+// are called with the VMM's lock held, so that changes arrive in order.
+type States interface {
+	VMMState(id string, st RuntimeState)
+	VMMForgotten(id string)
 }
 
 func (o *Options) setDefaults() {
@@ -432,12 +442,18 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 		// The zone may still be there, with the links and route of the
 		// VMM's id and address: they stay claimed (until the next agent's
 		// Resume removes the zone).
+		if st := m.opts.States; st != nil {
+			st.VMMForgotten(id)
+		}
 		return v.info(), err
 	}
 	v.release()
 	m.unreserve(id)
 	v.mu.Lock()
 	v.setLocked(StateDestroyed, "unregistered; zone torn down", "unregistered")
+	if st := m.opts.States; st != nil {
+		st.VMMForgotten(id)
+	}
 	v.mu.Unlock()
 	return v.info(), nil
 }

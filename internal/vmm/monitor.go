@@ -116,6 +116,9 @@ func (v *vmm) setLocked(state, detail, event string) bool {
 	}
 	v.state.State, v.state.TimeUpdated, v.detail = state, time.Now(), detail
 	v.recordLocked(event, detail)
+	if st := v.m.opts.States; st != nil {
+		st.VMMState(v.id, v.state)
+	}
 	return true
 }
 
