@@ -47,14 +47,32 @@ type SRV struct {
 // daemon (its port), and the AAAA of each target. Development and tests
 // serve them.
 func SwitchRecords(daemons ...netip.AddrPort) Records {
+	return ServiceRecords(switchService, daemons...)
+}
+
+// ServiceRecords are the records that name a service's servers: SRV
+// _<service>._tcp with one target per server (its port),
+// "<service>-<n>.host.control-plane.oxide.internal", and the AAAA of each
+// target.
+func ServiceRecords(service string, servers ...netip.AddrPort) Records {
 	r := Records{SRV: map[string][]SRV{}, AAAA: map[string][]netip.Addr{}}
-	name := "_dendrite._tcp." + Zone
-	for i, d := range daemons {
-		host := fmt.Sprintf("dendrite-%d.host.%s", i, Zone)
+	name := "_" + service + "._tcp." + Zone
+	for i, d := range servers {
+		host := fmt.Sprintf("%s-%d.host.%s", service, i, Zone)
 		r.SRV[name] = append(r.SRV[name], SRV{Target: host, Port: d.Port()})
 		r.AAAA[host] = []netip.Addr{d.Addr()}
 	}
 	return r
+}
+
+// Merge adds other's records to r's (r's maps must not be nil).
+func (r Records) Merge(other Records) {
+	for k, v := range other.SRV {
+		r.SRV[k] = append(r.SRV[k], v...)
+	}
+	for k, v := range other.AAAA {
+		r.AAAA[k] = append(r.AAAA[k], v...)
+	}
 }
 
 // Validate checks every name, target, port and address. The error names

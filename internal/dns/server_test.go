@@ -470,3 +470,30 @@ func TestSwitchRecordsNameEachDaemon(t *testing.T) {
 		}
 	}
 }
+
+// Records of two services merged are served together: each is found by
+// its own SRV name.
+func TestMergedServiceRecordsAreEachFound(t *testing.T) {
+	dpd := netip.MustParseAddrPort("[::1]:12224")
+	nexus := netip.MustParseAddrPort("[::1]:12221")
+	r := SwitchRecords(dpd)
+	r.Merge(ServiceRecords("nexus", nexus))
+	s := NewServer(nil)
+	if err := s.Start("[::1]:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.SetRecords(r); err != nil {
+		t.Fatal(err)
+	}
+	res, err := NewResolver([]netip.AddrPort{s.Addr()}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for service, want := range map[string]netip.AddrPort{"dendrite": dpd, "nexus": nexus} {
+		got, err := res.LookupService(context.Background(), service)
+		if err != nil || len(got) != 1 || got[0] != want {
+			t.Errorf("%s: %v, %v; want %v", service, got, err, want)
+		}
+	}
+}
