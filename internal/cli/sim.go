@@ -7,6 +7,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
 	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
+	"github.com/sled-agent/sled-agent/internal/sim/nexussim"
 )
 
 func newSimCmd() *cobra.Command {
@@ -14,7 +15,7 @@ func newSimCmd() *cobra.Command {
 		Use:   "sim",
 		Short: "Run simulated neighbours of the agent",
 	}
-	cmd.AddCommand(newSimDDMCmd(), newSimDPDCmd(), newSimDNSCmd())
+	cmd.AddCommand(newSimDDMCmd(), newSimDPDCmd(), newSimDNSCmd(), newSimNexusCmd())
 	return cmd
 }
 
@@ -106,6 +107,57 @@ A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
 	}
 	cmd.Flags().StringVar(&listen, "listen", "[::1]:12224", "address to serve the dpd API on")
 	cmd.Flags().Uint16Var(&slot, "slot", 0, "the simulated switch's slot: 0 or 1")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func newSimNexusCmd() *cobra.Command {
+	var listen, logLevel string
+	cmd := &cobra.Command{
+		Use:   "nexus",
+		Short: "Run a simulated Nexus internal API (omicron nexus-internal)",
+		Long: `Run a simulated Nexus internal API (omicron nexus-internal) until SIGINT or SIGTERM.
+
+It serves, like Nexus's internal server (api-version 1.0.0), keeping what it is
+told in memory:
+  GET  /sled-agents/{sled_id}  the SledAgentInfo held; 404 if none
+  POST /sled-agents/{sled_id}  SledAgentInfo: upsert; 500 if its generation is
+                               not newer than the one held or the sled is
+                               decommissioned, as upstream
+  PUT  /vmms/{propolis_id}     SledVmmState: kept in arrival order; the newest
+                               by vmm_state.gen is the VMM's latest
+As with Nexus, requests need an api-version header, and bodies must be sent as
+JSON (curl -H 'Content-Type: application/json').
+
+Simulator-only control endpoints (no api-version header needed):
+  PUT    /__sim/fault                   {"fault": "none"|"hang"|"error"|"refuse", "refuse_for": "5s"}
+  POST   /__sim/restart-empty           forget every sled and VMM, drop every connection
+  POST   /__sim/decommission/{sled_id}  mark a sled held decommissioned
+  PUT    /__sim/sleds/{sled_id}         SledAgentInfo: hold it as given
+  POST   /__sim/vmm-faults              {"status": 4xx, "vmm": "<uuid>", "count": n}: refuse
+                                        VMM updates (of one VMM; the next n)
+  DELETE /__sim/vmm-faults              end every VMM fault
+  GET    /__sim/state                   fault, sleds, VMM updates, VMM faults, request counts
+A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
+"refuse_for" to have it end by itself.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			s := nexussim.New(nexussim.Config{Log: log.With("component", "nexussim")})
+			if err := s.Start(listen); err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			<-ctx.Done()
+			log.Info("nexus simulator stopping")
+			return s.Close()
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "[::1]:12221", "address to serve the Nexus internal API on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
 }

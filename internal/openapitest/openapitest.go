@@ -29,6 +29,7 @@ const (
 	DDM       = "ddm-admin-2.0.0.json"
 	DPD       = "dpd-12.0.0.json"
 	Propolis  = "propolis-server-5.0.0.json"
+	Nexus     = "nexus-internal-1.0.0.json"
 )
 
 // formats checks the string and integer formats dropshot's documents use,
