@@ -90,6 +90,10 @@ type Config struct {
 	// unreachable or names none. With neither, no NAT entries are managed.
 	DNSServers []string `json:"dns-server"`
 	Switches   []string `json:"switch"`
+	// Nexus are Nexus internal API addresses ("[addr]:port"); empty:
+	// Nexus is found through the DNS servers' SRV records, and with no
+	// DNS server either, Nexus is told nothing.
+	Nexus []string `json:"nexus"`
 	// NATPeriod is how often switches are found and checked (0: 10s).
 	NATPeriod time.Duration `json:"-"`
 	Role      string        `json:"role"`
@@ -204,6 +208,9 @@ type Agent struct {
 	// timeSync watches the sled's NTP zone; zones that need synchronized
 	// time wait for it (timesync.go).
 	timeSync *timesync.Watcher
+	// nexus, if set, tells Nexus of the sled and its VMMs' states
+	// (nexus.go).
+	nexus *nexusLink
 	// ntpServers, if set, keeps the internal NTP zones on the rack's
 	// boundary NTP servers (linux runtime with --dns-server; timesync.go).
 	ntpServers *servers.Follower
@@ -357,7 +364,15 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, err
 	}
 	claimSet := sledClaims(underlay) // zones and VMMs never share an id or address
+	if a.nexus, err = newNexus(cfg, a); err != nil {
+		return nil, err
+	}
+	var vmmStates vmm.States
+	if a.nexus != nil {
+		vmmStates = a.nexus
+	}
 	a.vmms = vmm.New(rt, a.guestHost, vmm.Options{
+		States:    vmmStates,
 		StateDir:  filepath.Join(cfg.DataDir, "vmms"),
 		Claims:    claimSet,
 		Sled:      a.guestSled,
@@ -422,6 +437,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	a.log.Info("sled identity", "address", a.identity.Address, "rack_id", rackID,
 		"baseboard_part", hw.Baseboard.Part, "baseboard_serial", hw.Baseboard.Serial, "baseboard_revision", hw.Baseboard.Revision,
 		"cpu_family", hw.CPUFamily, "physical_ram", hw.PhysicalRAM, "hardware_threads", hw.HardwareThreads)
+	if a.nexus != nil {
+		a.nexus.startRegistrar(a)
+	}
 	deps := api.Deps{
 		Reservoir:  a.reservoir,
 		Accel:      a.accel,
@@ -442,6 +460,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		deps.NAT = a.nat
 	}
 	deps.VMMs = a.vmms
+	if a.nexus != nil {
+		deps.Nexus = a.nexus
+	}
 	if a.storage != nil {
 		deps.Storage = a.storage
 	}
@@ -477,27 +498,12 @@ func natOptions(cfg Config, underlay netip.Addr) (*nat.Options, error) {
 		return nil, nil
 	}
 	opts := &nat.Options{Underlay: underlay, Period: cfg.NATPeriod}
-	parse := func(flag, s string) (netip.AddrPort, error) {
-		ap, err := netip.ParseAddrPort(s)
-		if err != nil || ap.Port() == 0 {
-			return ap, fmt.Errorf("%s %q: want an address and port, like [fd00:1122:3344:1::1]:53", flag, s)
-		}
-		return ap, nil
+	servers, err := parseAddrPorts("dns-server", cfg.DNSServers)
+	if err != nil {
+		return nil, err
 	}
-	var servers []netip.AddrPort
-	for _, s := range cfg.DNSServers {
-		ap, err := parse("dns-server", s)
-		if err != nil {
-			return nil, err
-		}
-		servers = append(servers, ap)
-	}
-	for _, s := range cfg.Switches {
-		ap, err := parse("switch", s)
-		if err != nil {
-			return nil, err
-		}
-		opts.Fallback = append(opts.Fallback, ap)
+	if opts.Fallback, err = parseAddrPorts("switch", cfg.Switches); err != nil {
+		return nil, err
 	}
 	if len(servers) > 0 {
 		r, err := dns.NewResolver(servers, 0)
@@ -537,7 +543,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-	// VMMs outlive the agent: take back the ones the last agent left.
+	// VMMs outlive the agent: take back the ones the last agent left
+	// (their states go to Nexus once its link runs, below).
 	if n, err := a.vmms.Resume(); err != nil {
 		a.log.Error("adopting VMMs", "err", err, "adopted", n)
 	} else if n > 0 {
@@ -559,6 +566,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.storage != nil {
 		wg.Go(func() { a.runStorage(ctx) })
+	}
+	if a.nexus != nil {
+		wg.Go(func() { a.nexus.run(ctx) })
 	}
 	wg.Go(func() { a.runTimeSync(ctx) })
 	if a.ntpServers != nil {

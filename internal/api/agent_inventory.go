@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/nat"
+	"github.com/sled-agent/sled-agent/internal/nexus"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
@@ -32,6 +33,7 @@ type AgentInventory struct {
 	Restore            reconciler.RestoreStatus `json:"restore" doc:"What the agent found at start-up and did about it (as GET /agent/restore)."`
 	Storage            *storage.Status          `json:"storage" doc:"The storage reconciler's status: every configured disk's and dataset's result, attempts, next retry and call in flight; the disks, pools and datasets last observed; the orphaned datasets kept (with why) and the last destroyed; null when the agent manages no storage."`
 	NTPServers         *servers.Status          `json:"ntp_servers" doc:"The rack's boundary NTP servers as internal DNS last named them, and what the agent set in each running internal NTP zone; null when the agent does not follow them (no --dns-server, or not the linux runtime)."`
+	Nexus              *nexus.Status            `json:"nexus" doc:"Where the sled stands with Nexus: how Nexus is found, the sled record Nexus holds (as last learned) with the last success and error and any request outstanding, and where each VMM's state stands (the newest, the generation Nexus took, retries, refusals); null when Nexus is told nothing (no --nexus, no --dns-server)."`
 	TimeSync           *timesync.Status         `json:"timesync" doc:"Whether the sled's time is synchronized, as its NTP zone's ntp-admin last said: the reason when it is not, the source, stratum and offset, since when, and when it first was; zones that need synchronized time start only while it is. Null when the agent does not check."`
 }
 
@@ -39,6 +41,11 @@ type AgentInventory struct {
 // sees it.
 type NTPServers interface {
 	Status() servers.Status
+}
+
+// Nexus is the agent's link to Nexus, as inventory sees it.
+type Nexus interface {
+	Status() nexus.Status
 }
 
 // TimeSync is the time-sync watcher, as inventory sees it.
@@ -148,6 +155,10 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 	if s.deps.Storage != nil {
 		st := s.deps.Storage.Status()
 		inv.Storage = &st
+	}
+	if s.deps.Nexus != nil {
+		st := s.deps.Nexus.Status()
+		inv.Nexus = &st
 	}
 	if s.deps.NTPServers != nil {
 		st := s.deps.NTPServers.Status()

@@ -23,6 +23,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
+	"github.com/sled-agent/sled-agent/internal/nexus"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -111,7 +112,9 @@ type Deps struct {
 	// NTPServers, if set, the follower of the boundary NTP servers.
 	TimeSync   TimeSync
 	NTPServers NTPServers
-	Log        *slog.Logger
+	// Nexus, if set, is the agent's link to Nexus, reported in inventory.
+	Nexus Nexus
+	Log   *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
 }
@@ -274,7 +277,10 @@ var upstreamNames = map[reflect.Type]string{
 	reflect.TypeFor[servers.ZoneStatus]():     "NTPServersZoneStatus",
 }
 
-var storagePkg = reflect.TypeFor[storage.Status]().PkgPath()
+var (
+	storagePkg = reflect.TypeFor[storage.Status]().PkgPath()
+	nexusPkg   = reflect.TypeFor[nexus.Status]().PkgPath()
+)
 
 func schemaName(t reflect.Type, hint string) string {
 	for t.Kind() == reflect.Pointer {
@@ -287,6 +293,10 @@ func schemaName(t reflect.Type, hint string) string {
 		// The storage reconciler's types share names with upstream's
 		// (DiskIdentity, Dataset) and with other packages' (Status).
 		return "Storage" + huma.DefaultSchemaNamer(t, hint)
+	}
+	if t.PkgPath() == nexusPkg && t.Name() != "" {
+		// So are the Nexus link's (Status, VmmRuntimeState).
+		return "Nexus" + huma.DefaultSchemaNamer(t, hint)
 	}
 	return huma.DefaultSchemaNamer(t, hint)
 }

@@ -108,6 +108,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.DurationVar(&c.PrefixPeriod, "prefix-period", 30*time.Second, "how often the prefixes in DDM are checked when nothing changed")
 	f.StringArrayVar(&c.DNSServers, "dns-server", nil, "internal DNS server that names the switch daemons, [addr]:port (repeatable)")
 	f.StringArrayVar(&c.Switches, "switch", nil, "switch daemon (dpd) address, [addr]:port, used when DNS is unreachable or names none (repeatable)")
+	f.StringArrayVar(&c.Nexus, "nexus", nil, "Nexus internal API address, [addr]:port, told of the sled and its VMMs' states instead of the Nexus internal DNS names (repeatable)")
 	f.DurationVar(&c.NATPeriod, "nat-period", 10*time.Second, "how often switches are found and their NAT entries checked")
 	f.DurationVar(&c.HealthPeriod, "health-period", 5*time.Second, "how often every running zone is health-checked")
 	f.IntVar(&c.HealthFailures, "health-failures", 3, "health checks in a row a running zone must fail to be reported unhealthy and restarted")
@@ -169,6 +170,9 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	}
 	if cmd.Flags().Changed("switch") || len(c.Switches) == 0 {
 		c.Switches = flags.Switches
+	}
+	if cmd.Flags().Changed("nexus") || len(c.Nexus) == 0 {
+		c.Nexus = flags.Nexus
 	}
 	if cmd.Flags().Changed("skip-timesync") {
 		c.SkipTimesync = flags.SkipTimesync

@@ -146,6 +146,18 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 	for _, v := range inv.VMMs {
 		fmt.Fprintf(tw, "vmm %s\t%s (gen %d) %s\n", v.ID, v.State.State, v.State.Gen, v.Detail)
 	}
+	if n := inv.Nexus; n != nil {
+		at := ""
+		if n.LastAnswered != "" {
+			at = " at " + n.LastAnswered
+		}
+		fmt.Fprintf(tw, "nexus\t(found by %s%s) %s\n", n.FoundBy, at, n.Summary())
+		for _, d := range n.VMMStates {
+			if d.LastError != "" && (d.Sending || d.Refused > 0) {
+				fmt.Fprintf(tw, "  vmm %s\tstate gen %d not delivered: %s\n", d.PropolisID, d.Latest.Gen, d.LastError)
+			}
+		}
+	}
 	if n := inv.NAT; n != nil {
 		found := "switches found by " + n.Discovery.Source
 		if n.Discovery.DNSError != "" {
