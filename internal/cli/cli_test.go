@@ -543,7 +543,7 @@ func TestDevConverges(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("dev exit %d; stderr:\n%s\nstdout:\n%s", r.code, r.stderr, r.stdout)
 	}
-	for _, want := range []string{"agent API on http://127.0.0.1:", "put sled config generation 351: 13 zones", "all 13 zones running", "stopped"} {
+	for _, want := range []string{"agent API on http://127.0.0.1:", "put sled config generation 351: 13 zones", "all 13 zones running", "Nexus knows sled ", "stopped"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("dev output does not contain %q:\n%s", want, r.stdout)
 		}

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
 	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
+	"github.com/sled-agent/sled-agent/internal/sim/nexussim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
@@ -87,12 +89,14 @@ Ctrl-C stops it.`,
 			if cfg.BootstrapPrefix == "" {
 				cfg.BootstrapPrefix = "fdb0:a840:2504:103::/64"
 			}
+			var nexus *nexussim.Server
 			if !cmd.Flags().Changed("dns-server") && !cmd.Flags().Changed("switch") {
-				stop, err := devSwitches(&cfg, log)
+				stop, n, err := devNeighbours(&cfg, log, !cmd.Flags().Changed("nexus"))
 				if err != nil {
 					return err
 				}
 				defer stop()
+				nexus = n
 			}
 			doc := sledconfig.Example()
 			if sledConfig != "" {
@@ -100,7 +104,7 @@ Ctrl-C stops it.`,
 					return fmt.Errorf("reading sled config: %w", err)
 				}
 			}
-			return runDev(cmd.Context(), cmd.OutOrStdout(), cfg, log, doc, exitWhenDone)
+			return runDev(cmd.Context(), cmd.OutOrStdout(), cfg, log, doc, exitWhenDone, nexus)
 		},
 	}
 	agentFlags(cmd, &c, &configFile, &logLevel)
@@ -111,10 +115,11 @@ Ctrl-C stops it.`,
 	return cmd
 }
 
-// devSwitches starts the rack's switch daemons, simulated, on IPv6
-// loopback (two dpd simulators, slots 0 and 1) and an internal DNS server
-// that names them, and points cfg at the DNS server. stop ends them.
-func devSwitches(cfg *agent.Config, log *slog.Logger) (stop func(), err error) {
+// devNeighbours starts the rack's switch daemons, simulated, on IPv6
+// loopback (two dpd simulators, slots 0 and 1), with a simulated Nexus
+// when withNexus, and an internal DNS server that names them, and points
+// cfg at the DNS server. stop ends them.
+func devNeighbours(cfg *agent.Config, log *slog.Logger, withNexus bool) (stop func(), nexus *nexussim.Server, err error) {
 	var stops []func()
 	stop = func() {
 		for _, f := range slices.Backward(stops) {
@@ -128,23 +133,32 @@ func devSwitches(cfg *agent.Config, log *slog.Logger) (stop func(), err error) {
 	}()
 	server := dns.NewServer(log.With("component", "dns-sim"))
 	if err := server.Start("[::1]:0"); err != nil {
-		return nil, fmt.Errorf("starting the DNS server: %w", err)
+		return nil, nil, fmt.Errorf("starting the DNS server: %w", err)
 	}
 	stops = append(stops, func() { server.Close() })
 	var daemons []netip.AddrPort
 	for slot := range uint16(2) {
 		d := dpdsim.New(log.With("component", "dpd-sim", "slot", slot), slot)
 		if err := d.Start("[::1]:0"); err != nil {
-			return nil, fmt.Errorf("starting a dpd simulator: %w", err)
+			return nil, nil, fmt.Errorf("starting a dpd simulator: %w", err)
 		}
 		stops = append(stops, func() { d.Close() })
 		daemons = append(daemons, netip.MustParseAddrPort(d.Addr()))
 	}
-	if err := server.SetRecords(dns.SwitchRecords(daemons...)); err != nil {
-		return nil, err
+	records := dns.SwitchRecords(daemons...)
+	if withNexus {
+		nexus = nexussim.New(nexussim.Config{Log: log.With("component", "nexus-sim")})
+		if err := nexus.Start("[::1]:0"); err != nil {
+			return nil, nil, fmt.Errorf("starting the Nexus simulator: %w", err)
+		}
+		stops = append(stops, func() { nexus.Close() })
+		records.Merge(dns.ServiceRecords("nexus", netip.MustParseAddrPort(nexus.Addr())))
+	}
+	if err := server.SetRecords(records); err != nil {
+		return nil, nil, err
 	}
 	cfg.DNSServers = []string{server.Addr().String()}
-	return stop, nil
+	return stop, nexus, nil
 }
 
 // devStartDelay makes each simulated zone take between 0.3 s and 3 s to
@@ -157,7 +171,7 @@ func devStartDelay(s zone.Spec) time.Duration {
 
 // runDev runs the agent, puts the sled config over HTTP as the control plane
 // would, and prints every zone's progress until interrupted.
-func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.Logger, doc []byte, exitWhenDone bool) error {
+func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.Logger, doc []byte, exitWhenDone bool, nexus *nexussim.Server) error {
 	ctx, cancel := signalContext()
 	defer cancel()
 	if parent != nil {
@@ -178,6 +192,10 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 	if len(cfg.DNSServers) > 0 {
 		fmt.Fprintf(out, "switches found through internal DNS at %v\n", cfg.DNSServers)
 	}
+	if nexus != nil {
+		fmt.Fprintf(out, "Nexus (simulated) at %s, found through internal DNS\n", nexus.Addr())
+	}
+	nexusNews := newNexusWatch(nexus, a.SledID())
 
 	c, err := client.New(url)
 	if err != nil {
@@ -221,6 +239,9 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 			}
 			return err
 		case <-tick.C:
+		}
+		for _, line := range nexusNews() {
+			fmt.Fprintln(out, line)
 		}
 		zones := a.Reconciler().Zones()
 		running, wanted := 0, 0
@@ -311,4 +332,30 @@ func storageLine(st storage.Status) string {
 		}
 	}
 	return fmt.Sprintf("storage: %d/%d disks with their pools, %d/%d datasets ensured", disks, len(st.Disks), datasets, len(st.Datasets))
+}
+
+// newNexusWatch returns what the simulated Nexus learned since it was last
+// asked, as lines for people: the sled's record when its generation
+// changes, and each VMM state it received. No Nexus: nothing.
+func newNexusWatch(n *nexussim.Server, sledID string) func() []string {
+	var gen nexussim.Generation
+	told := map[string]int{} // VMM → states already shown
+	return func() []string {
+		if n == nil {
+			return nil
+		}
+		var lines []string
+		if rec, ok := n.Sled(sledID); ok && rec.Generation != gen {
+			gen = rec.Generation
+			lines = append(lines, fmt.Sprintf("Nexus knows sled %s (generation %d): %s at %s, %d threads, reservoir %d MiB", sledID, gen, rec.Role, rec.SAAddress, rec.UsableHardwareThreads, rec.ReservoirSize>>20))
+		}
+		vmms := n.VMMs()
+		for _, id := range slices.Sorted(maps.Keys(vmms)) {
+			for _, st := range vmms[id].Received[told[id]:] {
+				lines = append(lines, fmt.Sprintf("Nexus told: VMM %s %s (gen %d)", id, st.VmmState.State, st.VmmState.Gen))
+			}
+			told[id] = len(vmms[id].Received)
+		}
+		return lines
+	}
 }
