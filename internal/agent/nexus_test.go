@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
@@ -15,6 +16,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/dns"
 	"github.com/sled-agent/sled-agent/internal/openapitest"
 	"github.com/sled-agent/sled-agent/internal/sim/nexussim"
+	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 )
 
 // startNexus starts a simulated Nexus on loopback.
@@ -254,4 +256,71 @@ func TestRestartSendsAdoptedStatesAndDecommissionMeansSilence(t *testing.T) {
 	if got := n.Requests()["POST /sled-agents/{sled_id}"]; got != posts {
 		t.Fatalf("%d registrations sent to a Nexus that decommissioned the sled", got-posts)
 	}
+}
+
+// A changed field (here the address: the agent restarted on another port)
+// is sent again, with the generation past the one Nexus holds.
+func TestAChangedAddressIsSentPastNexussGeneration(t *testing.T) {
+	n := startNexus(t)
+	dir := t.TempDir()
+	first := newAgent(t, agent.Config{DataDir: dir, Nexus: []string{n.Addr()}})
+	stop := run(t, first)
+	waitFor(t, "Nexus to know the sled", func() (bool, string) {
+		_, ok := n.Sled(first.SledID())
+		return ok, "no record"
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Meanwhile Nexus took a newer record of the sled (another agent's,
+	// say): the next one must go past it.
+	rec, _ := n.Sled(first.SledID())
+	rec.Generation = 5
+	if err := n.SetSled(first.SledID(), rec); err != nil {
+		t.Fatal(err)
+	}
+	second := newAgent(t, agent.Config{DataDir: dir, Nexus: []string{n.Addr()}})
+	run(t, second)
+	if second.Identity().Address == first.Identity().Address {
+		t.Fatalf("the second agent listens at the first one's address %s", first.Identity().Address)
+	}
+	waitFor(t, "Nexus to hold the new address", func() (bool, string) {
+		got, _ := n.Sled(second.SledID())
+		return got.SAAddress.String() == second.Identity().Address && got.Generation == 6, fmt.Sprintf("%s at generation %d", got.SAAddress, got.Generation)
+	})
+}
+
+// Fifty VMMs changing at once: every one's newest state reaches Nexus.
+func TestFiftyVMMsStatesAllReachNexus(t *testing.T) {
+	n := startNexus(t)
+	a, _ := start(t, agent.Config{DataDir: t.TempDir(), Nexus: []string{n.Addr()}})
+	small := vmmtest.Spec()
+	small["board"].(map[string]any)["memory_mb"] = 16 // fifty fit any sled's reservoir
+	ids := make([]string, 50)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("6a2a4a2e-57c3-4e3c-8c3b-%012x", i+1)
+		body := string(vmmtest.Body(testInstance, fmt.Sprintf("[fd00:1122:3344:101::2:%x]:12400", i+1), small, nil))
+		if code, b := callWithin(t, a, http.MethodPut, "/vmms/"+ids[i], body); code != http.StatusOK {
+			t.Fatalf("PUT /vmms/%s: %d %s", ids[i], code, b)
+		}
+	}
+	for _, id := range ids {
+		if code, b := callWithin(t, a, http.MethodPut, "/vmms/"+id+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
+			t.Fatalf("PUT /vmms/%s/state: %d %s", id, code, b)
+		}
+	}
+	waitFor(t, "every VMM running, as Nexus holds it", func() (bool, string) {
+		for _, id := range ids {
+			code, b := callWithin(t, a, http.MethodGet, "/vmms/"+id+"/state", "")
+			var st api.SledVmmState
+			if code != http.StatusOK || json.Unmarshal(b, &st) != nil {
+				return false, fmt.Sprintf("GET %s: %d %s", id, code, b)
+			}
+			got, _ := n.LatestVMM(id)
+			if st.VmmState.State != "running" || uint64(got.VmmState.Gen) != st.VmmState.Gen {
+				return false, fmt.Sprintf("VMM %s is %s (gen %d); Nexus holds %s (gen %d)", id, st.VmmState.State, st.VmmState.Gen, got.VmmState.State, got.VmmState.Gen)
+			}
+		}
+		return true, ""
+	})
 }
