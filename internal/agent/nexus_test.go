@@ -84,6 +84,7 @@ func TestSledRegistersWithNexusFoundInDNS(t *testing.T) {
 	if err := server.SetRecords(dns.ServiceRecords("nexus", netip.MustParseAddrPort(n.Addr()))); err != nil {
 		t.Fatal(err)
 	}
+	started := time.Now()
 	a, _ := start(t, agent.Config{DataDir: t.TempDir(), DNSServers: []string{server.Addr().String()}})
 	var held nexussim.SledAgentInfo
 	waitFor(t, "Nexus to know the sled", func() (bool, string) {
@@ -91,6 +92,7 @@ func TestSledRegistersWithNexusFoundInDNS(t *testing.T) {
 		held, ok = n.Sled(a.SledID())
 		return ok, "no record"
 	})
+	t.Logf("Nexus knew the sled %s after the agent was started", time.Since(started).Round(time.Millisecond))
 	id := a.Identity()
 	hw := id.Hardware
 	code, b := callWithin(t, a, http.MethodGet, "/inventory", "")
