@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/spf13/cobra"
 
@@ -39,19 +40,7 @@ A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
 "refuse_for" to have it end by itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logLevel)
-			if err != nil {
-				return err
-			}
-			s := ddmsim.New(log.With("component", "ddmsim"))
-			if err := s.Start(listen); err != nil {
-				return err
-			}
-			ctx, cancel := signalContext()
-			defer cancel()
-			<-ctx.Done()
-			log.Info("ddm simulator stopping")
-			return s.Close()
+			return serveSim("ddm", listen, logLevel, func(log *slog.Logger) simServer { return ddmsim.New(log) })
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "[::1]:8000", "address to serve the DDM admin API on")
@@ -90,19 +79,7 @@ A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
 			if slot > 1 {
 				return fmt.Errorf("--slot %d: a rack's switches are in slots 0 and 1", slot)
 			}
-			log, err := newLogger(logLevel)
-			if err != nil {
-				return err
-			}
-			s := dpdsim.New(log.With("component", "dpdsim"), slot)
-			if err := s.Start(listen); err != nil {
-				return err
-			}
-			ctx, cancel := signalContext()
-			defer cancel()
-			<-ctx.Done()
-			log.Info("dpd simulator stopping")
-			return s.Close()
+			return serveSim("dpd", listen, logLevel, func(log *slog.Logger) simServer { return dpdsim.New(log, slot) })
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "[::1]:12224", "address to serve the dpd API on")
@@ -142,22 +119,34 @@ A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
 "refuse_for" to have it end by itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logLevel)
-			if err != nil {
-				return err
-			}
-			s := nexussim.New(nexussim.Config{Log: log.With("component", "nexussim")})
-			if err := s.Start(listen); err != nil {
-				return err
-			}
-			ctx, cancel := signalContext()
-			defer cancel()
-			<-ctx.Done()
-			log.Info("nexus simulator stopping")
-			return s.Close()
+			return serveSim("nexus", listen, logLevel, func(log *slog.Logger) simServer { return nexussim.New(nexussim.Config{Log: log}) })
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "[::1]:12221", "address to serve the Nexus internal API on")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
+}
+
+// simServer is a simulator's server.
+type simServer interface {
+	Start(addr string) error
+	Close() error
+}
+
+// serveSim serves the simulator build makes on listen until SIGINT or
+// SIGTERM.
+func serveSim(name, listen, logLevel string, build func(*slog.Logger) simServer) error {
+	log, err := newLogger(logLevel)
+	if err != nil {
+		return err
+	}
+	s := build(log.With("component", name+"sim"))
+	if err := s.Start(listen); err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	<-ctx.Done()
+	log.Info(name + " simulator stopping")
+	return s.Close()
 }
