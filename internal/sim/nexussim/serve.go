@@ -21,6 +21,29 @@ func pathID(r *http.Request, name string) (string, error) {
 	return u.String(), nil
 }
 
+// request reads an operation's UUID path parameter and its body, decoded
+// with decode; when either is bad it answers 400 naming the problem and
+// returns false.
+func request[T any](rp *simhttp.Reply, r *http.Request, param string, decode func([]byte) (T, error)) (string, T, bool) {
+	var zero T
+	id, err := pathID(r, param)
+	if err != nil {
+		rp.Error(http.StatusBadRequest, "", err.Error())
+		return "", zero, false
+	}
+	data, err := simhttp.ReadBody(r)
+	if err != nil {
+		rp.Error(http.StatusBadRequest, "", err.Error())
+		return "", zero, false
+	}
+	v, err := decode(data)
+	if err != nil {
+		rp.Error(http.StatusBadRequest, "", "unable to parse JSON body: "+err.Error())
+		return "", zero, false
+	}
+	return id, v, true
+}
+
 // serveSledGet serves GET /sled-agents/{sled_id}.
 func (s *Server) serveSledGet(rp *simhttp.Reply, r *http.Request) {
 	id, err := pathID(r, "sled_id")
@@ -41,23 +64,12 @@ func (s *Server) serveSledGet(rp *simhttp.Reply, r *http.Request) {
 
 // serveSledPut serves POST /sled-agents/{sled_id}.
 func (s *Server) serveSledPut(rp *simhttp.Reply, r *http.Request) {
-	id, err := pathID(r, "sled_id")
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", err.Error())
-		return
-	}
-	data, err := simhttp.ReadBody(r)
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", err.Error())
-		return
-	}
-	info, err := decodeSledAgentInfo(data)
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", "unable to parse JSON body: "+err.Error())
+	id, info, ok := request(rp, r, "sled_id", decodeSledAgentInfo)
+	if !ok {
 		return
 	}
 	s.mu.Lock()
-	err = s.upsertLocked(id, info)
+	err := s.upsertLocked(id, info)
 	s.mu.Unlock()
 	if err != nil {
 		// Upstream says no more than this; the reason is in its log.
@@ -71,19 +83,8 @@ func (s *Server) serveSledPut(rp *simhttp.Reply, r *http.Request) {
 
 // serveVMMPut serves PUT /vmms/{propolis_id}.
 func (s *Server) serveVMMPut(rp *simhttp.Reply, r *http.Request) {
-	id, err := pathID(r, "propolis_id")
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", err.Error())
-		return
-	}
-	data, err := simhttp.ReadBody(r)
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", err.Error())
-		return
-	}
-	st, err := decodeSledVmmState(data)
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", "unable to parse JSON body: "+err.Error())
+	id, st, ok := request(rp, r, "propolis_id", decodeSledVmmState)
+	if !ok {
 		return
 	}
 	conflict := st.MigrationIn != nil && st.MigrationOut != nil && st.MigrationIn.MigrationID == st.MigrationOut.MigrationID
