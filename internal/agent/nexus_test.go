@@ -16,6 +16,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/dns"
 	"github.com/sled-agent/sled-agent/internal/openapitest"
 	"github.com/sled-agent/sled-agent/internal/sim/nexussim"
+	"github.com/sled-agent/sled-agent/internal/vmm"
 	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 )
 
@@ -173,6 +174,30 @@ func TestVMMStatesReachNexusInOrder(t *testing.T) {
 			t.Fatalf("update %d (gen %d) is not newer than the one before (gen %d): %+v", i, st.VmmState.Gen, received[i-1].VmmState.Gen, received)
 		}
 	}
+	// What Nexus was told is the agent's history of states, in order:
+	// all of it when no state came while one was being sent (they are
+	// coalesced into the newest).
+	code, b := callWithin(t, a, http.MethodGet, "/agent/vmms", "")
+	var vmms []vmm.Info
+	if code != http.StatusOK || json.Unmarshal(b, &vmms) != nil || len(vmms) != 1 {
+		t.Fatalf("GET /agent/vmms: %d %s", code, b)
+	}
+	var history []vmm.RuntimeState
+	for _, l := range vmms[0].History {
+		if l.State != nil {
+			history = append(history, *l.State)
+		}
+	}
+	next := 0
+	for _, st := range received {
+		for next < len(history) && uint64(st.VmmState.Gen) != history[next].Gen {
+			next++
+		}
+		if next == len(history) || string(st.VmmState.State) != history[next].State || !st.VmmState.TimeUpdated.Equal(history[next].TimeUpdated) {
+			t.Fatalf("Nexus was told %+v, which is not in the agent's history after what it was told before:\nhistory %+v\nNexus %+v", st.VmmState, history, received)
+		}
+	}
+	t.Logf("Nexus was told %d of the agent's %d states", len(received), len(history))
 	last := received[len(received)-1].VmmState
 	if last.State != "destroyed" || !last.TimeUpdated.Equal(final.VmmState.TimeUpdated) {
 		t.Fatalf("Nexus's last update %+v; the agent says %+v", last, final.VmmState)

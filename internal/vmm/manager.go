@@ -199,6 +199,9 @@ type LogEntry struct {
 	At     time.Time `json:"at"`
 	Event  string    `json:"event"`
 	Detail string    `json:"detail,omitempty"`
+	// State is set on the lines that changed the VMM's state: the state
+	// it then had (At is its time_updated).
+	State *RuntimeState `json:"state,omitempty"`
 }
 
 // Info is a VMM as the manager reports it.

@@ -116,6 +116,9 @@ func (v *vmm) setLocked(state, detail, event string) bool {
 	}
 	v.state.State, v.state.TimeUpdated, v.detail = state, time.Now(), detail
 	v.recordLocked(event, detail)
+	st := v.state
+	last := &v.history[len(v.history)-1]
+	last.At, last.State = st.TimeUpdated, &st
 	if st := v.m.opts.States; st != nil {
 		st.VMMState(v.id, v.state)
 	}
