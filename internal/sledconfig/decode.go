@@ -4,7 +4,9 @@ import (
 	"encoding"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,8 +27,12 @@ type plan struct {
 	raw bool
 	// elem is the element of a pointer, slice or map.
 	elem *plan
-	// fields are a struct's fields, by JSON name.
+	// fields are a struct's fields, by JSON name; sorted holds them too,
+	// sorted by name (names: their names), for decoder.value's walk over
+	// an object's members, which are sorted the same way.
 	fields map[string]*fieldPlan
+	sorted []*fieldPlan
+	names  []string
 }
 
 type fieldPlan struct {
@@ -37,6 +43,7 @@ type fieldPlan struct {
 
 var (
 	rawMessageType      = reflect.TypeFor[json.RawMessage]()
+	rawMapType          = reflect.TypeFor[map[string]json.RawMessage]()
 	jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
 )
@@ -104,36 +111,37 @@ func buildPlan(t reflect.Type, building map[reflect.Type]*plan) *plan {
 			}
 			p.fields[name] = &fieldPlan{name: name, index: i, plan: buildPlan(f.Type, building)}
 		}
+		p.sorted = slices.SortedFunc(maps.Values(p.fields), func(a, b *fieldPlan) int { return strings.Compare(a.name, b.name) })
+		for _, f := range p.sorted {
+			p.names = append(p.names, f.name)
+		}
 	default:
 		panic(fmt.Sprintf("sledconfig: cannot decode %v", t))
 	}
 	return p
 }
 
-// field finds a struct's field for a member name as encoding/json does:
-// the exact name, else one equal but for letter case (exact is false).
-func (p *plan) field(key string) (f *fieldPlan, exact bool) {
-	if f, ok := p.fields[key]; ok {
-		return f, true
-	}
-	for name, f := range p.fields {
-		if strings.EqualFold(name, key) {
-			return f, false
+// foldField finds a struct's field whose name equals key but for letter
+// case, as encoding/json does when no name equals key exactly. (No two
+// fields of the config types have names that are equal but for letter
+// case, so which of several would match never arises.)
+func (p *plan) foldField(key string) *fieldPlan {
+	for _, f := range p.sorted {
+		if strings.EqualFold(f.name, key) {
+			return f
 		}
 	}
-	return nil, false
+	return nil
 }
 
 // decoder decodes nodes into Go values (see plan).
 type decoder struct {
 	// t is the tree of the nodes, canonicalized.
 	t *tree
-	// err is the first type mismatch.
+	// err is the first type mismatch. Its Struct and Field are filled in
+	// on the way back out of the structs that hold it (see inField): the
+	// path is not kept while decoding, as it is needed only then.
 	err *json.UnmarshalTypeError
-	// fields are the names of the struct fields leading to the value
-	// being decoded, and structType the struct holding the innermost one.
-	fields     []string
-	structType reflect.Type
 	// unknown is set once a member's key is no field's name as written:
 	// only then can a key differ from a field name in letter case alone.
 	unknown bool
@@ -143,11 +151,18 @@ type decoder struct {
 // first type mismatch, or nil.
 func decode[T any](t *tree, n *node, ptr *T) error {
 	d := decoder{t: t}
-	d.value(n, reflect.ValueOf(ptr).Elem(), planFor(reflect.TypeFor[T]()))
-	if d.err != nil {
-		return d.err
+	if err := d.decode(n, reflect.ValueOf(ptr).Elem(), planFor(reflect.TypeFor[T]())); err != nil {
+		return err
 	}
 	return nil
+}
+
+// decode decodes n into v, of plan p, and returns the first type mismatch,
+// or nil. One decoder decodes many values in turn.
+func (d *decoder) decode(n *node, v reflect.Value, p *plan) *json.UnmarshalTypeError {
+	d.err, d.unknown = nil, false
+	d.value(n, v, p)
+	return d.err
 }
 
 // mismatch records that n does not decode into a t (value: how
@@ -159,12 +174,18 @@ func (d *decoder) mismatch(n *node, t reflect.Type, value string) {
 	if value == "" {
 		value = n.kindName()
 	}
-	e := &json.UnmarshalTypeError{Value: value, Type: t, Offset: int64(n.start)}
-	if d.structType != nil || len(d.fields) > 0 {
-		e.Struct = d.structType.Name()
-		e.Field = strings.Join(d.fields, ".")
+	d.err = &json.UnmarshalTypeError{Value: value, Type: t, Offset: int64(n.start)}
+}
+
+// inField is called on the way out of the field named name of a struct of
+// type st when the first mismatch was found in it: encoding/json names the
+// innermost struct, and the path of field names from the outermost.
+func (d *decoder) inField(st reflect.Type, name string) {
+	if d.err.Field == "" { // the innermost
+		d.err.Struct, d.err.Field = st.Name(), name
+		return
 	}
-	d.err = e
+	d.err.Field = name + "." + d.err.Field
 }
 
 func (d *decoder) value(n *node, v reflect.Value, p *plan) {
@@ -228,6 +249,16 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 		if v.IsNil() {
 			v.Set(reflect.MakeMapWithSize(p.t, len(kids)))
 		}
+		if p.t == rawMapType {
+			// What the loop below does, without a reflect.Value for
+			// each key and value (the disks and datasets are many).
+			raw := v.Interface().(map[string]json.RawMessage)
+			for i := range kids {
+				m := &kids[i]
+				raw[d.t.key(m)] = d.t.canonical[m.start:m.end:m.end]
+			}
+			return
+		}
 		elem := reflect.New(p.t.Elem()).Elem()
 		for i := range kids {
 			m := &kids[i]
@@ -240,20 +271,41 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 			d.mismatch(n, p.t, "")
 			return
 		}
-		outer, depth := d.structType, len(d.fields)
 		kids := d.t.kids(n)
+		// The members and p.sorted are both sorted by name: the field
+		// named as a member is found by walking both together.
+		next := 0
 		for i := range kids {
 			m := &kids[i]
-			f, exact := p.field(d.t.key(m))
-			d.unknown = d.unknown || !exact
-			if f == nil {
+			key := d.t.key(m)
+			// Most often the member is the next field; else it is
+			// looked for among the fields after it.
+			var f *fieldPlan
+			if next < len(p.names) && p.names[next] == key {
+				f = p.sorted[next]
+				next++
+			} else if j, found := slices.BinarySearch(p.names[next:], key); found {
+				f = p.sorted[next+j]
+				next += j + 1
+			} else {
+				next += j
+				d.unknown = true
+				if f = p.foldField(key); f == nil {
+					continue
+				}
+			}
+			if f.plan.kind == reflect.String && m.kind == '"' {
+				// What d.value does, without the call: most fields
+				// are strings.
+				v.Field(f.index).SetString(d.t.str(m))
 				continue
 			}
-			d.structType = p.t
-			d.fields = append(d.fields[:depth], f.name)
+			failed := d.err != nil
 			d.value(m, v.Field(f.index), f.plan)
+			if !failed && d.err != nil {
+				d.inField(p.t, f.name)
+			}
 		}
-		d.structType, d.fields = outer, d.fields[:depth]
 	}
 }
 

@@ -1,8 +1,10 @@
 package sledconfig
 
 import (
+	"math/bits"
 	"slices"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -19,9 +21,33 @@ type tree struct {
 	// nodes are every value; a container's kids are consecutive, and the
 	// root is last.
 	nodes []node
-	// canonical is the canonical form, once appendCanonical has written
-	// it; the nodes' start and end are in it.
+	// canonical is the canonical form, once canonicalize has written it;
+	// the nodes' start and end are in it.
 	canonical []byte
+	// asWritten: the document is in canonical form already (see
+	// treeParser.rewritten).
+	asWritten bool
+	// buffers are where nodes came from, for release.
+	buffers *nodeBuffers
+}
+
+// nodeBuffers are the slices a treeParser builds nodes in. A large
+// document has megabytes of nodes, needed only while it is decoded: the
+// buffers of a tree released are kept in parseBuffers for the next.
+type nodeBuffers struct{ nodes, stack []node }
+
+var parseBuffers = sync.Pool{New: func() any { return new(nodeBuffers) }}
+
+// release gives the tree's nodes back for another tree to use. Nothing may
+// hold a node of the tree, or read one, after.
+func (t *tree) release() {
+	if t.buffers == nil {
+		return
+	}
+	t.buffers.nodes = t.nodes[:0]
+	parseBuffers.Put(t.buffers)
+	// A use after release fails rather than reading another tree's nodes.
+	t.nodes, t.buffers = nil, nil
 }
 
 // node is one value of a tree.
@@ -39,19 +65,21 @@ type node struct {
 	// elements: nodes[kid : kid+nkids].
 	kid, nkids int32
 	// start and end bound the value in the canonical form, once
-	// appendCanonical has written it.
+	// canonicalize has written it; until then, in the document.
 	start, end int32
 }
 
-// span is a string of a tree: src[off:off+n], or text's if inText.
-type span struct {
-	off, n int32
-	inText bool
-}
+// span is a string of a tree: src[off:off+n] if off ≥ 0; for a string that
+// had escapes, whose value is in text, text[^off:^off+n]. (A flag would
+// make every node 8 bytes larger, and a document has many.)
+type span struct{ off, n int32 }
+
+// textSpan is the span of text[off:off+n].
+func textSpan(off, n int) span { return span{off: ^int32(off), n: int32(n)} }
 
 func (t *tree) span(s span) string {
-	if s.inText {
-		return t.text[s.off : s.off+s.n]
+	if s.off < 0 {
+		return t.text[^s.off : ^s.off+s.n]
 	}
 	return t.src[s.off : s.off+s.n]
 }
@@ -112,17 +140,30 @@ func (n *node) kindName() string {
 // decodeDocument refuses (malformed JSON, a duplicate key, nesting deeper
 // than maxNesting), without saying why: decodeDocument, which reads token by
 // token, says what and where. data must be valid UTF-8.
+//
+// The tree's nodes may be another tree's, released: a caller done with the
+// tree releases it in turn (one that does not leaves its nodes to the
+// collector).
 func parseTree(data []byte) (*tree, bool) {
+	buffers := parseBuffers.Get().(*nodeBuffers)
 	// About one value in every 30 bytes of a config.
-	p := treeParser{src: string(data), stack: make([]node, 0, 64), nodes: make([]node, 0, len(data)/28+1)}
-	if !p.value(0) {
+	if n := len(data)/28 + 1; cap(buffers.nodes) < n {
+		buffers.nodes = make([]node, 0, n)
+	}
+	p := treeParser{src: string(data), stack: buffers.stack[:0], nodes: buffers.nodes[:0]}
+	ok := p.value(0)
+	if ok {
+		p.space()
+		ok = p.i == len(p.src)
+	}
+	// The slices may have grown.
+	buffers.nodes, buffers.stack = p.nodes, p.stack
+	if !ok {
+		buffers.nodes = buffers.nodes[:0]
+		parseBuffers.Put(buffers)
 		return nil, false
 	}
-	p.space()
-	if p.i != len(p.src) {
-		return nil, false
-	}
-	t := &tree{src: p.src, text: string(p.text), nodes: append(p.nodes, p.stack[0])}
+	t := &tree{src: p.src, text: string(p.text), nodes: append(p.nodes, p.stack[0]), asWritten: !p.rewritten, buffers: buffers}
 	return t, true
 }
 
@@ -136,6 +177,12 @@ type treeParser struct {
 	nodes []node
 	// text is the tree's text: the strings that had escapes.
 	text []byte
+	// rewritten is set once the document is found not to be in canonical
+	// form: white space between tokens, an object's members out of
+	// order, a string whose canonical form is not as written. A document
+	// in canonical form (such as a ledgered one) is its own canonical
+	// form, which canonicalize then copies rather than writes.
+	rewritten bool
 }
 
 // srcSpan is the span of src from start to end.
@@ -143,8 +190,8 @@ func srcSpan(start, end int) span { return span{off: int32(start), n: int32(end 
 
 // spanOf returns the string of a span being read.
 func (p *treeParser) spanOf(s span) string {
-	if s.inText {
-		return string(p.text[s.off : s.off+s.n])
+	if s.off < 0 {
+		return string(p.text[^s.off : ^s.off+s.n])
 	}
 	return p.src[s.off : s.off+s.n]
 }
@@ -154,44 +201,56 @@ func (p *treeParser) space() {
 	for i < len(src) && (src[i] == ' ' || src[i] == '\n' || src[i] == '\t' || src[i] == '\r') {
 		i++
 	}
+	if i != p.i {
+		p.rewritten = true
+	}
 	p.i = i
 }
 
-// value reads a value and pushes it on the stack.
+// value reads a value and pushes it on the stack, its start and end
+// those of its text in the document.
 func (p *treeParser) value(depth int) bool {
 	p.space()
 	if p.i >= len(p.src) {
 		return false
 	}
+	start := int32(p.i)
+	var ok bool
 	switch c := p.src[p.i]; {
 	case c == '{':
-		if depth >= maxNesting {
-			return false
-		}
-		return p.object(depth)
+		ok = depth < maxNesting && p.object(depth)
 	case c == '[':
-		if depth >= maxNesting {
+		ok = depth < maxNesting && p.array(depth)
+	case c == '"':
+		s, esc, sok := p.string()
+		p.stack = append(p.stack, node{kind: '"', str: s, escape: esc})
+		ok = sok
+	case c == '-' || '0' <= c && c <= '9':
+		s, nok := p.number()
+		p.stack = append(p.stack, node{kind: '0', str: s})
+		ok = nok
+	default:
+		lit := ""
+		switch c {
+		case 'n':
+			lit = "null"
+		case 't':
+			lit = "true"
+		case 'f':
+			lit = "false"
+		}
+		if lit == "" || !strings.HasPrefix(p.src[p.i:], lit) {
 			return false
 		}
-		return p.array(depth)
-	case c == '"':
-		s, esc, ok := p.string()
-		p.stack = append(p.stack, node{kind: '"', str: s, escape: esc})
-		return ok
-	case c == '-' || '0' <= c && c <= '9':
-		s, ok := p.number()
-		p.stack = append(p.stack, node{kind: '0', str: s})
-		return ok
-	default:
-		for _, lit := range []string{"null", "true", "false"} {
-			if strings.HasPrefix(p.src[p.i:], lit) {
-				p.stack = append(p.stack, node{kind: lit[0]})
-				p.i += len(lit)
-				return true
-			}
-		}
-		return false
+		p.stack = append(p.stack, node{kind: c})
+		p.i += len(lit)
+		ok = true
 	}
+	if ok {
+		n := &p.stack[len(p.stack)-1]
+		n.start, n.end = start, int32(p.i)
+	}
+	return ok
 }
 
 func (p *treeParser) object(depth int) bool {
@@ -235,14 +294,10 @@ func (p *treeParser) object(depth int) bool {
 			return false
 		}
 	}
-	members := p.stack[mark:]
-	p.sortMembers(members)
-	for i := 1; i < len(members); i++ {
-		if p.spanOf(members[i].key) == p.spanOf(members[i-1].key) {
-			return false // decodeDocument names the first duplicate
-		}
+	if !p.sortMembers(p.stack[mark:]) {
+		return false // decodeDocument names the first duplicate
 	}
-	kid, n := p.keep(members)
+	kid, n := p.keep(p.stack[mark:])
 	p.stack = append(p.stack[:mark], node{kind: '{', kid: kid, nkids: n})
 	return true
 }
@@ -287,17 +342,47 @@ func (p *treeParser) keep(kids []node) (kid, n int32) {
 }
 
 // sortMembers sorts an object's members by key, as encoding/json sorts the
-// keys of a map: byte by byte.
-func (p *treeParser) sortMembers(m []node) {
-	if len(m) <= 12 {
-		for i := 1; i < len(m); i++ {
-			for j := i; j > 0 && p.spanOf(m[j].key) < p.spanOf(m[j-1].key); j-- {
-				m[j], m[j-1] = m[j-1], m[j]
-			}
-		}
-		return
+// keys of a map: byte by byte. It reports false if two keys are equal.
+func (p *treeParser) sortMembers(m []node) bool {
+	// Most often the members are in order already.
+	i := 1
+	for i < len(m) && before(p.spanOf(m[i-1].key), p.spanOf(m[i].key)) {
+		i++
 	}
-	slices.SortFunc(m, func(a, b node) int { return strings.Compare(p.spanOf(a.key), p.spanOf(b.key)) })
+	if i >= len(m) {
+		return true
+	}
+	p.rewritten = true
+	if len(m) <= 12 {
+		// An insertion sort: each member moves back past the keys after
+		// its own.
+		for ; i < len(m); i++ {
+			x, key := m[i], p.spanOf(m[i].key)
+			j := i
+			for j > 0 && before(key, p.spanOf(m[j-1].key)) {
+				j--
+			}
+			copy(m[j+1:i+1], m[j:i])
+			m[j] = x
+		}
+	} else {
+		slices.SortFunc(m, func(a, b node) int { return strings.Compare(p.spanOf(a.key), p.spanOf(b.key)) })
+	}
+	for i := 1; i < len(m); i++ {
+		if p.spanOf(m[i].key) == p.spanOf(m[i-1].key) {
+			return false
+		}
+	}
+	return true
+}
+
+// before reports whether a < b, looking first at their first bytes, which
+// tell most keys apart for less than a call of the runtime's comparison.
+func before(a, b string) bool {
+	if a != "" && b != "" && a[0] != b[0] {
+		return a[0] < b[0]
+	}
+	return a < b
 }
 
 // string reads a string, returning its value and whether its canonical form
@@ -308,6 +393,17 @@ func (p *treeParser) string() (s span, escape, ok bool) {
 	src := p.src
 	start := p.i + 1 // after '"'
 	for i := start; i < len(src); i++ {
+		// Eight bytes at a time while none of them is one to look at.
+		for i+8 <= len(src) {
+			if w := stopBytes(load64(src[i : i+8])); w != 0 {
+				i += bits.TrailingZeros64(w) / 8
+				break
+			}
+			i += 8
+		}
+		if i >= len(src) {
+			break
+		}
 		c := src[i]
 		if !stringStops[c] {
 			continue
@@ -323,11 +419,34 @@ func (p *treeParser) string() (s span, escape, ok bool) {
 			p.i = i
 			return span{}, false, false
 		case c == 0xE2: // the first byte of U+2028 and U+2029
-			escape = true
+			escape, p.rewritten = true, true
 		}
 	}
 	p.i = len(src)
 	return span{}, false, false
+}
+
+// load64 is the first 8 bytes of b, the first the lowest.
+func load64(b string) uint64 {
+	_ = b[7] // one bounds check, and the compiler makes the rest one load
+	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+}
+
+// stopBytes has the top bit set of each byte of w (8 bytes, load64) that
+// may be a stringStops byte, and of no byte before the first that is: a
+// test of eight bytes at once ("SWAR": subtracting 1 from a byte sets its
+// top bit, borrowing, only if it was 0, so x^c-1 finds bytes equal to c;
+// the borrow may mark bytes after the first one found, never before).
+func stopBytes(w uint64) uint64 {
+	const ones, tops = 0x0101010101010101, 0x8080808080808080
+	quote := w ^ (ones * '"')
+	backslash := w ^ (ones * '\\')
+	e2 := w ^ (ones * 0xE2)
+	return ((quote-ones)&^quote |
+		(backslash-ones)&^backslash |
+		(e2-ones)&^e2 |
+		(w-ones*0x20)&^w) & tops // bytes below 0x20
 }
 
 // stringStops are the bytes of a string that string looks at: its end, an
@@ -343,6 +462,7 @@ var stringStops = func() (t [256]bool) {
 // escapedString reads the rest of a string that has an escape, from start,
 // into text.
 func (p *treeParser) escapedString(start int) (span, bool, bool) {
+	p.rewritten = true
 	off := len(p.text)
 	p.text = append(p.text, p.src[start:p.i]...)
 	b := p.text
@@ -356,7 +476,7 @@ func (p *treeParser) escapedString(start int) (span, bool, bool) {
 		case c == '"':
 			p.i++
 			p.text = b
-			return span{off: int32(off), n: int32(len(b) - off), inText: true}, true, true
+			return textSpan(off, len(b)-off), true, true
 		case c < 0x20:
 			return fail()
 		case c != '\\':
@@ -473,6 +593,12 @@ func (p *treeParser) number() (span, bool) {
 
 // canonicalize writes the canonical form of the document (canonical).
 func (t *tree) canonicalize() []byte {
+	if t.asWritten {
+		// The nodes' start and end are where they are in the document,
+		// and so in its copy.
+		t.canonical = []byte(t.src)
+		return t.canonical
+	}
 	t.canonical = t.appendCanonical(make([]byte, 0, len(t.src)), t.root())
 	return t.canonical
 }

@@ -2,6 +2,7 @@ package sledconfig
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -55,8 +56,12 @@ func (z Zone) ServiceAddr() (netip.AddrPort, bool) {
 // holds (not the global-zone address of an internal DNS zone, and not external
 // addresses). Unparseable addresses are skipped; Validate reports them.
 func (z Zone) UnderlayAddrs() []netip.Addr {
-	t := &z.ZoneType
-	var out []netip.Addr
+	return appendUnderlayAddrs(nil, &z.ZoneType)
+}
+
+// appendUnderlayAddrs appends the UnderlayAddrs of a zone of type t to dst.
+func appendUnderlayAddrs(dst []netip.Addr, t *ZoneType) []netip.Addr {
+	start := len(dst)
 	add := func(s string) {
 		if s == "" {
 			return // not set (and parsing "" would allocate its error)
@@ -65,12 +70,10 @@ func (z Zone) UnderlayAddrs() []netip.Addr {
 		if err != nil || !ap.Addr().Is6() || ap.Addr().Is4In6() {
 			return
 		}
-		for _, a := range out {
-			if a == ap.Addr() {
-				return
-			}
+		if slices.Contains(dst[start:], ap.Addr()) {
+			return
 		}
-		out = append(out, ap.Addr())
+		dst = append(dst, ap.Addr())
 	}
 	add(t.Address)
 	add(t.InternalAddress)
@@ -80,5 +83,5 @@ func (z Zone) UnderlayAddrs() []netip.Addr {
 		// is its external address.
 		add(t.DNSAddress)
 	}
-	return out
+	return dst
 }

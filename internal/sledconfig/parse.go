@@ -44,35 +44,73 @@ func Parse(data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Nothing Parse returns holds a node (items hold what validation
+	// needs of their JSON): the nodes go to the next Parse.
+	defer t.release()
 	root := t.root()
-	if err := checkCase(t, root, planFor(reflect.TypeFor[Config]())); err != nil {
-		return nil, err
-	}
 	canonical := t.canonicalize()
-	cfg, zones, err := decodeTop(t, root)
+	cfg, zones, unknown, err := decodeTop(t, root)
+	if err == nil {
+		cfg.canonical = canonical
+		var zonesUnknown bool
+		zonesUnknown, err = decodeZones(cfg, t, zones)
+		unknown = unknown || zonesUnknown
+	}
+	// A key that differs from a field's name only in letter case is
+	// reported before any other problem. Only a key that is no field's
+	// name as written can be one: if decoding met none (and went through
+	// the whole document), there is none to look for.
+	if err != nil || unknown {
+		if err := checkCase(t, root, planFor(reflect.TypeFor[Config]())); err != nil {
+			return nil, err
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
-	cfg.canonical = canonical
-	cfg.Zones = make(map[string]Zone, len(zones))
-	for i := range zones {
-		m := &zones[i]
-		var z Zone
-		if err := decode(t, m, &z); err != nil {
-			return nil, describeJSONError(err, fmt.Sprintf("zones[%q]", t.key(m)))
-		}
-		sum := sha256.Sum256(canonical[m.start:m.end])
-		z.hash = hex.EncodeToString(sum[:])
-		cfg.Zones[t.key(m)] = z
-	}
-	cfg.disks, cfg.diskKeys = decodeItems[DiskConfig](t, t.member(root, "disks"))
-	cfg.datasets, cfg.datasetKeys = decodeItems[DatasetConfig](t, t.member(root, "datasets"))
+	cfg.disks = decodeItems[DiskConfig](t, t.member(root, "disks"))
+	cfg.datasets = decodeItems[DatasetConfig](t, t.member(root, "datasets"))
 	for _, f := range []string{"datasets", "disks", "generation", "measurements", "zones"} {
 		if m := t.member(root, f); m == nil || m.kind == 'n' {
 			cfg.missing = append(cfg.missing, f)
 		}
 	}
 	return cfg, nil
+}
+
+// decodeZones decodes the zones, members of the zones object of t, into
+// cfg.Zones, each with the hash of its canonical form. It reports whether
+// a member of a zone had a key that is no field's name as written.
+func decodeZones(cfg *Config, t *tree, zones []node) (unknown bool, err error) {
+	cfg.Zones = make(map[string]Zone, len(zones))
+	cfg.zoneKeys = make([]string, len(zones))
+	// The zones' hashes are written into one buffer, rather than each
+	// allocated on its own.
+	hashes := make([]byte, 0, len(zones)*2*sha256.Size)
+	for i := range zones {
+		m := &zones[i]
+		sum := sha256.Sum256(t.canonical[m.start:m.end])
+		hashes = hex.AppendEncode(hashes, sum[:])
+	}
+	all := string(hashes)
+	// Each zone is decoded into z, then copied into the map.
+	z := new(Zone)
+	v := reflect.ValueOf(z).Elem()
+	d := decoder{t: t}
+	p := planFor(reflect.TypeFor[Zone]())
+	for i := range zones {
+		m := &zones[i]
+		*z = Zone{}
+		if err := d.decode(m, v, p); err != nil {
+			return unknown || d.unknown, describeJSONError(err, fmt.Sprintf("zones[%q]", t.key(m)))
+		}
+		unknown = unknown || d.unknown
+		z.hash = all[i*2*sha256.Size : (i+1)*2*sha256.Size]
+		key := t.key(m)
+		cfg.Zones[key] = *z
+		cfg.zoneKeys[i] = key // the members are sorted by key
+	}
+	return unknown, nil
 }
 
 // readTree reads a document that must be one JSON object.
@@ -89,6 +127,7 @@ func readTree(data []byte) (*tree, error) {
 		return nil, errors.New("malformed JSON")
 	}
 	if t.root().kind != '{' {
+		t.release()
 		return nil, errNotObject
 	}
 	return t, nil
@@ -111,9 +150,10 @@ var topPlans = sync.OnceValue(func() map[string]*plan {
 // returns the zones' members to be decoded one by one, as encoding/json
 // decodes a struct embedding Config with zones as raw JSON: the first type
 // mismatch fails it.
-func decodeTop(t *tree, root *node) (*Config, []node, error) {
-	cfg := &Config{}
-	var zones []node
+//
+// It reports too whether a member's key was no field's name as written.
+func decodeTop(t *tree, root *node) (cfg *Config, zones []node, unknown bool, err error) {
+	cfg = &Config{}
 	d := decoder{t: t}
 	plans := topPlans()
 	kids := t.kids(root)
@@ -122,7 +162,8 @@ func decodeTop(t *tree, root *node) (*Config, []node, error) {
 		key := t.key(m)
 		p, ok := plans[key]
 		if !ok {
-			continue // kept in the canonical form; checkCase refused other spellings
+			unknown = true
+			continue // kept in the canonical form; checkCase refuses other spellings
 		}
 		var v reflect.Value
 		switch key {
@@ -134,12 +175,15 @@ func decodeTop(t *tree, root *node) (*Config, []node, error) {
 			v = reflect.ValueOf(&cfg.Datasets)
 		case "zones":
 			// Decoded as raw JSON first: a zone whose value is of the
-			// wrong type is reported after the other members.
-			var raw map[string]json.RawMessage
-			v = reflect.ValueOf(&raw)
+			// wrong type is reported after the other members. An object
+			// decodes as raw JSON whatever its members, so only another
+			// value is decoded (to report it).
 			if m.kind == '{' {
 				zones = t.kids(m)
+				continue
 			}
+			var raw map[string]json.RawMessage
+			v = reflect.ValueOf(&raw)
 		case "measurements":
 			v = reflect.ValueOf(&cfg.Measurements)
 		case "remove_mupdate_override":
@@ -147,13 +191,16 @@ func decodeTop(t *tree, root *node) (*Config, []node, error) {
 		case "host_phase_2":
 			v = reflect.ValueOf(&cfg.HostPhase2)
 		}
-		d.structType, d.fields = reflect.TypeFor[Config](), append(d.fields[:0], key)
+		failed := d.err != nil
 		d.value(m, v.Elem(), p)
+		if !failed && d.err != nil {
+			d.inField(reflect.TypeFor[Config](), key)
+		}
 	}
 	if d.err != nil {
-		return nil, nil, describeJSONError(d.err, "")
+		return nil, nil, unknown, describeJSONError(d.err, "")
 	}
-	return cfg, zones, nil
+	return cfg, zones, unknown, nil
 }
 
 // Canonicalize returns the canonical form of a JSON object: object keys
@@ -164,6 +211,7 @@ func Canonicalize(data []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer t.release()
 	return t.canonicalize(), nil
 }
 

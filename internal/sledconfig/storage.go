@@ -12,16 +12,29 @@ import (
 	"github.com/sled-agent/sled-agent/internal/storage"
 )
 
-// item is one member of an id-keyed map (disks, datasets), decoded.
+// item is one member of an id-keyed map (disks, datasets), decoded, with
+// what validation asks of its JSON beyond the decoded value. (It holds no
+// node of the document's tree, which Parse lets go of once it has decoded
+// the document.)
 type item[T any] struct {
+	// key is the member's key in the map.
+	key string
 	val T
-	// members is the object, a node of t (canonicalized); nil if the
-	// member is not a JSON object.
-	members *node
-	t       *tree
+	// object: the member is a JSON object; nothing else is known of one
+	// that is not.
+	object bool
+	// present has bit i set if the object has the member at
+	// askedOf[T]().paths[i], and it is not null (see has).
+	present uint8
+	// idKind is the kind of the object's id member (a node's kind; 0 if
+	// it has none), and id its value if it is a string.
+	idKind byte
+	id     string
+	// raw is the object's canonical JSON.
+	raw []byte
 	// err is the first member of the wrong JSON type (encoding/json decodes
 	// the rest as best it can).
-	err error
+	err *json.UnmarshalTypeError
 	// caseErr is the first key that differs from a field name only in
 	// letter case: upstream ignores it as unknown, encoding/json would
 	// decode it into the field.
@@ -29,86 +42,164 @@ type item[T any] struct {
 }
 
 // decodeItems decodes each object of an id-keyed map, m, a node of t
-// (canonicalized), and returns them with their keys, sorted.
-func decodeItems[T any](t *tree, m *node) (map[string]item[T], []string) {
+// (canonicalized), and returns them sorted by key (a slice, not a map:
+// every reader walks them in key order).
+func decodeItems[T any](t *tree, m *node) []item[T] {
 	if m == nil || m.kind != '{' {
-		return map[string]item[T]{}, []string{}
+		return []item[T]{}
 	}
 	kids := t.kids(m)
-	out := make(map[string]item[T], len(kids))
-	keys := make([]string, len(kids))
+	out := make([]item[T], len(kids))
+	d := decoder{t: t}
 	p := planFor(reflect.TypeFor[T]())
 	for i := range kids {
-		n := &kids[i]
-		keys[i] = t.key(n) // members are sorted by key
-		out[keys[i]] = decodeItem[T](t, n, p)
-	}
-	return out, keys
-}
-
-// decodeRawItems decodes the items of a config built in code.
-func decodeRawItems[T any](raw map[string]json.RawMessage) map[string]item[T] {
-	out := make(map[string]item[T], len(raw))
-	for key, r := range raw {
-		if !utf8.Valid(r) {
-			out[key] = item[T]{}
-			continue
-		}
-		t, ok := parseTree(r)
-		if !ok {
-			out[key] = item[T]{}
-			continue
-		}
-		t.canonicalize()
-		out[key] = decodeItem[T](t, t.root(), planFor(reflect.TypeFor[T]()))
+		out[i].key = t.key(&kids[i]) // the members are sorted by key
+		decodeItem(&d, &out[i], &kids[i], p)
 	}
 	return out
 }
 
-// decodeItem decodes one item, n, a node of t, of plan p (T's).
-func decodeItem[T any](t *tree, n *node, p *plan) item[T] {
-	if n.kind != '{' {
-		return item[T]{}
+// askedOf returns the members of an item of T whose presence validation
+// asks about (item.has).
+func askedOf[T any]() *askedMembers {
+	switch any((*T)(nil)).(type) {
+	case *DiskConfig:
+		return diskMembers
+	case *DatasetConfig:
+		return datasetMembers
 	}
-	it := item[T]{members: n, t: t}
-	d := decoder{t: t}
-	d.value(n, reflect.ValueOf(&it.val).Elem(), p)
-	if d.err != nil {
-		it.err = d.err
+	return &askedMembers{}
+}
+
+// has reports whether the item has the member at path, one of
+// askedOf[T]().paths, and it is not null.
+func (it *item[T]) has(path string) bool {
+	i := slices.Index(askedOf[T]().paths, path)
+	if i < 0 {
+		panic("sledconfig: validation asks of a member askedOf does not list: " + path)
+	}
+	return it.present&(1<<i) != 0
+}
+
+// askedMembers are members of an object, by dotted path ("identity.vendor"
+// is the member vendor of the member identity), whose presence is asked.
+type askedMembers struct {
+	paths []string
+	// names are the paths as a tree of names, for presence.
+	names []askedName
+}
+
+// askedName is a member name asked of, with its bit in the set presence
+// returns (0 if only the members below it are asked of) and the names
+// asked of below it.
+type askedName struct {
+	name  string
+	bit   uint8
+	below []askedName
+}
+
+// newAskedMembers returns the members at paths (at most 8: an item's
+// present has a bit for each).
+func newAskedMembers(paths ...string) *askedMembers {
+	if len(paths) > 8 {
+		panic("sledconfig: more members asked of than an item has bits for")
+	}
+	a := &askedMembers{paths: paths}
+	for i, path := range paths {
+		names := &a.names
+		for {
+			name, rest, nested := strings.Cut(path, ".")
+			j := slices.IndexFunc(*names, func(n askedName) bool { return n.name == name })
+			if j < 0 {
+				j = len(*names)
+				*names = append(*names, askedName{name: name})
+			}
+			if !nested {
+				(*names)[j].bit = 1 << i
+				break
+			}
+			names, path = &(*names)[j].below, rest
+		}
+	}
+	return a
+}
+
+// presence has the bit of each of names that the object n, a node of t,
+// has, not null.
+func presence(t *tree, n *node, names []askedName) (set uint8) {
+	for i := range names {
+		m := t.member(n, names[i].name) // nil if n is not an object
+		if m == nil || m.kind == 'n' {
+			continue
+		}
+		set |= names[i].bit
+		if len(names[i].below) > 0 {
+			set |= presence(t, m, names[i].below)
+		}
+	}
+	return set
+}
+
+// decodeRawItems decodes the items of a config built in code, sorted by
+// key.
+func decodeRawItems[T any](raw map[string]json.RawMessage) []item[T] {
+	keys := sortedKeys(raw)
+	out := make([]item[T], len(keys))
+	p := planFor(reflect.TypeFor[T]())
+	for i, key := range keys {
+		out[i].key = key
+		r := raw[key]
+		if !utf8.Valid(r) {
+			continue
+		}
+		t, ok := parseTree(r)
+		if !ok {
+			continue
+		}
+		t.canonicalize()
+		d := decoder{t: t}
+		decodeItem(&d, &out[i], t.root(), p)
+		t.release()
+	}
+	return out
+}
+
+// decodeItem decodes one item, n, a node of d's tree, of plan p (T's), into
+// it. The item is decoded in place: decoding through a pointer to a local
+// would move each one to the heap.
+func decodeItem[T any](d *decoder, it *item[T], n *node, p *plan) {
+	if n.kind != '{' {
+		return
+	}
+	t := d.t
+	it.object = true
+	it.raw = t.canonical[n.start:n.end:n.end]
+	if id := t.member(n, "id"); id != nil {
+		it.idKind = id.kind
+		if id.kind == '"' {
+			it.id = t.str(id)
+		}
+	}
+	it.present = presence(t, n, askedOf[T]().names)
+	if err := d.decode(n, reflect.ValueOf(&it.val).Elem(), p); err != nil {
+		it.err = err
 	}
 	if d.unknown {
 		// Only a member that named no field can be a field's name in
 		// another letter case: the walk that finds it (and its path)
 		// is needed then alone.
-		it.caseErr = checkCase(t, n, p)
+		it.caseErr = checkCase(d.t, n, p)
 	}
-	return it
 }
 
-func (c *Config) diskItems() map[string]item[DiskConfig] {
+func (c *Config) diskItems() []item[DiskConfig] {
 	if c.disks != nil || c.canonical != nil {
 		return c.disks
 	}
 	return decodeRawItems[DiskConfig](c.Disks) // built in code
 }
 
-// diskItemKeys and datasetItemKeys are the keys of diskItems and
-// datasetItems, sorted.
-func (c *Config) diskItemKeys() []string {
-	if c.diskKeys != nil {
-		return c.diskKeys
-	}
-	return sortedKeys(c.diskItems())
-}
-
-func (c *Config) datasetItemKeys() []string {
-	if c.datasetKeys != nil {
-		return c.datasetKeys
-	}
-	return sortedKeys(c.datasetItems())
-}
-
-func (c *Config) datasetItems() map[string]item[DatasetConfig] {
+func (c *Config) datasetItems() []item[DatasetConfig] {
 	if c.datasets != nil || c.canonical != nil {
 		return c.datasets
 	}
@@ -128,11 +219,11 @@ func (c *Config) DatasetConfigs() map[string]DatasetConfig {
 	return values(c.datasetItems())
 }
 
-func values[T any](items map[string]item[T]) map[string]T {
+func values[T any](items []item[T]) map[string]T {
 	out := make(map[string]T, len(items))
-	for k, it := range items {
-		if it.members != nil {
-			out[k] = it.val
+	for i := range items {
+		if it := &items[i]; it.object {
+			out[it.key] = it.val
 		}
 	}
 	return out
@@ -144,10 +235,10 @@ func values[T any](items map[string]item[T]) map[string]T {
 func (c *Config) StorageDisks() []storage.DiskConfig {
 	items := c.diskItems()
 	out := make([]storage.DiskConfig, 0, len(items))
-	for _, key := range c.diskItemKeys() {
-		it := items[key]
-		d := it.val
-		if it.members == nil || it.err != nil || !isUUID(d.ID) || !isUUID(d.PoolID) {
+	for i := range items {
+		it := &items[i]
+		d := &it.val
+		if !it.object || it.err != nil || !isUUID(d.ID) || !isUUID(d.PoolID) {
 			continue
 		}
 		out = append(out, storage.DiskConfig{
@@ -179,10 +270,10 @@ func (c *Config) StorageDisks() []storage.DiskConfig {
 func (c *Config) StorageDatasets() []storage.DatasetConfig {
 	items := c.datasetItems()
 	out := make([]storage.DatasetConfig, 0, len(items))
-	for _, key := range c.datasetItemKeys() {
-		it := items[key]
-		d := it.val
-		if it.members == nil || it.err != nil || !isUUID(d.ID) {
+	for i := range items {
+		it := &items[i]
+		d := &it.val
+		if !it.object || it.err != nil || !isUUID(d.ID) {
 			continue
 		}
 		pool, ok := externalPoolID(d.Name.PoolName)
@@ -281,8 +372,9 @@ func (z Zone) DurableDataset() (DatasetName, bool) {
 // should the agent.
 func (c *Config) MissingZoneDatasets(z Zone) []DatasetName {
 	names := make(map[DatasetName]bool)
-	for _, it := range c.datasetItems() {
-		if it.members != nil {
+	items := c.datasetItems()
+	for i := range items {
+		if it := &items[i]; it.object {
 			names[it.val.Name] = true
 		}
 	}

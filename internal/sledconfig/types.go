@@ -32,12 +32,15 @@ type Config struct {
 	// missing lists the required top-level members that the parsed document
 	// lacks or has as null (Validate reports them).
 	missing []string
-	// disks and datasets are the typed views of Disks and Datasets, set by
-	// Parse (a config built in code decodes them when asked).
-	disks    map[string]item[DiskConfig]
-	datasets map[string]item[DatasetConfig]
-	// diskKeys and datasetKeys are their keys, sorted, set by Parse.
-	diskKeys, datasetKeys []string
+	// disks and datasets are the typed views of Disks and Datasets, sorted
+	// by key, set by Parse (a config built in code decodes them when
+	// asked).
+	disks    []item[DiskConfig]
+	datasets []item[DatasetConfig]
+	// zoneKeys are the keys of Zones as Parse set it, sorted. Zones is
+	// the caller's to change, so Validate uses them only while they are
+	// still its keys.
+	zoneKeys []string
 }
 
 // DiskConfig is upstream OmicronPhysicalDiskConfig: the disk found by

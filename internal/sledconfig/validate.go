@@ -11,8 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/google/uuid"
 )
 
 // Problem is one thing wrong with a sled config.
@@ -98,20 +96,56 @@ func ValidateWith(c *Config, opts ValidateOptions) error {
 	}
 	v.requiredTopLevel(c)
 	v.generation(c.Generation)
-	v.disks(c.diskItems(), c.diskItemKeys())
-	v.datasets(c.datasetItems(), c.datasetItemKeys())
-	keys := slices.Sorted(maps.Keys(c.Zones))
-	for _, key := range keys {
+	v.disks(c.diskItems())
+	v.datasets(c.datasetItems())
+	keys := c.sortedZoneKeys()
+	// The addresses of every zone, read once for the checks across zones
+	// below.
+	addrs := make([]zoneAddrs, len(keys))
+	var underlay []netip.Addr
+	for i, key := range keys {
 		z := c.Zones[key]
 		v.zone(key, &z)
+		start := len(underlay)
+		underlay = appendUnderlayAddrs(underlay, &z.ZoneType)
+		addrs[i] = zoneAddrs{key: key, underlay: underlay[start:len(underlay):len(underlay)]}
+		addrs[i].gz, addrs[i].hasGZ = gzAddress(&z)
 	}
 	v.caseDuplicates(keys)
-	v.sharedUnderlay(c.Zones, keys)
-	v.gzAddresses(c.Zones, keys)
+	owner := v.sharedUnderlay(c.Zones, addrs, len(underlay))
+	v.gzAddresses(c.Zones, addrs, owner)
 	if opts.SledUnderlay.IsValid() {
-		v.sledUnderlay(c.Zones, keys, opts.SledUnderlay)
+		v.sledUnderlay(c.Zones, addrs, opts.SledUnderlay)
 	}
 	return v.err()
+}
+
+// sortedZoneKeys returns the keys of c.Zones, sorted: the ones Parse
+// found, if they are still its keys.
+func (c *Config) sortedZoneKeys() []string {
+	if len(c.zoneKeys) == len(c.Zones) {
+		same := true
+		for _, key := range c.zoneKeys {
+			if _, ok := c.Zones[key]; !ok {
+				same = false
+				break
+			}
+		}
+		if same {
+			return c.zoneKeys
+		}
+	}
+	return slices.Sorted(maps.Keys(c.Zones))
+}
+
+// zoneAddrs are the addresses of a zone the checks across zones compare.
+type zoneAddrs struct {
+	key string
+	// underlay are the zone's UnderlayAddrs.
+	underlay []netip.Addr
+	// gz is an internal DNS zone's gz_address, if it has one that parses.
+	gz    netip.Addr
+	hasGZ bool
 }
 
 type validator struct {
@@ -176,22 +210,22 @@ func (v *validator) requiredTopLevel(c *Config) {
 }
 
 func (v *validator) zone(key string, z *Zone) {
-	path := zonePath(key)
+	w := where{field: "zones", key: key}
 	switch {
 	case z.ID == "":
-		v.add(path+".id", "is required")
+		v.add(w.at(".id"), "is required")
 	case !isUUID(z.ID):
-		v.add(path+".id", "%q is not a UUID (want the 36-character hyphenated form)", z.ID)
+		v.add(w.at(".id"), "%q is not a UUID (want the 36-character hyphenated form)", z.ID)
 	case z.ID != key:
-		v.add(path+".id", "%q does not match its key %q", z.ID, key)
+		v.add(w.at(".id"), "%q does not match its key %q", z.ID, key)
 	}
 	if z.FilesystemPool != nil {
-		v.zpool(path+".filesystem_pool", *z.FilesystemPool)
+		v.zpool(w, ".filesystem_pool", *z.FilesystemPool)
 	}
 	if is := z.ImageSource; is != nil {
-		v.imageSource(path+".image_source", is)
+		v.imageSource(w.in(".image_source"), is)
 	}
-	v.zoneType(path+".zone_type", &z.ZoneType)
+	v.zoneType(w.in(".zone_type"), &z.ZoneType)
 }
 
 // caseDuplicates reports zone keys that differ only in letter case: zone
@@ -211,47 +245,42 @@ func (v *validator) caseDuplicates(keys []string) {
 	}
 }
 
-// sharedUnderlay reports underlay addresses held by more than one zone.
-func (v *validator) sharedUnderlay(zones map[string]Zone, keys []string) {
-	owner := make(map[netip.Addr]string)
-	for _, key := range keys {
-		z := zones[key]
-		for _, a := range z.UnderlayAddrs() {
+// sharedUnderlay reports underlay addresses held by more than one zone
+// (addrs: the zones', in key order, n underlay addresses in all), and
+// returns the zone (key) that holds each first.
+func (v *validator) sharedUnderlay(zones map[string]Zone, addrs []zoneAddrs, n int) map[netip.Addr]string {
+	owner := make(map[netip.Addr]string, n)
+	for i := range addrs {
+		z := &addrs[i]
+		for _, a := range z.underlay {
 			if prev, ok := owner[a]; ok {
-				v.unrealisable(zonePath(key)+".zone_type."+underlayField(&z.ZoneType, a),
+				v.unrealisable(zonePath(z.key)+".zone_type."+underlayField(zones[z.key].ZoneType, a),
 					"underlay address %s is also used by zone %q", a, prev)
 				continue
 			}
-			owner[a] = key
+			owner[a] = z.key
 		}
 	}
+	return owner
 }
 
 // gzAddresses reports an internal DNS zone's gz_address that is a zone's
-// underlay address (its own or another's) or another DNS zone's gz_address:
-// the agent puts it on the host end of the zone's link and takes it away
-// with the zone, so the other holder would lose it.
-func (v *validator) gzAddresses(zones map[string]Zone, keys []string) {
-	owner := make(map[netip.Addr]string)
-	for _, key := range keys {
-		z := zones[key]
-		for _, a := range z.UnderlayAddrs() {
-			if _, ok := owner[a]; !ok {
-				owner[a] = key
-			}
-		}
-	}
-	gzOwner := make(map[netip.Addr]string)
-	for _, key := range keys {
-		z := zones[key]
-		gz, ok := gzAddress(&z)
-		if !ok {
+// underlay address (its own or another's; owner: the zone holding each
+// first) or another DNS zone's gz_address: the agent puts it on the host
+// end of the zone's link and takes it away with the zone, so the other
+// holder would lose it.
+func (v *validator) gzAddresses(zones map[string]Zone, addrs []zoneAddrs, owner map[netip.Addr]string) {
+	var gzOwner map[netip.Addr]string
+	for i := range addrs {
+		z := &addrs[i]
+		if !z.hasGZ {
 			continue
 		}
-		path := zonePath(key) + ".zone_type.gz_address"
+		gz := z.gz
+		path := zonePath(z.key) + ".zone_type.gz_address"
 		switch prev, shared := owner[gz]; {
-		case shared && prev == key:
-			v.unrealisable(path, "%s is also this zone's own %s", gz, underlayField(&z.ZoneType, gz))
+		case shared && prev == z.key:
+			v.unrealisable(path, "%s is also this zone's own %s", gz, underlayField(zones[z.key].ZoneType, gz))
 		case shared:
 			v.unrealisable(path, "%s is the underlay address of zone %q", gz, prev)
 		}
@@ -259,23 +288,26 @@ func (v *validator) gzAddresses(zones map[string]Zone, keys []string) {
 			v.unrealisable(path, "%s is also the gz_address of zone %q", gz, prev)
 			continue
 		}
-		gzOwner[gz] = key
+		if gzOwner == nil {
+			gzOwner = make(map[netip.Addr]string)
+		}
+		gzOwner[gz] = z.key
 	}
 }
 
 // sledUnderlay reports zones that would take the sled's own underlay
 // address: as an underlay address, or as an internal DNS zone's gz_address.
-func (v *validator) sledUnderlay(zones map[string]Zone, keys []string, sled netip.Addr) {
-	for _, key := range keys {
-		z := zones[key]
-		for _, a := range z.UnderlayAddrs() {
+func (v *validator) sledUnderlay(zones map[string]Zone, addrs []zoneAddrs, sled netip.Addr) {
+	for i := range addrs {
+		z := &addrs[i]
+		for _, a := range z.underlay {
 			if a == sled {
-				v.unrealisable(zonePath(key)+".zone_type."+underlayField(&z.ZoneType, a),
+				v.unrealisable(zonePath(z.key)+".zone_type."+underlayField(zones[z.key].ZoneType, a),
 					"underlay address %s is the sled's own underlay address", a)
 			}
 		}
-		if gz, ok := gzAddress(&z); ok && gz == sled {
-			v.unrealisable(zonePath(key)+".zone_type.gz_address", "%s is the sled's own underlay address", gz)
+		if z.hasGZ && z.gz == sled {
+			v.unrealisable(zonePath(z.key)+".zone_type.gz_address", "%s is the sled's own underlay address", z.gz)
 		}
 	}
 }
@@ -291,7 +323,7 @@ func gzAddress(z *Zone) (netip.Addr, bool) {
 
 // underlayField names the field of t holding underlay address a, in the order
 // UnderlayAddrs looks at them.
-func underlayField(t *ZoneType, a netip.Addr) string {
+func underlayField(t ZoneType, a netip.Addr) string {
 	for _, f := range []struct{ name, value string }{
 		{"address", t.Address},
 		{"internal_address", t.InternalAddress},
@@ -305,30 +337,42 @@ func underlayField(t *ZoneType, a netip.Addr) string {
 	return "address"
 }
 
-// zoneField is one optional field of ZoneType.
-type zoneField struct {
-	name    string
-	present func(*ZoneType) bool
+// zoneFields lists every field of ZoneType other than type, in the order
+// zoneType reports them.
+var zoneFields = [...]string{
+	"address", "dataset", "dns_servers", "domain", "ntp_servers", "snat_cfg", "nic",
+	"dns_address", "http_address", "gz_address", "gz_address_index", "internal_address",
+	"lockstep_port", "external_ip", "external_tls", "external_dns_servers",
 }
 
-// zoneFields lists every field of ZoneType other than type.
-var zoneFields = []zoneField{
-	{"address", func(t *ZoneType) bool { return t.Address != "" }},
-	{"dataset", func(t *ZoneType) bool { return t.Dataset != nil }},
-	{"dns_servers", func(t *ZoneType) bool { return t.DNSServers != nil }},
-	{"domain", func(t *ZoneType) bool { return t.Domain != nil }},
-	{"ntp_servers", func(t *ZoneType) bool { return t.NTPServers != nil }},
-	{"snat_cfg", func(t *ZoneType) bool { return t.SNAT != nil }},
-	{"nic", func(t *ZoneType) bool { return t.NIC != nil }},
-	{"dns_address", func(t *ZoneType) bool { return t.DNSAddress != "" }},
-	{"http_address", func(t *ZoneType) bool { return t.HTTPAddress != "" }},
-	{"gz_address", func(t *ZoneType) bool { return t.GZAddress != "" }},
-	{"gz_address_index", func(t *ZoneType) bool { return t.GZAddressIndex != nil }},
-	{"internal_address", func(t *ZoneType) bool { return t.InternalAddress != "" }},
-	{"lockstep_port", func(t *ZoneType) bool { return t.LockstepPort != nil }},
-	{"external_ip", func(t *ZoneType) bool { return t.ExternalIP != "" }},
-	{"external_tls", func(t *ZoneType) bool { return t.ExternalTLS != nil }},
-	{"external_dns_servers", func(t *ZoneType) bool { return t.ExternalDNSServers != nil }},
+// fieldsPresent has bit i set if t has zoneFields[i]. (Plain code, not a
+// function per field: calling through a function value would move every
+// zone validated to the heap.)
+func fieldsPresent(t *ZoneType) uint32 {
+	var set uint32
+	for i, present := range [len(zoneFields)]bool{
+		t.Address != "",
+		t.Dataset != nil,
+		t.DNSServers != nil,
+		t.Domain != nil,
+		t.NTPServers != nil,
+		t.SNAT != nil,
+		t.NIC != nil,
+		t.DNSAddress != "",
+		t.HTTPAddress != "",
+		t.GZAddress != "",
+		t.GZAddressIndex != nil,
+		t.InternalAddress != "",
+		t.LockstepPort != nil,
+		t.ExternalIP != "",
+		t.ExternalTLS != nil,
+		t.ExternalDNSServers != nil,
+	} {
+		if present {
+			set |= 1 << i
+		}
+	}
+	return set
 }
 
 // zoneVariant lists the fields one zone type requires and the ones it may have.
@@ -360,99 +404,121 @@ var zoneVariants = map[string]zoneVariant{
 	"oximeter": {required: []string{"address"}},
 }
 
-func (v *validator) zoneType(path string, t *ZoneType) {
-	variant, known := zoneVariants[t.Type]
+// variantFields is a zoneVariant as sets of indexes of zoneFields (bit i
+// for zoneFields[i]), which zoneType tests without searching the lists.
+type variantFields struct{ required, optional uint32 }
+
+var zoneVariantFields = func() map[string]variantFields {
+	bits := func(names []string) (set uint32) {
+		for _, name := range names {
+			i := slices.Index(zoneFields[:], name)
+			if i < 0 {
+				panic("sledconfig: zone variant names unknown field " + name)
+			}
+			set |= 1 << i
+		}
+		return set
+	}
+	m := make(map[string]variantFields, len(zoneVariants))
+	for typ, variant := range zoneVariants {
+		m[typ] = variantFields{required: bits(variant.required), optional: bits(variant.optional)}
+	}
+	return m
+}()
+
+func (v *validator) zoneType(w where, t *ZoneType) {
+	variant, known := zoneVariantFields[t.Type]
 	switch {
 	case t.Type == "":
-		v.add(path+".type", "is required")
+		v.add(w.at(".type"), "is required")
 	case !known:
-		v.add(path+".type", "unknown zone type %q", t.Type)
+		v.add(w.at(".type"), "unknown zone type %q", t.Type)
 	default:
-		for _, f := range zoneFields {
-			present := f.present(t)
-			switch {
-			case slices.Contains(variant.required, f.name):
-				if !present {
-					v.add(path+"."+f.name, "is required for zone type %s", t.Type)
+		present := fieldsPresent(t)
+		for i, name := range zoneFields {
+			switch bit := uint32(1) << i; {
+			case variant.required&bit != 0:
+				if present&bit == 0 {
+					v.add(w.at("."+name), "is required for zone type %s", t.Type)
 				}
-			case present && !slices.Contains(variant.optional, f.name):
-				v.add(path+"."+f.name, "is not a field of zone type %s", t.Type)
+			case present&bit != 0 && variant.optional&bit == 0:
+				v.add(w.at("."+name), "is not a field of zone type %s", t.Type)
 			}
 		}
 	}
 
 	// Check the values of whichever fields are present.
 	if t.Address != "" {
-		v.underlayAddrPort(path+".address", t.Address)
+		v.underlayAddrPort(w, ".address", t.Address)
 	}
 	if t.Dataset != nil {
-		v.zpool(path+".dataset.pool_name", t.Dataset.PoolName)
+		v.zpool(w, ".dataset.pool_name", t.Dataset.PoolName)
 	}
-	v.ipList(path+".dns_servers", t.DNSServers)
+	v.ipList(w, ".dns_servers", t.DNSServers)
 	for i, s := range t.NTPServers {
 		if strings.TrimSpace(s) == "" {
-			v.add(fmt.Sprintf("%s.ntp_servers[%d]", path, i), "is empty")
+			v.add(w.at(fmt.Sprintf(".ntp_servers[%d]", i)), "is empty")
 		}
 	}
 	if t.SNAT != nil {
-		v.ip(path+".snat_cfg.ip", t.SNAT.IP)
+		v.ip(w, ".snat_cfg.ip", t.SNAT.IP)
 		if t.SNAT.FirstPort > t.SNAT.LastPort {
-			v.add(path+".snat_cfg", "first_port %d is after last_port %d", t.SNAT.FirstPort, t.SNAT.LastPort)
+			v.add(w.at(".snat_cfg"), "first_port %d is after last_port %d", t.SNAT.FirstPort, t.SNAT.LastPort)
 		}
 	}
 	if t.NIC != nil {
-		v.nic(path+".nic", t.NIC)
+		v.nic(w.in(".nic"), t.NIC)
 	}
 	if t.DNSAddress != "" {
 		if t.Type == "external_dns" {
 			// An external address of either family.
 			switch ap, err := netip.ParseAddrPort(t.DNSAddress); {
 			case err != nil || ap.Addr().Zone() != "":
-				v.add(path+".dns_address", "%q is not an address like \"192.0.2.1:53\" or \"[2001:db8::1]:53\"", t.DNSAddress)
+				v.add(w.at(".dns_address"), "%q is not an address like \"192.0.2.1:53\" or \"[2001:db8::1]:53\"", t.DNSAddress)
 			case ap.Port() == 0:
-				v.unrealisable(path+".dns_address", "%q has port 0; the service needs a fixed port", t.DNSAddress)
+				v.unrealisable(w.at(".dns_address"), "%q has port 0; the service needs a fixed port", t.DNSAddress)
 			}
 		} else {
-			v.underlayAddrPort(path+".dns_address", t.DNSAddress)
+			v.underlayAddrPort(w, ".dns_address", t.DNSAddress)
 		}
 	}
 	if t.HTTPAddress != "" {
-		v.underlayAddrPort(path+".http_address", t.HTTPAddress)
+		v.underlayAddrPort(w, ".http_address", t.HTTPAddress)
 	}
 	if t.GZAddress != "" {
 		switch a, err := netip.ParseAddr(t.GZAddress); {
 		case err != nil || !a.Is6() || a.Is4In6() || a.Zone() != "":
-			v.add(path+".gz_address", "%q is not an IPv6 address", t.GZAddress)
+			v.add(w.at(".gz_address"), "%q is not an IPv6 address", t.GZAddress)
 		case !a.IsGlobalUnicast():
-			v.unrealisable(path+".gz_address", "%s is %s; a gz_address must be a global or unique-local unicast address", a, addrKind(a))
+			v.unrealisable(w.at(".gz_address"), "%s is %s; a gz_address must be a global or unique-local unicast address", a, addrKind(a))
 		}
 	}
 	if t.LockstepPort != nil && *t.LockstepPort == 0 {
-		v.unrealisable(path+".lockstep_port", "is 0; the service needs a fixed port")
+		v.unrealisable(w.at(".lockstep_port"), "is 0; the service needs a fixed port")
 	}
 	if t.InternalAddress != "" {
-		v.underlayAddrPort(path+".internal_address", t.InternalAddress)
+		v.underlayAddrPort(w, ".internal_address", t.InternalAddress)
 	}
 	if t.ExternalIP != "" {
-		v.ip(path+".external_ip", t.ExternalIP)
+		v.ip(w, ".external_ip", t.ExternalIP)
 	}
-	v.ipList(path+".external_dns_servers", t.ExternalDNSServers)
+	v.ipList(w, ".external_dns_servers", t.ExternalDNSServers)
 }
 
 // underlayAddrPort checks an underlay socket address, "[ipv6]:port".
-func (v *validator) underlayAddrPort(path, s string) {
+func (v *validator) underlayAddrPort(w where, sub, s string) {
 	ap, err := netip.ParseAddrPort(s)
 	switch {
 	case err != nil || !ap.Addr().Is6():
-		v.add(path, "%q is not an IPv6 socket address like \"[fd00:1122:3344:101::5]:32345\"", s)
+		v.add(w.at(sub), "%q is not an IPv6 socket address like \"[fd00:1122:3344:101::5]:32345\"", s)
 	case ap.Addr().Is4In6():
-		v.add(path, "%q is an IPv4-mapped address, not an underlay IPv6 address", s)
+		v.add(w.at(sub), "%q is an IPv4-mapped address, not an underlay IPv6 address", s)
 	case ap.Addr().Zone() != "":
-		v.add(path, "%q has a scope zone; underlay addresses have none", s)
+		v.add(w.at(sub), "%q has a scope zone; underlay addresses have none", s)
 	case !ap.Addr().IsGlobalUnicast():
-		v.unrealisable(path, "%q: %s is %s; a zone's underlay address must be a global or unique-local unicast address", s, ap.Addr(), addrKind(ap.Addr()))
+		v.unrealisable(w.at(sub), "%q: %s is %s; a zone's underlay address must be a global or unique-local unicast address", s, ap.Addr(), addrKind(ap.Addr()))
 	case ap.Port() == 0:
-		v.unrealisable(path, "%q has port 0; the service needs a fixed port", s)
+		v.unrealisable(w.at(sub), "%q has port 0; the service needs a fixed port", s)
 	}
 }
 
@@ -474,19 +540,19 @@ func addrKind(a netip.Addr) string {
 }
 
 // ip checks an IP address of either family.
-func (v *validator) ip(path, s string) {
+func (v *validator) ip(w where, sub, s string) {
 	if s == "" {
-		v.add(path, "is required")
+		v.add(w.at(sub), "is required")
 		return
 	}
 	if a, err := netip.ParseAddr(s); err != nil || a.Zone() != "" {
-		v.add(path, "%q is not an IP address", s)
+		v.add(w.at(sub), "%q is not an IP address", s)
 	}
 }
 
-func (v *validator) ipList(path string, list []string) {
+func (v *validator) ipList(w where, sub string, list []string) {
 	for i, s := range list {
-		v.ip(fmt.Sprintf("%s[%d]", path, i), s)
+		v.ip(w, fmt.Sprintf("%s[%d]", sub, i), s)
 	}
 }
 
@@ -502,28 +568,49 @@ func isZpoolName(s string) bool {
 // with v4, a version-4 one (4 first in the third group, one of 8, 9, a, b
 // first in the fourth).
 func isLowerUUID(s string, v4 bool) bool {
-	if len(s) != 36 {
+	return hyphenated(s, false) && (!v4 || s[14] == '4' && strings.IndexByte("89ab", s[19]) >= 0)
+}
+
+// uuidWindows are the eight-byte windows hyphenated tests a UUID in: all
+// 36 bytes (the last two overlap), each with a mask of the bytes in it
+// that are hyphens.
+var uuidWindows = [...]struct {
+	at      int
+	hyphens uint64
+}{{0, 0}, {8, 0xff | 0xff<<40}, {16, 0xff<<16 | 0xff<<56}, {24, 0}, {28, 0}}
+
+// hyphenated reports whether s has the form of a hyphenated UUID,
+// xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, each x a hex digit: 0-9 or a-f,
+// or A-F too if upper. (Eight bytes at a time: this is called for every id
+// and pool name of a config, thousands of times.)
+func hyphenated(s string, upper bool) bool {
+	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
 		return false
 	}
-	for i := range len(s) {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-			continue
+	const ones, tops = 0x0101010101010101, 0x8080808080808080
+	for _, win := range uuidWindows {
+		w := load64(s[win.at : win.at+8])
+		w = w&^win.hyphens | win.hyphens&(ones*'0') // the hyphens, checked above, as digits
+		if w&tops != 0 {
+			return false // a byte that is not ASCII
 		}
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+		// With every byte below 0x80, adding 0x80-c to each sets the
+		// top bit of those from c up, without carrying into the next.
+		digits := (w+ones*(0x80-'0'))&^(w+ones*(0x80-'9'-1)) |
+			(w+ones*(0x80-'a'))&^(w+ones*(0x80-'f'-1))
+		if upper {
+			digits |= (w + ones*(0x80-'A')) &^ (w + ones*(0x80-'F'-1))
+		}
+		if digits&tops != tops {
 			return false
 		}
 	}
-	return !v4 || s[14] == '4' && strings.IndexByte("89ab", s[19]) >= 0
+	return true
 }
 
-func (v *validator) zpool(path, s string) {
+func (v *validator) zpool(w where, sub, s string) {
 	if !isZpoolName(s) {
-		v.add(path, "%q is not a zpool name like oxp_<uuid> or oxi_<uuid> (lowercase version-4 UUID)", s)
+		v.add(w.at(sub), "%q is not a zpool name like oxp_<uuid> or oxi_<uuid> (lowercase version-4 UUID)", s)
 	}
 }
 
@@ -540,87 +627,87 @@ func isArtifactHash(s string) bool {
 	return true
 }
 
-func (v *validator) imageSource(path string, is *ImageSource) {
+func (v *validator) imageSource(w where, is *ImageSource) {
 	switch is.Type {
 	case "install_dataset":
 		if is.Hash != "" {
-			v.add(path+".hash", "is not a field of image source install_dataset")
+			v.add(w.at(".hash"), "is not a field of image source install_dataset")
 		}
 	case "artifact":
 		if !isArtifactHash(is.Hash) {
-			v.add(path+".hash", "%q is not a SHA-256 hash (64 hex digits)", is.Hash)
+			v.add(w.at(".hash"), "%q is not a SHA-256 hash (64 hex digits)", is.Hash)
 		}
 	case "":
-		v.add(path+".type", "is required")
+		v.add(w.at(".type"), "is required")
 	default:
-		v.add(path+".type", "unknown image source %q (want install_dataset or artifact)", is.Type)
+		v.add(w.at(".type"), "unknown image source %q (want install_dataset or artifact)", is.Type)
 	}
 }
 
 // maxVNI is the largest Geneve VNI (24 bits).
 const maxVNI = 1<<24 - 1
 
-func (v *validator) nic(path string, n *NIC) {
-	v.uuid(path+".id", n.ID)
+func (v *validator) nic(w where, n *NIC) {
+	v.uuid(w, ".id", n.ID)
 	switch n.Kind.Type {
 	case "instance", "service", "probe":
 	case "":
-		v.add(path+".kind.type", "is required")
+		v.add(w.at(".kind.type"), "is required")
 	default:
-		v.add(path+".kind.type", "unknown NIC kind %q (want instance, service or probe)", n.Kind.Type)
+		v.add(w.at(".kind.type"), "unknown NIC kind %q (want instance, service or probe)", n.Kind.Type)
 	}
-	v.uuid(path+".kind.id", n.Kind.ID)
+	v.uuid(w, ".kind.id", n.Kind.ID)
 	if msg := checkName(n.Name); msg != "" {
-		v.add(path+".name", "%q %s", n.Name, msg)
+		v.add(w.at(".name"), "%q %s", n.Name, msg)
 	}
 	switch hw, ok := parseMAC(n.MAC); {
 	case !ok:
-		v.add(path+".mac", "%q is not an EUI-48 MAC address like \"A8:40:25:FF:80:05\"", n.MAC)
+		v.add(w.at(".mac"), "%q is not an EUI-48 MAC address like \"A8:40:25:FF:80:05\"", n.MAC)
 	case hw[0]&1 != 0:
-		v.unrealisable(path+".mac", "%q is a multicast MAC address; a NIC needs a unicast one", n.MAC)
+		v.unrealisable(w.at(".mac"), "%q is a multicast MAC address; a NIC needs a unicast one", n.MAC)
 	case bytes.Equal(hw, make([]byte, 6)):
-		v.unrealisable(path+".mac", "%q is the all-zero MAC address; a NIC needs a unicast one", n.MAC)
+		v.unrealisable(w.at(".mac"), "%q is the all-zero MAC address; a NIC needs a unicast one", n.MAC)
 	}
-	v.ipConfig(path+".ip_config", &n.IPConfig)
+	v.ipConfig(w.in(".ip_config"), &n.IPConfig)
 	if n.VNI > maxVNI {
-		v.add(path+".vni", "%d is larger than the largest VNI, %d", n.VNI, maxVNI)
+		v.add(w.at(".vni"), "%d is larger than the largest VNI, %d", n.VNI, maxVNI)
 	}
 }
 
-func (v *validator) ipConfig(path string, c *IPConfig) {
+func (v *validator) ipConfig(w where, c *IPConfig) {
 	val := &c.Value
 	switch c.Type {
 	case "v4", "v6":
 		if val.V4 != nil {
-			v.add(path+".value.v4", "is not a field of ip_config type %s", c.Type)
+			v.add(w.at(".value.v4"), "is not a field of ip_config type %s", c.Type)
 		}
 		if val.V6 != nil {
-			v.add(path+".value.v6", "is not a field of ip_config type %s", c.Type)
+			v.add(w.at(".value.v6"), "is not a field of ip_config type %s", c.Type)
 		}
-		v.privateIP(path+".value", &PrivateIP{IP: val.IP, Subnet: val.Subnet, TransitIPs: val.TransitIPs}, c.Type == "v6")
+		v.privateIP(w.in(".value"), &PrivateIP{IP: val.IP, Subnet: val.Subnet, TransitIPs: val.TransitIPs}, c.Type == "v6")
 	case "dual_stack":
 		if val.IP != "" || val.Subnet != "" || val.TransitIPs != nil {
-			v.add(path+".value", "ip, subnet and transit_ips of ip_config type dual_stack go in v4 and v6")
+			v.add(w.at(".value"), "ip, subnet and transit_ips of ip_config type dual_stack go in v4 and v6")
 		}
 		if val.V4 == nil {
-			v.add(path+".value.v4", "is required for ip_config type dual_stack")
+			v.add(w.at(".value.v4"), "is required for ip_config type dual_stack")
 		} else {
-			v.privateIP(path+".value.v4", val.V4, false)
+			v.privateIP(w.in(".value.v4"), val.V4, false)
 		}
 		if val.V6 == nil {
-			v.add(path+".value.v6", "is required for ip_config type dual_stack")
+			v.add(w.at(".value.v6"), "is required for ip_config type dual_stack")
 		} else {
-			v.privateIP(path+".value.v6", val.V6, true)
+			v.privateIP(w.in(".value.v6"), val.V6, true)
 		}
 	case "":
-		v.add(path+".type", "is required")
+		v.add(w.at(".type"), "is required")
 	default:
-		v.add(path+".type", "unknown ip_config type %q (want v4, v6 or dual_stack)", c.Type)
+		v.add(w.at(".type"), "unknown ip_config type %q (want v4, v6 or dual_stack)", c.Type)
 	}
 }
 
 // privateIP checks upstream PrivateIpv4Config or (v6) PrivateIpv6Config.
-func (v *validator) privateIP(path string, p *PrivateIP, v6 bool) {
+func (v *validator) privateIP(w where, p *PrivateIP, v6 bool) {
 	family, ofFamily := "IPv4", func(a netip.Addr) bool { return a.Is4() }
 	if v6 {
 		family, ofFamily = "IPv6", func(a netip.Addr) bool { return a.Is6() && !a.Is4In6() }
@@ -629,31 +716,31 @@ func (v *validator) privateIP(path string, p *PrivateIP, v6 bool) {
 	ipOK := err == nil && ofFamily(ip) && ip.Zone() == ""
 	switch {
 	case p.IP == "":
-		v.add(path+".ip", "is required")
+		v.add(w.at(".ip"), "is required")
 	case !ipOK:
-		v.add(path+".ip", "%q is not an %s address", p.IP, family)
+		v.add(w.at(".ip"), "%q is not an %s address", p.IP, family)
 	case !ip.IsGlobalUnicast():
-		v.unrealisable(path+".ip", "%s is %s; a NIC needs a unicast address", ip, addrKind(ip))
+		v.unrealisable(w.at(".ip"), "%s is %s; a NIC needs a unicast address", ip, addrKind(ip))
 		ipOK = false // nothing more to say about it
 	}
 	subnet, err := netip.ParsePrefix(p.Subnet)
 	switch {
 	case p.Subnet == "":
-		v.add(path+".subnet", "is required")
+		v.add(w.at(".subnet"), "is required")
 	case err != nil || !ofFamily(subnet.Addr()):
-		v.add(path+".subnet", "%q is not an %s prefix", p.Subnet, family)
+		v.add(w.at(".subnet"), "%q is not an %s prefix", p.Subnet, family)
 	case ipOK && !subnet.Contains(ip):
-		v.add(path+".subnet", "%s does not contain ip %s", p.Subnet, p.IP)
+		v.add(w.at(".subnet"), "%s does not contain ip %s", p.Subnet, p.IP)
 	case ipOK && !v6 && subnet.Bits() < 31 && ip == lastAddr(subnet):
-		v.unrealisable(path+".ip", "%s is the broadcast address of subnet %s; a NIC needs a unicast address", ip, p.Subnet)
+		v.unrealisable(w.at(".ip"), "%s is the broadcast address of subnet %s; a NIC needs a unicast address", ip, p.Subnet)
 	}
 	if v6 && p.TransitIPs == nil {
 		// Upstream PrivateIpv6Config requires it (the IPv4 one defaults it).
-		v.add(path+".transit_ips", "is required")
+		v.add(w.at(".transit_ips"), "is required")
 	}
 	for i, s := range p.TransitIPs {
 		if pfx, err := netip.ParsePrefix(s); err != nil || !ofFamily(pfx.Addr()) {
-			v.add(fmt.Sprintf("%s.transit_ips[%d]", path, i), "%q is not an %s prefix", s, family)
+			v.add(w.at(fmt.Sprintf(".transit_ips[%d]", i)), "%q is not an %s prefix", s, family)
 		}
 	}
 }
@@ -666,24 +753,19 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
 }
 
-func (v *validator) uuid(path, s string) {
+func (v *validator) uuid(w where, sub, s string) {
 	switch {
 	case s == "":
-		v.add(path, "is required")
+		v.add(w.at(sub), "is required")
 	case !isUUID(s):
-		v.add(path, "%q is not a UUID (want the 36-character hyphenated form)", s)
+		v.add(w.at(sub), "%q is not a UUID (want the 36-character hyphenated form)", s)
 	}
 }
 
 // isUUID reports whether s is a UUID in the 36-character hyphenated form
-// (either letter case).
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	_, err := uuid.Parse(s)
-	return err == nil
-}
+// (either letter case): what uuid.Parse takes of that length, checked
+// without decoding it.
+func isUUID(s string) bool { return hyphenated(s, true) }
 
 var (
 	namePattern     = regexp.MustCompile(`^[a-z]([a-zA-Z0-9-]*[a-zA-Z0-9])?$`)

@@ -1,8 +1,6 @@
 package sledconfig
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -96,54 +94,70 @@ func checkDatasetKind(kind string) string {
 // compressionTypes are upstream's CompressionAlgorithm variants.
 var compressionTypes = []string{"on", "off", "gzip", "gzip_n", "lz4", "lzjb", "zle"}
 
-// where is the path of an item of an id-keyed map (disks["<id>"]), written
-// out only when a problem is reported there.
-type where struct{ field, key string }
+// where is the path of an item of an id-keyed map (disks["<id>"]), or of a
+// value within it (inner: ".zone_type.nic"), written out only when a problem
+// is reported there: building the path of everything checked would cost
+// more than the checks.
+type where struct{ field, key, inner string }
 
-// at is the path of sub (".pool_id", "" for the item itself) in the item.
-func (w where) at(sub string) string { return keyPath(w.field, w.key) + sub }
+// at is the path of sub (".pool_id", "" for the value itself) in the value.
+func (w where) at(sub string) string { return keyPath(w.field, w.key) + w.inner + sub }
+
+// in is the path of sub in the value.
+func (w where) in(sub string) where {
+	w.inner += sub // no copy while inner is "", as it is for the values most checked
+	return w
+}
 
 // itemStart checks what every member of an id-keyed map must be: a JSON
 // object, its id its key and a UUID, its members of the right JSON types.
 // It reports false when the object is not one (nothing more can be said),
 // and returns the field (dotted, within the object) whose value has the
 // wrong type, so the caller says nothing more about it.
-func itemStart[T any](v *validator, w where, key string, it item[T]) (bad string, ok bool) {
-	if it.members == nil {
+func itemStart[T any](v *validator, w where, key string, it *item[T]) (bad string, ok bool) {
+	if !it.object {
 		v.add(w.at(""), "is not a JSON object")
 		return "", false
 	}
 	if it.caseErr != nil {
 		v.add(w.at("."+it.caseErr.path), "%s", it.caseErr.message())
 	}
-	switch id := it.t.member(it.members, "id"); {
-	case !present(it.t, it.members, "id"):
-		v.add(w.at(".id"), "is required")
-	case id.kind != '"':
-		v.add(w.at(".id"), "%s is not a string", it.t.canonical[id.start:id.end])
-	case !isUUID(it.t.str(id)):
-		v.add(w.at(".id"), "%q is not a UUID (want the 36-character hyphenated form)", it.t.str(id))
-	case it.t.str(id) != key:
-		v.add(w.at(".id"), "%q does not match its key %q", it.t.str(id), key)
-	}
-	var typeErr *json.UnmarshalTypeError
 	switch {
-	case it.err == nil:
-	case errors.As(it.err, &typeErr):
-		bad = typeErr.Field
-		if bad != "id" { // said above
-			v.add(w.at("."+bad), "%s is not %s", literalAt(it.t, it.members, bad), describeType(typeErr.Type))
-		}
-	default:
-		v.add(w.at(""), "does not decode: %v", it.err)
-		bad = "."
+	case it.idKind == 0 || it.idKind == 'n': // not present
+		v.add(w.at(".id"), "is required")
+	case it.idKind != '"':
+		v.add(w.at(".id"), "%s is not a string", literalAt(it.raw, "id"))
+	case !isUUID(it.id):
+		v.add(w.at(".id"), "%q is not a UUID (want the 36-character hyphenated form)", it.id)
+	case it.id != key:
+		v.add(w.at(".id"), "%q does not match its key %q", it.id, key)
+	}
+	if it.err == nil {
+		return "", true
+	}
+	bad = it.err.Field
+	if bad != "id" { // said above
+		v.add(w.at("."+bad), "%s is not %s", literalAt(it.raw, bad), describeType(it.err.Type))
 	}
 	return bad, true
 }
 
-// literalAt is the JSON at a dotted path of member names below members,
+// literalAt is the JSON at a dotted path of member names in raw, the
+// canonical JSON of an object. (Read again, as it is needed only for a
+// problem.)
+func literalAt(raw []byte, path string) string {
+	t, ok := parseTree(raw)
+	if !ok {
+		return "the value" // not so: raw is JSON
+	}
+	defer t.release()
+	t.canonicalize()
+	return literalIn(t, t.root(), path)
+}
+
+// literalIn is the JSON at a dotted path of member names below members,
 // an object of t (canonicalized).
-func literalAt(t *tree, members *node, path string) string {
+func literalIn(t *tree, members *node, path string) string {
 	first, rest, nested := strings.Cut(path, ".")
 	m := t.member(members, first)
 	switch {
@@ -152,7 +166,7 @@ func literalAt(t *tree, members *node, path string) string {
 	case !nested || m.kind != '{' && m.kind != 'n':
 		return string(t.canonical[m.start:m.end])
 	}
-	return literalAt(t, m, rest)
+	return literalIn(t, m, rest)
 }
 
 // under reports whether field is bad or inside it.
@@ -160,28 +174,27 @@ func under(field, bad string) bool {
 	return bad != "" && (field == bad || strings.HasPrefix(field, bad+".") || bad == ".")
 }
 
-// present reports whether an object of t has a member, not null.
-func present(t *tree, members *node, name string) bool {
-	m := t.member(members, name)
-	return m != nil && m.kind != 'n'
-}
-
-// subMembers is an object's member name if it is an object, else nil.
-func subMembers(t *tree, members *node, name string) *node {
-	if m := t.member(members, name); m != nil && m.kind == '{' {
-		return m
-	}
-	return nil
-}
+// diskMembers and datasetMembers are the members of disks and datasets,
+// by dotted path, whose presence validation asks about: Parse notes which
+// an item has (item.has).
+var (
+	diskMembers    = newAskedMembers("identity", "identity.vendor", "identity.model", "identity.serial", "pool_id")
+	datasetMembers = newAskedMembers("name", "name.pool_name", "name.kind", "compression")
+)
 
 // idCaseDuplicates reports keys that differ only in letter case: upstream
 // parses both into one id, so the document names the thing twice.
-func (v *validator) idCaseDuplicates(field, what string, keys []string) {
-	if !mayFoldCase(keys) {
+func idCaseDuplicates[T any](v *validator, field, what string, items []item[T]) {
+	fold := false
+	for i := range items {
+		fold = fold || mayFold(items[i].key)
+	}
+	if !fold {
 		return
 	}
-	first := make(map[string]string, len(keys))
-	for _, key := range keys {
+	first := make(map[string]string, len(items))
+	for i := range items {
+		key := items[i].key
 		lower := strings.ToLower(key)
 		if prev, ok := first[lower]; ok {
 			v.add(fmt.Sprintf("%s[%q]", field, key), "%s id differs from %s %q only in letter case", what, what, prev)
@@ -193,25 +206,39 @@ func (v *validator) idCaseDuplicates(field, what string, keys []string) {
 
 // mayFoldCase reports whether lowercasing could make two of keys (distinct
 // strings) equal: whether one has an upper-case or a non-ASCII letter.
-func mayFoldCase(keys []string) bool {
-	for _, k := range keys {
-		for i := range len(k) {
-			if c := k[i]; 'A' <= c && c <= 'Z' || c >= utf8.RuneSelf {
-				return true
-			}
+func mayFoldCase(keys []string) bool { return slices.ContainsFunc(keys, mayFold) }
+
+// mayFold reports whether key has an upper-case or a non-ASCII letter.
+func mayFold(key string) bool {
+	const ones, tops = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(key); i += 8 {
+		// Eight bytes at a time: a non-ASCII byte has its top bit set;
+		// with none, adding 0x80-'A' to each byte sets the top bit of
+		// those from 'A' up, and adding 0x80-'Z'-1 that of those after
+		// 'Z', without carrying into the next byte.
+		w := load64(key[i : i+8])
+		if w&tops != 0 || (w+ones*(0x80-'A'))&^(w+ones*(0x80-'Z'-1))&tops != 0 {
+			return true
+		}
+	}
+	for ; i < len(key); i++ {
+		if c := key[i]; 'A' <= c && c <= 'Z' || c >= utf8.RuneSelf {
+			return true
 		}
 	}
 	return false
 }
 
-// disks checks the configured disks (keys: items', sorted): an identity of
+// disks checks the configured disks (items, sorted by key): an identity of
 // three strings and a pool id, a UUID; no two with one identity or one pool.
-func (v *validator) disks(items map[string]item[DiskConfig], keys []string) {
-	identities := make(map[DiskIdentity]string)
-	pools := make(map[string]string)
-	for _, key := range keys {
-		it := items[key]
-		w := where{"disks", key}
+func (v *validator) disks(items []item[DiskConfig]) {
+	identities := make(map[DiskIdentity]string, len(items))
+	pools := make(map[string]string, len(items))
+	for i := range items {
+		it := &items[i]
+		key := it.key
+		w := where{field: "disks", key: key}
 		bad, ok := itemStart(v, w, key, it)
 		if !ok {
 			continue
@@ -221,23 +248,22 @@ func (v *validator) disks(items map[string]item[DiskConfig], keys []string) {
 		switch {
 		case under("identity", bad):
 			idOK = false
-		case !present(it.t, it.members, "identity"):
+		case !it.has("identity"):
 			v.add(w.at(".identity"), "is required")
 			idOK = false
 		default:
-			sub := subMembers(it.t, it.members, "identity")
-			for _, f := range []struct{ name, value string }{
-				{"vendor", d.Identity.Vendor}, {"model", d.Identity.Model}, {"serial", d.Identity.Serial},
+			for _, f := range []struct{ path, value string }{
+				{"identity.vendor", d.Identity.Vendor}, {"identity.model", d.Identity.Model}, {"identity.serial", d.Identity.Serial},
 			} {
 				switch {
-				case under("identity."+f.name, bad):
+				case under(f.path, bad):
 					idOK = false
-				case !present(it.t, sub, f.name):
-					v.add(w.at(".identity."+f.name), "is required")
+				case !it.has(f.path):
+					v.add(w.at("."+f.path), "is required")
 					idOK = false
 				case strings.TrimSpace(f.value) == "":
 					// Upstream takes an empty string; no disk is found by one.
-					v.unrealisable(w.at(".identity."+f.name), "is empty; a disk is found by its vendor, model and serial")
+					v.unrealisable(w.at("."+f.path), "is empty; a disk is found by its vendor, model and serial")
 					idOK = false
 				}
 			}
@@ -253,12 +279,12 @@ func (v *validator) disks(items map[string]item[DiskConfig], keys []string) {
 		switch {
 		case under("pool_id", bad):
 			continue
-		case !present(it.t, it.members, "pool_id"):
+		case !it.has("pool_id"):
 			v.add(w.at(".pool_id"), "is required")
 			continue
 		}
 		if !isUUID(d.PoolID) {
-			v.uuid(w.at(".pool_id"), d.PoolID)
+			v.uuid(w, ".pool_id", d.PoolID)
 		} else {
 			pool := strings.ToLower(d.PoolID)
 			if prev, dup := pools[pool]; dup {
@@ -268,23 +294,24 @@ func (v *validator) disks(items map[string]item[DiskConfig], keys []string) {
 			}
 		}
 	}
-	v.idCaseDuplicates("disks", "disk", keys)
+	idCaseDuplicates(v, "disks", "disk", items)
 }
 
 // datasets checks the configured datasets: a name of an external pool and
 // a kind upstream knows, a compression algorithm, a quota and reservation
 // upstream can hold, the reservation within the quota; no two with one name.
-func (v *validator) datasets(items map[string]item[DatasetConfig], keys []string) {
-	names := make(map[DatasetName]string)
-	for _, key := range keys {
-		it := items[key]
-		w := where{"datasets", key}
+func (v *validator) datasets(items []item[DatasetConfig]) {
+	names := make(map[DatasetName]string, len(items))
+	for i := range items {
+		it := &items[i]
+		key := it.key
+		w := where{field: "datasets", key: key}
 		bad, ok := itemStart(v, w, key, it)
 		if !ok {
 			continue
 		}
 		d := &it.val
-		if v.datasetName(w, &it, bad) {
+		if v.datasetName(w, it, bad) {
 			n := d.Name
 			switch prev, dup := names[n]; {
 			case dup && datasetKinds[n.Kind]:
@@ -296,7 +323,7 @@ func (v *validator) datasets(items map[string]item[DatasetConfig], keys []string
 				names[n] = key
 			}
 		}
-		v.compression(w, &it, bad)
+		v.compression(w, it, bad)
 		for _, f := range []struct {
 			name  string
 			value *uint64
@@ -310,7 +337,7 @@ func (v *validator) datasets(items map[string]item[DatasetConfig], keys []string
 			v.unrealisable(w.at(".reservation"), "%d is more than the quota, %d", *r, *q)
 		}
 	}
-	v.idCaseDuplicates("datasets", "dataset", keys)
+	idCaseDuplicates(v, "datasets", "dataset", items)
 }
 
 // datasetName checks a dataset's name and reports whether it is one.
@@ -318,17 +345,16 @@ func (v *validator) datasetName(w where, it *item[DatasetConfig], bad string) bo
 	if under("name", bad) {
 		return false
 	}
-	if !present(it.t, it.members, "name") {
+	if !it.has("name") {
 		v.add(w.at(".name"), "is required")
 		return false
 	}
 	n := &it.val.Name
-	sub := subMembers(it.t, it.members, "name")
 	ok := true
 	switch {
 	case under("name.pool_name", bad):
 		ok = false
-	case !present(it.t, sub, "pool_name"):
+	case !it.has("name.pool_name"):
 		v.add(w.at(".name.pool_name"), "is required")
 		ok = false
 	case !isZpoolName(n.PoolName):
@@ -343,7 +369,7 @@ func (v *validator) datasetName(w where, it *item[DatasetConfig], bad string) bo
 	switch {
 	case under("name.kind", bad):
 		ok = false
-	case !present(it.t, sub, "kind"):
+	case !it.has("name.kind"):
 		v.add(w.at(".name.kind"), "is required")
 		ok = false
 	default:
@@ -359,7 +385,7 @@ func (v *validator) compression(w where, it *item[DatasetConfig], bad string) {
 	if under("compression", bad) {
 		return
 	}
-	if !present(it.t, it.members, "compression") {
+	if !it.has("compression") {
 		v.add(w.at(".compression"), "is required")
 		return
 	}
