@@ -34,6 +34,7 @@ type vmmServiceFlags struct {
 	accel               string
 	fileRoots           []string
 	guestCgroup         string
+	qemuIDs             string
 }
 
 // newVMMServiceCmd is the service a VMM zone runs: propolis-server's API
@@ -66,6 +67,7 @@ func newVMMServiceCmd() *cobra.Command {
 	f.StringVar(&fl.accel, "accel", string(qemu.TCG), "qemu: the accelerator, kvm or tcg (the agent decides)")
 	f.StringVar(&fl.qemu.Dir, "dir", "", "qemu: the VM's own directory (sockets, firmware variables, blob disks), an absolute path")
 	f.StringArrayVar(&fl.fileRoots, "file-root", nil, "a directory a file-backed disk may lie in, an absolute path (repeatable)")
+	f.StringVar(&fl.qemuIDs, "qemu-ids", qemuvm.DefaultIDs.String(), "qemu: the user and group ids QEMU runs as, FIRST:COUNT: each VM's QEMU runs unprivileged as the id of the range its VMM's id hashes to (the next free one up if a process holds it), for uid and gid alike; root, the system's users and nobody are refused")
 	f.StringVar(&fl.guestCgroup, "guest-cgroup", "", "qemu: the cgroup QEMU is confined in, with the guest's limits: sled-agent/<tag>/<zone>.guest below each hierarchy's root (the zone runtime gives it)")
 	for _, name := range []string{"listen", "id"} {
 		cmd.MarkFlagRequired(name)
@@ -115,8 +117,12 @@ func runVMMService(fl vmmServiceFlags) error {
 				return fmt.Errorf("--guest-cgroup: %w", err)
 			}
 		}
+		ids, err := qemuvm.ParseIDRange(fl.qemuIDs)
+		if err != nil {
+			return fmt.Errorf("--qemu-ids: %w", err)
+		}
 		opts := fl.qemu
-		opts.Name, opts.Accel, opts.Sled, opts.Log = fl.id, qemu.Accel(fl.accel), sled, log
+		opts.Name, opts.Accel, opts.Sled, opts.Log, opts.IDs = fl.id, qemu.Accel(fl.accel), sled, log, ids
 		opts.Confine = confineGuest(fl.guestCgroup)
 		vm = qemuvm.New(opts)
 		backend = vm

@@ -17,6 +17,13 @@ func TestVMMServiceRefuses(t *testing.T) {
 	sled(t, "vmm-service", "--listen", "256.0.0.1:1", "--id", id).failed(t, "256.0.0.1")
 	sled(t, "vmm-service", "--listen", "127.0.0.1:0", "--id", id, "--backend", "qemu", "--dir", t.TempDir(),
 		"--guest-cgroup", "sled-agent/../../memory").failed(t, "--guest-cgroup", "want sled-agent/<tag>/<zone>.guest")
+	// QEMU never runs as root, nor as anyone else's id.
+	sled(t, "vmm-service", "--listen", "127.0.0.1:0", "--id", id, "--backend", "qemu", "--dir", t.TempDir(),
+		"--qemu-ids", "0:65536").failed(t, "--qemu-ids", "root's")
+	sled(t, "vmm-service", "--listen", "127.0.0.1:0", "--id", id, "--backend", "qemu", "--dir", t.TempDir(),
+		"--qemu-ids", "60000:10000").failed(t, "--qemu-ids", "nobody's")
+	sled(t, "vmm-service", "--listen", "127.0.0.1:0", "--id", id, "--backend", "qemu", "--dir", t.TempDir(),
+		"--qemu-ids", "100000-200000").failed(t, "--qemu-ids", "FIRST:COUNT")
 }
 
 func TestVMMServiceIsHidden(t *testing.T) {
@@ -25,7 +32,7 @@ func TestVMMServiceIsHidden(t *testing.T) {
 		t.Errorf("help lists the hidden vmm-service command:\n%s", r.stdout)
 	}
 	r = sled(t, "vmm-service", "--help").ok(t)
-	for _, f := range []string{"--listen", "--id", "--boot-time", "--stop-time", "--reboot-time", "--guest-cgroup"} {
+	for _, f := range []string{"--listen", "--id", "--boot-time", "--stop-time", "--reboot-time", "--guest-cgroup", "--qemu-ids"} {
 		if !strings.Contains(r.stdout, f) {
 			t.Errorf("vmm-service --help lacks %s:\n%s", f, r.stdout)
 		}

@@ -6,6 +6,10 @@
 // validates it and renders QEMU's command line. [Start] runs that command,
 // waits for its QMP socket and returns a [Process] with a [Monitor] on it.
 // [ChooseAccel] decides between KVM and TCG from what the host really has.
+// With [Machine.Descriptors] QEMU opens nothing by path: Start opens its
+// files and makes its sockets and QEMU is given the descriptors, and
+// [OpenTap] makes a NIC's tap for it, so that QEMU can run as a user who
+// may reach none of them.
 //
 // # Why a QMP client of our own
 //

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -111,16 +112,23 @@ type Disk struct {
 	Serial string
 }
 
-// NIC is a network interface backed by a tap the caller made.
+// NIC is a network interface backed by a tap.
 type NIC struct {
 	ID   string // the QEMU device and netdev id
 	Kind NICKind
 	PCI  PCIPath
 	MAC  string // a unicast MAC, as net.ParseMAC reads it
-	Tap  string // the tap's interface name
+	// Tap is the tap's interface name. QEMU makes it (ifname=), or with
+	// Machine.Descriptors File is it.
+	Tap string
+	// File is the tap opened by the caller ([OpenTap]) in the network
+	// namespace QEMU runs in, which QEMU is given (fd=): required with
+	// Machine.Descriptors, refused without. Start leaves it open.
+	File *os.File
 	// Vhost lets the kernel's vhost-net move the packets. Set it only
 	// where [VhostNet] says /dev/vhost-net opens: QEMU 7.2 aborts on an
-	// assertion when vhost=on and vhost-net cannot be opened.
+	// assertion when vhost=on and vhost-net cannot be opened. With
+	// Machine.Descriptors Start opens it and QEMU is given it (vhostfd=).
 	Vhost bool
 }
 
@@ -165,12 +173,24 @@ type Machine struct {
 	QMPSocket string
 	// Sandbox turns QEMU's seccomp filter on ([Sandbox]).
 	Sandbox bool
+	// Descriptors makes QEMU open nothing by path, so that it can run as
+	// a user who may reach none of the machine's files (StartOptions.Start
+	// setting the command's Credential). Start opens the firmware and disk
+	// files, the firmware code and read-only disks O_RDONLY and the rest
+	// O_RDWR, and QEMU is given each as an fd set of its own (-add-fd,
+	// file.filename=/dev/fdset/N; QEMU takes from a set only a descriptor
+	// of the access mode it opens the file with, so the mode must be
+	// right); Start makes the QMP and serial sockets and QEMU is given the
+	// listening descriptors (-chardev socket,fd=N); and each NIC is its
+	// File, with /dev/vhost-net opened by Start where it has Vhost. The
+	// descriptors are fds 3 on, in the order of the arguments.
+	Descriptors bool
 	// RunAs is a user QEMU switches to once set up (-runas). QEMU 7.2
 	// switches after installing its seccomp filter, which forbids it with
 	// elevateprivileges=deny (QEMU dies of SIGSYS), so RunAs and Sandbox
 	// are refused together: to have both, leave RunAs empty and start
 	// QEMU as the user (StartOptions.Start setting the command's
-	// Credential).
+	// Credential), with Descriptors.
 	RunAs string
 }
 
@@ -190,9 +210,52 @@ const maxSocketPath = 107
 // QEMU always starts with -nodefaults -no-user-config -display none, and
 // paused (-S), so the caller decides when the guest runs.
 func (m Machine) Args() ([]string, error) {
+	a, _, err := m.command()
+	return a, err
+}
+
+// passed is a descriptor QEMU is given (Machine.Descriptors): fd 3 + its
+// index in the list command returns.
+type passed struct {
+	what   string   // what it is, for errors: "disk \"boot\"", "QMP socket"
+	path   string   // the file Start opens, or the socket it makes
+	write  bool     // the file is opened for writing too
+	socket bool     // path is a socket to listen on
+	device bool     // path is a device (/dev/vhost-net), not a regular file
+	file   *os.File // the caller's (a tap): neither opened nor closed by Start
+}
+
+// command validates m and returns QEMU's arguments and, with
+// Descriptors, the descriptors they name.
+func (m Machine) command() ([]string, []passed, error) {
 	if err := m.validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	var a []string
+	var pass []passed
+	give := func(p passed) int {
+		pass = append(pass, p)
+		return 2 + len(pass)
+	}
+	// file is how the block layer is told a file: its path, or an fd set
+	// of its own whose -add-fd goes first.
+	file := func(what, path string, write bool) string {
+		if !m.Descriptors {
+			return esc(path)
+		}
+		fd := give(passed{what: what, path: path, write: write})
+		a = append(a, "-add-fd", fmt.Sprintf("fd=%d,set=%d,opaque=%s", fd, fd, esc(path)))
+		return fmt.Sprintf("/dev/fdset/%d", fd)
+	}
+	// socket is where a server chardev listens: a path QEMU binds, or a
+	// socket already listening.
+	socket := func(what, path string) string {
+		if !m.Descriptors {
+			return "path=" + esc(path)
+		}
+		return fmt.Sprintf("fd=%d", give(passed{what: what + " socket", path: path, socket: true}))
+	}
+
 	bus := "pci.0"
 	machine := "pc"
 	if m.Chipset == Q35 {
@@ -202,26 +265,30 @@ func (m Machine) Args() ([]string, error) {
 	if m.Accel == KVM {
 		cpu = "host"
 	}
-	a := []string{
-		"-name", "guest=" + m.Name + ",process=" + m.Name + ",debug-threads=on",
+	a = append(a,
+		"-name", "guest="+m.Name+",process="+m.Name+",debug-threads=on",
 		"-nodefaults", "-no-user-config", "-display", "none", "-S",
 		"-msg", "timestamp=on",
-		"-machine", machine + ",pflash0=fw-code,pflash1=fw-vars",
+		"-machine", machine+",pflash0=fw-code,pflash1=fw-vars",
 		"-accel", string(m.Accel),
 		"-cpu", cpu,
 		"-smp", fmt.Sprintf("cpus=%d,sockets=1,cores=%d,threads=1", m.CPUs, m.CPUs),
 		"-m", fmt.Sprintf("size=%dM", m.MemoryMiB),
 		"-action", "panic=none",
-		"-blockdev", "driver=raw,node-name=fw-code,read-only=on,file.driver=file,file.filename=" + esc(m.Firmware.Code) + ",file.read-only=on",
-		"-blockdev", "driver=raw,node-name=fw-vars,read-only=off,file.driver=file,file.filename=" + esc(m.Firmware.Vars),
-		"-chardev", "socket,id=qmp,path=" + esc(m.QMPSocket) + ",server=on,wait=off",
+	)
+	code := file("firmware code", m.Firmware.Code, false)
+	a = append(a, "-blockdev", "driver=raw,node-name=fw-code,read-only=on,file.driver=file,file.filename="+code+",file.read-only=on")
+	vars := file("firmware vars", m.Firmware.Vars, true)
+	a = append(a, "-blockdev", "driver=raw,node-name=fw-vars,read-only=off,file.driver=file,file.filename="+vars)
+	a = append(a,
+		"-chardev", "socket,id=qmp,"+socket("QMP", m.QMPSocket)+",server=on,wait=off",
 		"-mon", "chardev=qmp,mode=control",
-	}
+	)
 	serial := slices.Clone(m.Serial)
 	slices.SortFunc(serial, func(x, y SerialPort) int { return comPorts[x.Port] - comPorts[y.Port] })
 	for _, s := range serial {
 		a = append(a,
-			"-chardev", "socket,id="+s.Port+",path="+esc(s.Socket)+",server=on,wait=off",
+			"-chardev", "socket,id="+s.Port+","+socket(s.Port, s.Socket)+",server=on,wait=off",
 			"-device", fmt.Sprintf("isa-serial,id=%s,chardev=%s,index=%d", s.Port, s.Port, comPorts[s.Port]))
 	}
 	if m.Pvpanic {
@@ -253,8 +320,9 @@ func (m Machine) Args() ([]string, error) {
 	for i, d := range m.Disks {
 		node := fmt.Sprintf("drive%d", i)
 		ro := onOff(d.ReadOnly)
+		path := file(fmt.Sprintf("disk %q", d.ID), d.Path, !d.ReadOnly)
 		a = append(a, "-blockdev", "driver=raw,node-name="+node+",read-only="+ro+
-			",cache.direct=off,cache.no-flush=off,file.driver=file,file.filename="+esc(d.Path)+
+			",cache.direct=off,cache.no-flush=off,file.driver=file,file.filename="+path+
 			",file.read-only="+ro+",file.aio=threads")
 		bs := strconv.Itoa(d.BlockSize)
 		extra := []string{"drive=" + node, "logical_block_size=" + bs, "physical_block_size=" + bs}
@@ -270,8 +338,17 @@ func (m Machine) Args() ([]string, error) {
 	}
 	for _, n := range m.NICs {
 		mac, _ := net.ParseMAC(n.MAC) // validated
+		netdev := "tap,id=" + n.ID + ",ifname=" + n.Tap + ",script=no,downscript=no,vhost=" + onOff(n.Vhost)
+		if m.Descriptors {
+			// fd= takes no ifname, script or downscript.
+			what := fmt.Sprintf("NIC %q", n.ID)
+			netdev = fmt.Sprintf("tap,id=%s,fd=%d,vhost=%s", n.ID, give(passed{what: what + ": tap " + n.Tap, file: n.File}), onOff(n.Vhost))
+			if n.Vhost {
+				netdev += fmt.Sprintf(",vhostfd=%d", give(passed{what: what + ": vhost-net", path: vhostNet, write: true, device: true}))
+			}
+		}
 		a = append(a,
-			"-netdev", "tap,id="+n.ID+",ifname="+n.Tap+",script=no,downscript=no,vhost="+onOff(n.Vhost),
+			"-netdev", netdev,
 			// romfile= leaves out iPXE's option ROM: OVMF drives
 			// virtio-net itself, and QEMU would refuse to start where
 			// the ROM's package is not installed.
@@ -283,7 +360,7 @@ func (m Machine) Args() ([]string, error) {
 	if m.RunAs != "" {
 		a = append(a, "-runas", m.RunAs)
 	}
-	return a, nil
+	return a, pass, nil
 }
 
 // esc escapes a value inside QEMU's comma-separated options.
@@ -453,6 +530,12 @@ func (m Machine) validate() error {
 		}
 		if !tapRe.MatchString(n.Tap) || n.Tap == "." || n.Tap == ".." {
 			add("%s: tap %q: want an interface name of 1 to 15 letters, digits, '.', '_' or '-'", what, n.Tap)
+		}
+		switch {
+		case m.Descriptors && n.File == nil:
+			add("%s: tap %q: no descriptor (QEMU is given every file it uses, and makes no tap)", what, n.Tap)
+		case !m.Descriptors && n.File != nil:
+			add("%s: tap %q: a descriptor, but QEMU is to make the tap itself (Descriptors off)", what, n.Tap)
 		}
 	}
 	for p := range used {

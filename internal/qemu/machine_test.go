@@ -5,6 +5,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -66,8 +67,24 @@ func i440fx() Machine {
 	return m
 }
 
+// descriptors is full, opening nothing itself: every file, socket and tap
+// is given to QEMU as a descriptor.
+func descriptors(t *testing.T) Machine {
+	m := full()
+	m.Descriptors = true
+	for i := range m.NICs {
+		f, err := os.Open(os.DevNull) // stands for the tap: only its place counts
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		m.NICs[i].File = f
+	}
+	return m
+}
+
 func TestArgsGolden(t *testing.T) {
-	for name, m := range map[string]Machine{"minimal": minimal(), "full": full(), "i440fx": i440fx()} {
+	for name, m := range map[string]Machine{"minimal": minimal(), "full": full(), "i440fx": i440fx(), "descriptors": descriptors(t)} {
 		t.Run(name, func(t *testing.T) {
 			args, err := m.Args()
 			if err != nil {
@@ -172,6 +189,8 @@ func TestArgsRefusals(t *testing.T) {
 			m.Disks = []Disk{disk("a", 4, 0)}
 			m.BootOrder = []string{"a", "a"}
 		}, `"a" given twice`},
+		{"tap without descriptor", func(m *Machine) { m.Descriptors = true; m.NICs = []NIC{nic("n", 4)} }, `NIC "n": tap "tapn": no descriptor`},
+		{"tap descriptor unused", func(m *Machine) { n := nic("n", 4); n.File = os.Stdin; m.NICs = []NIC{n} }, `NIC "n": tap "tapn": a descriptor, but QEMU is to make the tap itself`},
 		{"bad user", func(m *Machine) { m.RunAs = "Root Admin" }, `run as "Root Admin"`},
 		{"run as with the sandbox", func(m *Machine) { m.RunAs, m.Sandbox = "qemu", true }, "start QEMU as the user instead"},
 	}
@@ -187,6 +206,72 @@ func TestArgsRefusals(t *testing.T) {
 				t.Errorf("error %q does not say %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// With Descriptors the arguments name fds 3 on, in the order of the
+// descriptors Start opens and makes: the access mode of each file is the
+// one QEMU opens it with (an fd set gives QEMU only a descriptor of the
+// mode it asks for).
+func TestDescriptors(t *testing.T) {
+	m := descriptors(t)
+	args, pass, err := m.command()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type want struct {
+		what, path            string
+		write, socket, device bool
+		tap                   bool
+	}
+	var got []want
+	for _, p := range pass {
+		got = append(got, want{p.what, p.path, p.write, p.socket, p.device, p.file != nil})
+	}
+	wants := []want{
+		{what: "firmware code", path: "/usr/share/OVMF/OVMF_CODE_4M.fd"},
+		{what: "firmware vars", path: "/var/vmm/vm0/vars.fd", write: true},
+		{what: "QMP socket", path: "/var/vmm/vm0/qmp.sock", socket: true},
+		{what: "com1 socket", path: "/var/vmm/vm0/com1.sock", socket: true},
+		{what: "com2 socket", path: "/var/vmm/vm0/com2.sock", socket: true},
+		{what: "com3 socket", path: "/var/vmm/vm0/com3.sock", socket: true},
+		{what: "com4 socket", path: "/var/vmm/vm0/com4.sock", socket: true},
+		{what: `disk "boot"`, path: "/pool/disks/boot.raw", write: true},
+		{what: `disk "data"`, path: "/pool/disks/data,1.raw", write: true},
+		{what: `disk "cidata"`, path: "/pool/disks/cidata.raw"},
+		{what: `NIC "net0": tap vtap0`, tap: true},
+		{what: `NIC "net0": vhost-net`, path: "/dev/vhost-net", write: true, device: true},
+		{what: `NIC "net1": tap vtap1`, tap: true},
+	}
+	if diff := cmp.Diff(wants, got, cmp.AllowUnexported(want{})); diff != "" {
+		t.Errorf("descriptors (-want +got):\n%s", diff)
+	}
+	// Each descriptor is named once, at its number; and no path is left
+	// for QEMU to open but in an fd set's label.
+	named := map[string]int{}
+	for _, a := range args {
+		for _, o := range strings.Split(a, ",") {
+			if fd, ok := strings.CutPrefix(o, "fd="); ok {
+				named[fd]++
+			}
+			if fd, ok := strings.CutPrefix(o, "vhostfd="); ok {
+				named[fd]++
+			}
+			if strings.HasPrefix(o, "path=") || strings.HasPrefix(o, "file.filename=/") && !strings.HasPrefix(o, "file.filename=/dev/fdset/") || strings.HasPrefix(o, "ifname=") {
+				t.Errorf("QEMU is left a path to open: %q", a)
+			}
+		}
+	}
+	for i := range pass {
+		if fd := strconv.Itoa(3 + i); named[fd] != 1 {
+			t.Errorf("fd %s (%s) named %d times", fd, pass[i].what, named[fd])
+		}
+	}
+	if len(named) != len(pass) {
+		t.Errorf("%d fds named, %d given", len(named), len(pass))
+	}
+	if !m.NICs[0].Vhost || m.NICs[1].Vhost {
+		t.Fatal("full() changed: want vhost on net0 alone")
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,8 +49,10 @@ type StartOptions struct {
 	// (qemu-system-x86_64).
 	Binary string
 	// Start starts the command ((*exec.Cmd).Start): a caller puts QEMU in
-	// a namespace or cgroup, or sets the user it runs as, here. The
-	// command comes with its own process group (SysProcAttr.Setpgid).
+	// a namespace or cgroup, or sets the user it runs as
+	// (SysProcAttr.Credential), here. The command comes with its own
+	// process group (SysProcAttr.Setpgid) and, with Machine.Descriptors,
+	// its ExtraFiles.
 	Start func(*exec.Cmd) error
 	// Logger gets QEMU's start and exit (none).
 	Logger *slog.Logger
@@ -89,11 +92,14 @@ type Process struct {
 // Start runs QEMU for m, waits until its QMP socket answers, and returns it
 // with a monitor, paused (QEMU runs with -S: [Monitor.Cont] runs the guest).
 // ctx bounds the start alone (DefaultTimeout if it has no deadline); the
-// process outlives it. A stale file at m.QMPSocket is removed first. If
-// anything fails once the process has started, it is killed and reaped
+// process outlives it. A stale file at m.QMPSocket is removed first. With
+// m.Descriptors, Start opens and makes what QEMU is given (see
+// [Machine.Descriptors]) and closes its own copies once QEMU has started;
+// a file that does not open fails Start before QEMU runs. QEMU runs in /.
+// If anything fails once the process has started, it is killed and reaped
 // before Start returns a *StartError with QEMU's last words.
 func Start(ctx context.Context, m Machine, opts StartOptions) (*Process, error) {
-	args, err := m.Args()
+	args, pass, err := m.command()
 	if err != nil {
 		return nil, err
 	}
@@ -107,9 +113,21 @@ func Start(ctx context.Context, m Machine, opts StartOptions) (*Process, error) 
 	if err := os.Remove(m.QMPSocket); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: stale QMP socket: %w", ErrStart, err)
 	}
+	files, closeFiles, err := openPassed(pass)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrStart, err)
+	}
+	defer closeFiles()
 
 	cmd := exec.Command(cmp.Or(opts.Binary, "qemu-system-x86_64"), args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// QEMU's paths are all absolute; a working directory of ours would let
+	// an unprivileged QEMU reach below directories it may not traverse.
+	if abs, err := filepath.Abs(cmd.Path); err == nil && cmd.Err == nil {
+		cmd.Path = abs
+	}
+	cmd.Dir = "/"
+	cmd.ExtraFiles = files
 	out := &tail{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.WaitDelay = time.Second // for output held open by something QEMU left behind
@@ -118,7 +136,11 @@ func Start(ctx context.Context, m Machine, opts StartOptions) (*Process, error) 
 		start = (*exec.Cmd).Start
 	}
 	began := time.Now()
-	if err := start(cmd); err != nil {
+	err = start(cmd)
+	// QEMU has its copies now: closing ours before QEMU is dialled means
+	// a QEMU that dies closes its sockets, and the dial sees it.
+	closeFiles()
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrStart, err)
 	}
 	p := &Process{cmd: cmd, out: out, log: log, exited: make(chan struct{})}

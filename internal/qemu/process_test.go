@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -238,64 +239,173 @@ func TestQEMUSerial(t *testing.T) {
 }
 
 // QEMU takes every kind of disk, all four serial ports, pvpanic and the
-// sandbox, on both boards, and puts the disks where they were asked for.
+// sandbox, on both boards, and puts the disks where they were asked for;
+// as well when it is given every file and socket as a descriptor.
 func TestQEMUDevices(t *testing.T) {
 	needQEMU(t)
-	for _, chipset := range []Chipset{Q35, I440FX} {
-		t.Run(string(chipset), func(t *testing.T) {
-			m := tcgMachine(t)
-			m.Chipset = chipset
-			dir := filepath.Dir(m.QMPSocket)
-			for i, name := range []string{"a", "b", "c"} {
-				path := filepath.Join(dir, name+",disk.img")
-				if err := os.WriteFile(path, nil, 0o644); err != nil {
+	for _, descriptors := range []bool{false, true} {
+		for _, chipset := range []Chipset{Q35, I440FX} {
+			t.Run(map[bool]string{false: "paths", true: "descriptors"}[descriptors]+"/"+string(chipset), func(t *testing.T) {
+				m := tcgMachine(t)
+				m.Chipset = chipset
+				m.Descriptors = descriptors
+				dir := filepath.Dir(m.QMPSocket)
+				for i, name := range []string{"a", "b", "c"} {
+					path := filepath.Join(dir, name+",disk.img")
+					if err := os.WriteFile(path, nil, 0o644); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Truncate(path, int64(i+1)<<20); err != nil {
+						t.Fatal(err)
+					}
+				}
+				m.Disks = []Disk{
+					{ID: "boot", Kind: VirtioBlk, PCI: PCIPath{0, 4, 0}, Path: filepath.Join(dir, "a,disk.img"), BlockSize: 512},
+					{ID: "data", Kind: NVMe, PCI: PCIPath{0, 5, 0}, Path: filepath.Join(dir, "b,disk.img"), BlockSize: 4096, Serial: "data-1"},
+					{ID: "seed", Kind: VirtioBlk, PCI: PCIPath{0, 5, 1}, Path: filepath.Join(dir, "c,disk.img"), BlockSize: 4096, ReadOnly: true},
+				}
+				for _, port := range []string{"com2", "com3", "com4"} {
+					m.Serial = append(m.Serial, SerialPort{Port: port, Socket: filepath.Join(dir, port+".sock")})
+				}
+				m.Pvpanic = true
+				m.BootOrder = []string{"seed", "boot"}
+				m.Sandbox = true
+				p := start(t, m)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				var buses []struct {
+					Devices []struct {
+						Slot, Function int
+						QdevID         string `json:"qdev_id"`
+					}
+				}
+				if err := p.Monitor().Execute(ctx, "query-pci", nil, &buses); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.Truncate(path, int64(i+1)<<20); err != nil {
+				at := map[string]string{}
+				for _, d := range buses[0].Devices {
+					at[d.QdevID] = strconv.Itoa(d.Slot) + "." + strconv.Itoa(d.Function)
+				}
+				for id, want := range map[string]string{"boot": "4.0", "data": "5.0", "seed": "5.1"} {
+					if at[id] != want {
+						t.Errorf("%s at %q, want %s (devices: %v)", id, at[id], want, at)
+					}
+				}
+				var chardevs []struct{ Label string }
+				if err := p.Monitor().Execute(ctx, "query-chardev", nil, &chardevs); err != nil {
 					t.Fatal(err)
 				}
-			}
-			m.Disks = []Disk{
-				{ID: "boot", Kind: VirtioBlk, PCI: PCIPath{0, 4, 0}, Path: filepath.Join(dir, "a,disk.img"), BlockSize: 512},
-				{ID: "data", Kind: NVMe, PCI: PCIPath{0, 5, 0}, Path: filepath.Join(dir, "b,disk.img"), BlockSize: 4096, Serial: "data-1"},
-				{ID: "seed", Kind: VirtioBlk, PCI: PCIPath{0, 5, 1}, Path: filepath.Join(dir, "c,disk.img"), BlockSize: 4096, ReadOnly: true},
-			}
-			for _, port := range []string{"com2", "com3", "com4"} {
-				m.Serial = append(m.Serial, SerialPort{Port: port, Socket: filepath.Join(dir, port+".sock")})
-			}
-			m.Pvpanic = true
-			m.BootOrder = []string{"seed", "boot"}
-			m.Sandbox = true
-			p := start(t, m)
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			var buses []struct {
-				Devices []struct {
-					Slot, Function int
-					QdevID         string `json:"qdev_id"`
+				if len(chardevs) != 5 {
+					t.Errorf("chardevs %v, want qmp and four ports", chardevs)
 				}
-			}
-			if err := p.Monitor().Execute(ctx, "query-pci", nil, &buses); err != nil {
-				t.Fatal(err)
-			}
-			at := map[string]string{}
-			for _, d := range buses[0].Devices {
-				at[d.QdevID] = strconv.Itoa(d.Slot) + "." + strconv.Itoa(d.Function)
-			}
-			for id, want := range map[string]string{"boot": "4.0", "data": "5.0", "seed": "5.1"} {
-				if at[id] != want {
-					t.Errorf("%s at %q, want %s (devices: %v)", id, at[id], want, at)
+				files := blockFiles(t, p.Monitor())
+				if !descriptors {
+					if files["boot"] != m.Disks[0].Path || files["seed"] != m.Disks[2].Path {
+						t.Errorf("block files %v", files)
+					}
+					wantStatus(t, p.Monitor(), "prelaunch", false)
+					return
 				}
-			}
-			var chardevs []struct{ Label string }
-			if err := p.Monitor().Execute(ctx, "query-chardev", nil, &chardevs); err != nil {
-				t.Fatal(err)
-			}
-			if len(chardevs) != 5 {
-				t.Errorf("chardevs %v, want qmp and four ports", chardevs)
-			}
-			wantStatus(t, p.Monitor(), "prelaunch", false)
-		})
+				// Every file is an fd set of QEMU's, labelled with its path.
+				sets := fdSets(t, p.Monitor())
+				for id, path := range map[string]string{"boot": m.Disks[0].Path, "data": m.Disks[1].Path, "seed": m.Disks[2].Path,
+					"pflash0": m.Firmware.Code, "pflash1": m.Firmware.Vars} {
+					if !strings.HasPrefix(files[id], "/dev/fdset/") || sets[files[id]] != path {
+						t.Errorf("%s: file %q, its fd set labelled %q; want an fd set of %s", id, files[id], sets[files[id]], path)
+					}
+				}
+				// The sockets Start made are QEMU's: com4 answers, as QMP did.
+				com4, err := net.Dial("unix", m.Serial[3].Socket)
+				if err != nil {
+					t.Fatalf("com4: %v", err)
+				}
+				com4.Close()
+				wantStatus(t, p.Monitor(), "prelaunch", false)
+			})
+		}
+	}
+}
+
+// blockFiles maps each block device (by its qdev id, or flash0 and flash1
+// as pflash0 and pflash1) to the file QEMU has it in.
+func blockFiles(t *testing.T, m *Monitor) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var blocks []struct {
+		Qdev     string
+		Inserted *struct{ File string }
+	}
+	if err := m.Execute(ctx, "query-block", nil, &blocks); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{}
+	for _, b := range blocks {
+		if b.Inserted == nil {
+			continue
+		}
+		id := strings.TrimSuffix(strings.TrimPrefix(b.Qdev, "/machine/peripheral/"), "/virtio-backend")
+		id = strings.Replace(id, "/machine/system.flash", "pflash", 1)
+		files[id] = b.Inserted.File
+	}
+	return files
+}
+
+// fdSets maps /dev/fdset/N to the label of QEMU's fd set N.
+func fdSets(t *testing.T, m *Monitor) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var sets []struct {
+		ID  int `json:"fdset-id"`
+		FDs []struct{ Opaque string }
+	}
+	if err := m.Execute(ctx, "query-fdsets", nil, &sets); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, s := range sets {
+		if len(s.FDs) != 1 {
+			t.Errorf("fd set %d holds %d descriptors, want one", s.ID, len(s.FDs))
+			continue
+		}
+		out["/dev/fdset/"+strconv.Itoa(s.ID)] = s.FDs[0].Opaque
+	}
+	return out
+}
+
+// A file that cannot be given to QEMU fails Start before QEMU runs, naming
+// it: a missing disk, and a FIFO, refused without blocking on it.
+func TestStartDescriptorRefusals(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		path string
+		want string
+		is   error
+	}{
+		{filepath.Join(dir, "missing.img"), `disk "d": open ` + filepath.Join(dir, "missing.img"), fs.ErrNotExist},
+		{fifo, `disk "d": ` + fifo + " is not a regular file", nil},
+	} {
+		m := minimal()
+		m.Descriptors = true
+		m.Firmware = Firmware{Code: os.Args[0], Vars: filepath.Join(dir, "vars.fd")}
+		if err := os.WriteFile(m.Firmware.Vars, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m.QMPSocket = filepath.Join(dir, "qmp.sock")
+		m.Disks = []Disk{{ID: "d", Kind: VirtioBlk, PCI: PCIPath{0, 4, 0}, Path: tt.path, BlockSize: 512}}
+		started := false
+		_, err := Start(context.Background(), m, StartOptions{Start: func(*exec.Cmd) error { started = true; return nil }})
+		if !errors.Is(err, ErrStart) || !strings.Contains(err.Error(), tt.want) || tt.is != nil && !errors.Is(err, tt.is) {
+			t.Errorf("Start = %v; want ErrStart saying %q", err, tt.want)
+		}
+		if started {
+			t.Errorf("%s: QEMU started", tt.path)
+		}
 	}
 }
 
@@ -446,9 +556,12 @@ func TestQEMURunAs(t *testing.T) {
 	}
 }
 
-// The sandbox with an unprivileged QEMU, as Machine.RunAs's comment says:
-// QEMU started as the user, whose files are the user's.
-func TestQEMUSandboxAsUser(t *testing.T) {
+// An unprivileged QEMU, started as the user with the sandbox on, runs a
+// machine whose files are root's alone (0600, in a directory of mode 0700)
+// because it is given them: the firmware variables and disks as fd sets,
+// read-only and read-write, and the QMP and serial sockets listening. By
+// their paths, it could open none of them.
+func TestQEMUUnprivileged(t *testing.T) {
 	needQEMU(t)
 	nobody(t)
 	u, _ := user.Lookup("nobody")
@@ -457,33 +570,81 @@ func TestQEMUSandboxAsUser(t *testing.T) {
 	m := tcgMachine(t)
 	m.Sandbox = true
 	dir := filepath.Dir(m.QMPSocket)
-	for _, f := range []string{dir, m.Firmware.Vars} {
-		if err := os.Chown(f, uid, gid); err != nil {
+	m.Disks = []Disk{
+		{ID: "boot", Kind: VirtioBlk, PCI: PCIPath{0, 4, 0}, Path: filepath.Join(dir, "boot.img"), BlockSize: 512},
+		{ID: "seed", Kind: VirtioBlk, PCI: PCIPath{0, 5, 0}, Path: filepath.Join(dir, "seed.img"), BlockSize: 512, ReadOnly: true},
+	}
+	for _, d := range m.Disks {
+		if err := os.WriteFile(d.Path, make([]byte, 1<<20), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil { // the test's own temporary directory
+	if err := os.Chmod(m.Firmware.Vars, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p, err := Start(ctx, m, StartOptions{Start: func(cmd *exec.Cmd) error {
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	asNobody := StartOptions{Start: func(cmd *exec.Cmd) error {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 		return cmd.Start()
-	}})
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// By path: QEMU cannot reach its own files.
+	if p, err := Start(ctx, m, asNobody); err == nil {
+		p.Kill(ctx)
+		t.Fatal("QEMU as nobody started with paths it should not reach")
+	} else {
+		t.Logf("by path: %v", err)
+	}
+
+	m.Descriptors = true
+	p, err := Start(ctx, m, asNobody)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Kill(context.Background()) })
-	if got := procStatus(t, p.PID(), "Uid"); !strings.HasPrefix(got, u.Uid+" ") {
-		t.Errorf("QEMU runs as uid %s, want %s", got, u.Uid)
+	for _, field := range []string{"Uid", "Gid"} {
+		want := strings.TrimSpace(strings.Repeat(strconv.Itoa(map[string]int{"Uid": uid, "Gid": gid}[field])+" ", 4))
+		if got := procStatus(t, p.PID(), field); got != want {
+			t.Errorf("QEMU's %s (real, effective, saved, file system) %s, want %s", field, got, want)
+		}
+	}
+	for _, field := range []string{"CapInh", "CapPrm", "CapEff", "CapAmb"} {
+		if got := procStatus(t, p.PID(), field); got != "0000000000000000" {
+			t.Errorf("QEMU's %s %s, want none", field, got)
+		}
 	}
 	if got := procStatus(t, p.PID(), "Seccomp"); got != "2" {
 		t.Errorf("seccomp mode %s, want 2 (filter)", got)
 	}
+	for _, d := range m.Disks {
+		st, err := os.Stat(d.Path)
+		if err != nil || st.Mode().Perm() != 0o600 || st.Sys().(*syscall.Stat_t).Uid != 0 {
+			t.Errorf("%s: %v, %v: want root's, 0600, as it was", d.Path, st.Mode(), err)
+		}
+	}
+	com1, err := net.Dial("unix", m.Serial[0].Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer com1.Close()
 	if err := p.Monitor().Cont(ctx); err != nil {
 		t.Fatal(err)
 	}
 	waitEvent(t, p.Monitor(), "RESUME")
+	// OVMF gets as far as its boot manager, having written its variables.
+	com1.SetReadDeadline(time.Now().Add(2 * time.Minute))
+	var out []byte
+	buf := make([]byte, 4096)
+	for !strings.Contains(string(out), "BdsDxe") {
+		n, err := com1.Read(buf)
+		out = append(out, buf[:n]...)
+		if err != nil {
+			t.Fatalf("no BdsDxe on com1: %v; com1 said %q; QEMU said: %s", err, out, p.Stderr())
+		}
+	}
 	wantStatus(t, p.Monitor(), "running", true)
 }

@@ -15,6 +15,14 @@
 //
 // A stop that the guest ignores is forced by whoever asked (the agent's
 // StopGrace tears the zone down); Close quits QEMU, then kills it.
+//
+// QEMU runs unprivileged (Options.IDs): as a user and group of its own,
+// picked for the VM from a range, with no capabilities, and it opens
+// nothing by path. This process, root, opens and makes everything QEMU
+// uses and hands it the descriptors: the firmware and disk files (a
+// disk's file stays as it is, root's or not: nothing is chowned), the QMP
+// and serial sockets, and each NIC's tap, made in QEMU's network namespace
+// and owned by QEMU's ids.
 package qemuvm
 
 import (
@@ -30,6 +38,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,6 +74,17 @@ type Options struct {
 	// returns wraps Start. It never fails: a confinement it could not make
 	// says why, and QEMU runs as it can.
 	Confine func(Guest) Confinement
+	// IDs is the range QEMU's user and group ids are picked from, one
+	// for each VM (IDRange.Pick): QEMU runs unprivileged and is given
+	// every file, socket and tap it uses (qemu.Machine.Descriptors). Zero:
+	// QEMU runs as this process and opens its files and makes its taps
+	// itself, which only tools that run QEMU's command line themselves
+	// want (the benchmarks); the VMM service always sets it.
+	IDs IDRange
+	// InNetns runs f on a thread in the network namespace QEMU runs in,
+	// where the VM's taps are made (nil: f runs here, as in the VMM
+	// service, which lives in its zone's namespace with its QEMU).
+	InNetns func(f func() error) error
 	// StartTimeout bounds QEMU's start until its monitor answers (30s).
 	StartTimeout time.Duration
 	// CallTimeout bounds each QMP command (5s).
@@ -120,6 +140,10 @@ type VM struct {
 	// how, once QEMU has started.
 	conf     Confinement
 	confined string
+	// runsAs says who QEMU runs as ("" without Options.IDs).
+	runsAs string
+	// taps are the VM's taps, made by this process, removed at cleanup.
+	taps []string
 }
 
 // New returns a VM that has nothing yet: Ensure makes it.
@@ -205,8 +229,9 @@ func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
 	if len(filepath.Join(sockDir, "qmp.sock")) > maxSocketPath {
 		// Too long for a socket's address: the same directory by a short
 		// name, through a descriptor of it that this process holds
-		// (/proc/<pid>/fd/<fd>, which QEMU and this process both resolve
-		// to it), so that nothing of the VM lives outside Dir.
+		// (/proc/<pid>/fd/<fd>, which this process resolves to it, and
+		// QEMU too where it makes its sockets itself, as root), so that
+		// nothing of the VM lives outside Dir.
 		d, err := os.OpenFile(v.opts.Dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_PATH|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, err
@@ -224,6 +249,23 @@ func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
 		return nil, err
 	}
 	start := v.opts.Start
+	if v.opts.IDs != (IDRange{}) {
+		id, err := identity(v.opts.IDs, v.opts.Name, m.Accel, "/proc", qemu.KVMGroups)
+		if err != nil {
+			return nil, fmt.Errorf("QEMU's user: %w", err)
+		}
+		m.Descriptors = true
+		closeTaps, err := v.openTaps(m.NICs, id)
+		if err != nil {
+			return nil, err
+		}
+		defer closeTaps() // QEMU has its own once started
+		start = asUser(id, start)
+		v.opts.Log.Info("qemu user", "uid", id.UID, "gid", id.GID, "groups", id.Groups, "range", v.opts.IDs.String())
+		v.mu.Lock()
+		v.runsAs = id.String()
+		v.mu.Unlock()
+	}
 	var conf Confinement
 	if v.opts.Confine != nil {
 		conf = v.opts.Confine(Guest{CPUs: m.CPUs, MemoryMiB: int64(m.MemoryMiB), Accel: m.Accel})
@@ -258,6 +300,63 @@ func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
 		go v.readSerial(conn)
 	}
 	return proc, nil
+}
+
+// asUser makes start start QEMU as id, with no other groups and no
+// capabilities (the kernel drops them all as root becomes another user).
+func asUser(id Identity, start func(*exec.Cmd) error) func(*exec.Cmd) error {
+	return func(cmd *exec.Cmd) error {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: slices.Clone(id.Groups)}
+		cmd.SysProcAttr.AmbientCaps = nil
+		if start == nil {
+			return cmd.Start()
+		}
+		return start(cmd)
+	}
+}
+
+// openTaps makes each NIC's tap in QEMU's namespace, owned by id, and sets
+// its File; done closes this process's descriptors (each tap goes when
+// QEMU's does too).
+func (v *VM) openTaps(nics []qemu.NIC, id Identity) (done func(), err error) {
+	var files []*os.File
+	done = func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	v.mu.Lock()
+	for _, n := range nics {
+		v.taps = append(v.taps, n.Tap)
+	}
+	v.mu.Unlock()
+	err = v.inNetns(func() error {
+		for i := range nics {
+			f, err := qemu.OpenTap(nics[i].Tap, id.UID, id.GID)
+			if err != nil {
+				return err
+			}
+			files = append(files, f)
+			nics[i].File = f
+		}
+		return nil
+	})
+	if err != nil {
+		done()
+		return nil, fmt.Errorf("NIC: %w", err)
+	}
+	return done, nil
+}
+
+// inNetns runs f in QEMU's network namespace.
+func (v *VM) inNetns(f func() error) error {
+	if v.opts.InNetns == nil {
+		return f()
+	}
+	return v.opts.InNetns(f)
 }
 
 // machine is the QEMU machine for s, with its files in the VM's directory.

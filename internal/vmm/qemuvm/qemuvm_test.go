@@ -11,9 +11,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/qemu"
@@ -32,12 +39,15 @@ const (
 
 // guest is one test VM: its disk, its network namespace and the VM.
 type guest struct {
-	vm   *VM
-	disk string
+	vm    *VM
+	disk  string
+	netns string
 }
 
-// newGuest makes a VM whose disk is a copy of the test guest, in a network
-// namespace of the test's own, where QEMU makes its tap.
+// newGuest makes a VM whose disk is a copy of the test guest, root's alone
+// (0600, in a directory of mode 0700), and whose QEMU runs unprivileged
+// (ids from DefaultIDs) in a network namespace of the test's own, where the
+// VM makes its tap.
 func newGuest(t *testing.T) *guest {
 	t.Helper()
 	return newGuestWith(t, nil)
@@ -57,6 +67,12 @@ func newGuestWith(t *testing.T, edit func(*Options)) *guest {
 	if err := os.Link(testguest.TempCopy(t, image), disk); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Chmod(disk, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(storage, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	netns := testNetns(t)
 	opts := Options{
 		Name:         "qemuvm-test",
@@ -66,8 +82,10 @@ func newGuestWith(t *testing.T, edit func(*Options)) *guest {
 		Accel:        qemu.TCG,
 		// No NICs: the service finds each NIC's MAC in its vnic_name,
 		// which the agent made.
-		Sled:  spec.Sled{Threads: 2, FileRoots: []string{storage}},
-		Start: func(cmd *exec.Cmd) error { return zonenet.StartIn(netns, cmd) },
+		Sled:    spec.Sled{Threads: 2, FileRoots: []string{storage}},
+		Start:   func(cmd *exec.Cmd) error { return zonenet.StartIn(netns, cmd) },
+		IDs:     DefaultIDs,
+		InNetns: func(f func() error) error { return inNetns(netns, f) },
 	}
 	if edit != nil {
 		edit(&opts)
@@ -80,11 +98,65 @@ func newGuestWith(t *testing.T, edit func(*Options)) *guest {
 			t.Errorf("closing the VM: %v", err)
 		}
 	})
-	return &guest{vm: vm, disk: disk}
+	return &guest{vm: vm, disk: disk, netns: netns}
+}
+
+// inNetns runs f on a thread moved into the namespace name, as the VMM
+// service's threads are in its zone's, and moves the thread back; a thread
+// that could not be moved back is not reused.
+func inNetns(name string, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.GetFromName(name)
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			errc <- err
+			return
+		}
+		errc <- f()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	return <-errc
+}
+
+// tap is the tap name in the guest's namespace, or nil if there is none.
+func (g *guest) tap(t *testing.T, name string) *netlink.Tuntap {
+	t.Helper()
+	var l netlink.Link
+	err := inNetns(g.netns, func() error {
+		var err error
+		l, err = netlink.LinkByName(name)
+		return err
+	})
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap, ok := l.(*netlink.Tuntap)
+	if !ok {
+		t.Fatalf("link %s is a %s, not a tap", name, l.Type())
+	}
+	return tap
 }
 
 // testNetns makes a network namespace of the test's own, removed at
-// cleanup (with the tap QEMU made in it).
+// cleanup (with anything left in it).
 func testNetns(t *testing.T) string {
 	t.Helper()
 	var b [4]byte
@@ -209,11 +281,58 @@ func (g *guest) ensureAndRun(t *testing.T, pvpanic bool) {
 }
 
 // The guest boots through OVMF from its disk, shows the MAC of its NIC,
-// reboots, and stops at the power button: every state is QEMU's.
+// reboots, and stops at the power button: every state is QEMU's. QEMU
+// runs unprivileged all along: as the VM's own ids, on every one of its
+// real, effective and saved user and group ids, with no capabilities, in
+// its sandbox; it boots from a disk file of root's alone that it is given,
+// and its NIC is a tap the VM made, owned by QEMU's ids and gone with it.
 func TestGuestLifecycle(t *testing.T) {
 	g := newGuest(t)
 	g.ensureAndRun(t, true)
 	off := g.waitSerial(t, 0, testguest.ReadyPrefix+testMAC)
+
+	id, err := DefaultIDs.Pick(g.vm.opts.Name, func(uint32) bool { return false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := g.pid()
+	uids, gids := strings.Fields(procStatus(t, pid, "Uid")), strings.Fields(procStatus(t, pid, "Gid"))
+	ids := slices.Repeat(uids[:1], 4) // real, effective, saved, file system
+	if ids[0] == "0" || !slices.Equal(uids, ids) || !slices.Equal(gids, ids) {
+		t.Errorf("QEMU's uids %v, gids %v: want one id, not root's, for all of them", uids, gids)
+	}
+	if ids[0] != strconv.FormatUint(uint64(id), 10) {
+		// Another process held the VM's id: the next one up was taken.
+		t.Logf("QEMU runs as %s, not %d, the VM's first choice", ids[0], id)
+	}
+	if got := procStatus(t, pid, "Groups"); got != "" {
+		t.Errorf("QEMU's supplementary groups %q, want none (TCG)", got)
+	}
+	for _, field := range []string{"CapInh", "CapPrm", "CapEff", "CapAmb"} {
+		if got := procStatus(t, pid, field); got != "0000000000000000" {
+			t.Errorf("QEMU's %s %s, want none", field, got)
+		}
+	}
+	if got := procStatus(t, pid, "Seccomp"); got != "2" {
+		t.Errorf("seccomp mode %s, want 2 (QEMU's sandbox)", got)
+	}
+	if st, err := os.Stat(g.disk); err != nil || st.Mode().Perm() != 0o600 || st.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("disk %s: %v, %v; want root's, 0600, as it was", g.disk, st.Mode(), err)
+	}
+	who := "QEMU runs as uid " + ids[0] + " gid " + ids[0]
+	if d := g.vm.detailNow(); !strings.Contains(d, who) {
+		t.Errorf("detail %q does not say %q", d, who)
+	} else {
+		t.Logf("detail: %s", d)
+	}
+	vnic := spec.VNICName(mustMAC(testMAC))
+	tap := g.tap(t, vnic)
+	if tap == nil {
+		t.Fatalf("no tap %s while QEMU runs", vnic)
+	}
+	if strconv.FormatUint(uint64(tap.Owner), 10) != ids[0] || strconv.FormatUint(uint64(tap.Group), 10) != ids[0] || !tap.NonPersist {
+		t.Errorf("tap %s owned by %d:%d, not persistent %v; want QEMU's ids, not persistent", vnic, tap.Owner, tap.Group, tap.NonPersist)
+	}
 
 	// Ensure again with the same spec changes nothing; another is refused.
 	if err := g.vm.Ensure(context.Background(), props, specJSON(g.disk, true)); err != nil {
@@ -236,6 +355,9 @@ func TestGuestLifecycle(t *testing.T) {
 	g.request(t, propolisapi.RequestStop)
 	g.waitState(t, propolisapi.StateDestroyed, propolisapi.StateFailed)
 	g.waitSerial(t, off, testguest.PowerButton)
+	if tap := g.tap(t, vnic); tap != nil {
+		t.Errorf("tap %s left after the VM was destroyed: %+v", vnic, tap.Attrs())
+	}
 }
 
 // A guest that powers itself off is stopped, then destroyed.

@@ -150,13 +150,17 @@ func (v *VM) confirmRunning(ctx context.Context, mon *qemu.Monitor) {
 	}
 }
 
-// confinedLocked is detail, a state of a guest whose QEMU runs, with how
-// QEMU is confined, if it was asked to be: the agent's view shows it.
+// confinedLocked is detail, a state of a guest whose QEMU runs, with who
+// QEMU runs as and how it is confined, where it was asked to be: the
+// agent's view shows it.
 func (v *VM) confinedLocked(detail string) string {
-	if v.confined == "" {
-		return detail
+	if v.runsAs != "" {
+		detail += "; QEMU runs as " + v.runsAs
 	}
-	return detail + "; QEMU " + v.confined
+	if v.confined != "" {
+		detail += "; QEMU " + v.confined
+	}
+	return detail
 }
 
 func (v *VM) markShutdown() {
@@ -271,13 +275,31 @@ func (v *VM) exited(proc *qemu.Process) {
 	v.cleanup()
 }
 
-// cleanup removes the VM's sockets and blob files; its firmware variables
-// stay, as a disk's contents do.
+// cleanup removes the VM's sockets, blob files and taps; its firmware
+// variables stay, as a disk's contents do.
 func (v *VM) cleanup() {
 	v.mu.Lock()
-	dirFile := v.dirFile
-	v.dirFile = nil
+	dirFile, taps := v.dirFile, v.taps
+	v.dirFile, v.taps = nil, nil
 	v.mu.Unlock()
+	// A tap goes with QEMU's descriptor of it; one is left only where
+	// something else holds it.
+	if len(taps) > 0 {
+		err := v.inNetns(func() error {
+			var errs []error
+			for _, tap := range taps {
+				if gone, err := qemu.RemoveTap(tap); err != nil {
+					errs = append(errs, err)
+				} else if gone {
+					v.opts.Log.Warn("tap outlived QEMU: removed", "tap", tap)
+				}
+			}
+			return errors.Join(errs...)
+		})
+		if err != nil {
+			v.opts.Log.Warn("removing the VM's taps", "err", err)
+		}
+	}
 	for _, pat := range []string{"*.sock", "*.blob"} {
 		files, _ := filepath.Glob(filepath.Join(v.opts.Dir, pat))
 		for _, f := range files {
