@@ -6,6 +6,7 @@ package bench
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/testguest"
+	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 )
 
@@ -152,10 +154,82 @@ func (m *GuestMemory) add(p vmmProcs) {
 // directory whose path is too long for a socket.
 var procFD = regexp.MustCompile(`/proc/[0-9]+/fd/[0-9]+`)
 
+// byPath is a QEMU command line whose descriptors (the agent's QEMU,
+// unprivileged, is handed every file, socket and tap it uses) are written
+// as the paths and names they stand for, as the floor's QEMU, run as root,
+// opens them itself: an fd set as its opaque path, a listening socket as
+// its path in the VM's directory (qemuvm makes it there), a tap as its
+// name (the NIC's vnic name, from its MAC). A command line without
+// descriptors is returned as it is.
+func byPath(argv []string) []string {
+	sets := map[string]string{} // "/dev/fdset/N" → path
+	var out []string
+	for i := 0; i < len(argv); i++ {
+		if argv[i] == "-add-fd" && i+1 < len(argv) {
+			var set, path string
+			for _, kv := range strings.Split(argv[i+1], ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				switch k {
+				case "set":
+					set = v
+				case "opaque":
+					path = v
+				}
+			}
+			sets["/dev/fdset/"+set] = path
+			i++
+			continue
+		}
+		out = append(out, argv[i])
+	}
+	taps := []string{}
+	for _, a := range out {
+		if _, mac, ok := strings.Cut(a, ",mac="); ok && strings.HasPrefix(a, "virtio-net-pci,") {
+			mac, _, _ = strings.Cut(mac, ",")
+			if hw, err := net.ParseMAC(mac); err == nil {
+				taps = append(taps, spec.VNICName(hw))
+			}
+		}
+	}
+	dir := ""
+	for i, a := range out {
+		for set, path := range sets {
+			a = strings.ReplaceAll(a, "file.filename="+set+",", "file.filename="+path+",")
+			if strings.HasSuffix(a, "file.filename="+set) {
+				a = strings.TrimSuffix(a, set) + path
+			}
+		}
+		if strings.Contains(a, "node-name=fw-vars,") {
+			_, f, _ := strings.Cut(a, "file.filename=")
+			f, _, _ = strings.Cut(f, ",")
+			dir = filepath.Dir(f)
+		}
+		out[i] = a
+	}
+	for i, a := range out {
+		if rest, ok := strings.CutPrefix(a, "socket,id="); ok {
+			id, opts, _ := strings.Cut(rest, ",")
+			if fd, more, ok := strings.Cut(opts, ","); ok && strings.HasPrefix(fd, "fd=") {
+				out[i] = "socket,id=" + id + ",path=" + filepath.Join(dir, id+".sock") + "," + more
+			}
+		}
+		if rest, ok := strings.CutPrefix(a, "tap,id="); ok && len(taps) > 0 {
+			id, opts, _ := strings.Cut(rest, ",")
+			if fd, more, ok := strings.Cut(opts, ","); ok && strings.HasPrefix(fd, "fd=") {
+				out[i] = "tap,id=" + id + ",ifname=" + taps[0] + ",script=no,downscript=no," + more
+				taps = taps[1:]
+			}
+		}
+	}
+	return out
+}
+
 // normaliseArgv is a QEMU command line with what differs between two VMs
 // of one spec replaced: the disk's path, the VM's directory (where its
-// firmware variables are, or by a descriptor's name), and its name.
+// firmware variables are, or by a descriptor's name), and its name; and
+// its descriptors written as the paths they stand for (byPath).
 func normaliseArgv(argv []string, name, disk string) []string {
+	argv = byPath(argv)
 	dir := ""
 	for _, a := range argv {
 		if strings.Contains(a, "node-name=fw-vars,") {
