@@ -7,7 +7,6 @@ import (
 	"errors"
 	"os/exec"
 	"os/user"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,7 +14,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 )
 
 // testNetns makes a network namespace of the test's own, removed at
@@ -36,35 +36,8 @@ func testNetns(t *testing.T) string {
 	return name
 }
 
-// inNetns runs f on a thread moved into the namespace name, and moves the
-// thread back; a thread that could not be moved back is not reused.
-func inNetns(name string, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.GetFromName(name)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return <-errc
-}
+// inNetns runs f on a thread in the namespace name.
+func inNetns(name string, f func() error) error { return zonenet.RunIn(name, f) }
 
 // link is the link name in namespace ns, or nil.
 func link(t *testing.T, ns, name string) netlink.Link {

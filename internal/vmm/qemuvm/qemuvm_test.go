@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,7 +19,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/qemu"
@@ -101,36 +99,8 @@ func newGuestWith(t *testing.T, edit func(*Options)) *guest {
 	return &guest{vm: vm, disk: disk, netns: netns}
 }
 
-// inNetns runs f on a thread moved into the namespace name, as the VMM
-// service's threads are in its zone's, and moves the thread back; a thread
-// that could not be moved back is not reused.
-func inNetns(name string, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.GetFromName(name)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			errc <- err
-			return
-		}
-		errc <- f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return <-errc
-}
+// inNetns runs f on a thread in the namespace name.
+func inNetns(name string, f func() error) error { return zonenet.RunIn(name, f) }
 
 // tap is the tap name in the guest's namespace, or nil if there is none.
 func (g *guest) tap(t *testing.T, name string) *netlink.Tuntap {

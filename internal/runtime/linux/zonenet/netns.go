@@ -168,6 +168,31 @@ func inNamespace(f func() error, errc chan<- error) {
 	}
 }
 
+// RunIn runs f on a thread in the network namespace called name (at
+// NetnsPath), moving the thread back after; a thread that cannot be moved
+// back is not reused.
+func RunIn(name string, f func() error) error {
+	if err := validNetns(name); err != nil {
+		return err
+	}
+	ns, err := openNetns(name)
+	if err != nil {
+		return err
+	}
+	if !ns.IsOpen() {
+		return fmt.Errorf("no network namespace %s", name)
+	}
+	defer ns.Close()
+	errc := make(chan error, 1)
+	go inNamespace(func() error {
+		if err := netns.Set(ns); err != nil {
+			return fmt.Errorf("entering namespace %s: %w", name, err)
+		}
+		return f()
+	}, errc)
+	return <-errc
+}
+
 // removeNetns unmounts and deletes the namespace file, as `ip netns delete`
 // does. The namespace itself goes when nothing else holds it. A missing file
 // is not an error.
