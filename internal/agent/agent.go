@@ -143,6 +143,9 @@ type Config struct {
 	// VMMAccel is how the linux runtime's guests run: kvm, tcg, or auto
 	// (KVM only where hardware virtualisation is really there).
 	VMMAccel string `json:"vmm-accel"`
+	// VMMQEMUIDs is the range of user and group ids the VMM services run
+	// QEMU as, FIRST:COUNT ("" for the services' default, see qemuvm).
+	VMMQEMUIDs string `json:"vmm-qemu-ids"`
 	// ZoneTag and NetnsPrefix give a linux runtime's OS objects another
 	// ownership tag and name prefix (tests; default "sled-agent" and none).
 	ZoneTag     string `json:"-"`

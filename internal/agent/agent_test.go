@@ -324,6 +324,8 @@ func TestNewRefusesBadIdentity(t *testing.T) {
 		{name: "underlay-ip ipv4-mapped", cfg: agent.Config{UnderlayIP: "::ffff:10.1.2.3"}, want: []string{"underlay-ip"}},
 		{name: "rack-id not a uuid", cfg: agent.Config{RackID: "rack-1"}, want: []string{"rack-id", "rack-1"}},
 		{name: "baseboard-part padded", cfg: agent.Config{BaseboardPart: " 913-0000019"}, want: []string{"baseboard-part"}},
+		{name: "vmm-qemu-ids holding root", cfg: agent.Config{VMMQEMUIDs: "0:100"}, want: []string{"vmm-qemu-ids", "0:100", "root"}},
+		{name: "vmm-qemu-ids not a range", cfg: agent.Config{VMMQEMUIDs: "qemu"}, want: []string{"vmm-qemu-ids", "FIRST:COUNT"}},
 		{name: "kept sled-id corrupt", keptID: ptr("\x00\x17garbage\n"), want: []string{"sled-id", "fix or remove it"}},
 		{name: "kept sled-id empty", keptID: ptr(""), want: []string{"sled-id", "fix or remove it"}},
 		{name: "kept sled-id not canonical", keptID: ptr("{9f8e7d6c-aaaa-4bbb-8ccc-ddddeeeeffff}"), want: []string{"sled-id", "fix or remove it"}},

@@ -44,7 +44,7 @@ func linuxGuestAgent(t *testing.T) (*agent.Agent, string) {
 		t.Fatal(err)
 	}
 	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
-		VMMImageDir: images, VMMAccel: "tcg"})
+		VMMImageDir: images, VMMAccel: "tcg", VMMQEMUIDs: testQEMUIDs})
 	run(t, a)
 	return a, disk
 }
@@ -72,6 +72,10 @@ func serialHas(t *testing.T, addr string, from uint64, want string) uint64 {
 	t.Fatalf("no %q in the serial history within %s; it holds: %q", want, guestWait, seen[max(0, len(seen)-2000):])
 	return 0
 }
+
+// testQEMUIDs is the range the tests' agents run QEMU in (0x60000000 on),
+// not the default, to show it reaches the VMM services.
+const testQEMUIDs = "1610612736:65536"
 
 // TestLinuxGuestBootsRebootsAndStops is the outside check of a real guest:
 // a VMM registered with the test guest's disk boots it through OVMF, whose
@@ -114,6 +118,20 @@ func TestLinuxGuestKilledFails(t *testing.T) {
 	pids := qemuPIDs(t, disk)
 	if len(pids) != 1 {
 		t.Fatalf("QEMU processes of the guest's disk: %v, want one", pids)
+	}
+	// QEMU runs as a user of the range the agent was given.
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pids[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var uid uint64
+	for _, l := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(l); len(f) == 5 && f[0] == "Uid:" {
+			uid, _ = strconv.ParseUint(f[1], 10, 32)
+		}
+	}
+	if first := uint64(0x60000000); uid < first || uid >= first+1<<16 {
+		t.Errorf("QEMU runs as uid %d, not one of --vmm-qemu-ids %s", uid, testQEMUIDs)
 	}
 	syscall.Kill(pids[0], syscall.SIGKILL)
 	waitVMMWithin(t, a, "failed", guestWait)

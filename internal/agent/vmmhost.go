@@ -7,6 +7,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/qemu"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemuvm"
 	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 )
@@ -21,6 +22,11 @@ func (a *Agent) vmmHost(cfg Config, rt any, hw hardware.Info) error {
 		return fmt.Errorf("vmm reservoir: %w", err)
 	}
 	a.reservoir = reservoir.NewAccount(size)
+	if cfg.VMMQEMUIDs != "" {
+		if _, err := qemuvm.ParseIDRange(cfg.VMMQEMUIDs); err != nil {
+			return fmt.Errorf("vmm-qemu-ids: %w", err)
+		}
+	}
 	a.guestSled = func() spec.Sled { return a.sledForGuests(cfg, hw) }
 	mode := cfg.VMMAccel
 	if mode == "" {
@@ -67,6 +73,9 @@ func (a *Agent) vmmServiceArgs() []string {
 		return nil
 	}
 	args := []string{"--backend", "qemu", "--accel", a.accel, "--dir", "{root}/guest"}
+	if a.cfg.VMMQEMUIDs != "" {
+		args = append(args, "--qemu-ids", a.cfg.VMMQEMUIDs)
+	}
 	for _, root := range a.guestSled().FileRoots {
 		args = append(args, "--file-root", root)
 	}

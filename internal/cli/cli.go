@@ -121,6 +121,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.Uint64Var(&c.VMMReservoirSizeMB, "vmm-reservoir-size-mb", 0, "the VMM reservoir as a size in MiB (instead of --vmm-reservoir-percentage)")
 	f.StringVar(&c.VMMImageDir, "vmm-image-dir", "", "directory of guest disk images that a VMM's file backends may name, beside the pools' local_storage datasets")
 	f.StringVar(&c.VMMAccel, "vmm-accel", "auto", "how the linux runtime's guests run: kvm, tcg, or auto (KVM only where hardware virtualisation is there: kvm_intel or kvm_amd)")
+	f.StringVar(&c.VMMQEMUIDs, "vmm-qemu-ids", "", "user and group ids the VMM services run QEMU as, FIRST:COUNT (default: theirs, 1879048192:16777216); one per VMM, hashed from its id")
 	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
@@ -185,6 +186,7 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	}
 	set("vmm-image-dir", &c.VMMImageDir, flags.VMMImageDir)
 	set("vmm-accel", &c.VMMAccel, flags.VMMAccel)
+	set("vmm-qemu-ids", &c.VMMQEMUIDs, flags.VMMQEMUIDs)
 	set("vdev-dir", &c.VdevDir, flags.VdevDir)
 	set("pool-root", &c.PoolRoot, flags.PoolRoot)
 	set("zone-tag", &c.ZoneTag, flags.ZoneTag)
