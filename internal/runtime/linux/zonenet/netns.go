@@ -170,7 +170,7 @@ func inNamespace(f func() error, errc chan<- error) {
 
 // RunIn runs f on a thread in the network namespace called name (at
 // NetnsPath), moving the thread back after; a thread that cannot be moved
-// back is not reused.
+// back is not reused. A namespace that does not exist is ErrNoNetns.
 func RunIn(name string, f func() error) error {
 	if err := validNetns(name); err != nil {
 		return err
@@ -180,13 +180,13 @@ func RunIn(name string, f func() error) error {
 		return err
 	}
 	if !ns.IsOpen() {
-		return fmt.Errorf("no network namespace %s", name)
+		return ErrNoNetns
 	}
 	defer ns.Close()
 	errc := make(chan error, 1)
 	go inNamespace(func() error {
 		if err := netns.Set(ns); err != nil {
-			return fmt.Errorf("entering namespace %s: %w", name, err)
+			return fmt.Errorf("setns: %w", err)
 		}
 		return f()
 	}, errc)
@@ -233,31 +233,11 @@ func listNetns(prefix string) ([]string, error) {
 }
 
 // StartIn starts cmd with its process inside the namespace called name. The
-// process is forked from a thread moved into the namespace for the purpose,
-// so it is born there, as are its children, and no nsenter has to run
-// first.
+// process is forked from a thread moved into the namespace for the purpose
+// (RunIn), so it is born there, as are its children, and no nsenter has to
+// run first.
 func StartIn(name string, cmd *exec.Cmd) error {
-	if err := validNetns(name); err != nil {
-		return err
-	}
-	ns, err := openNetns(name)
-	if err != nil {
-		return err
-	}
-	if !ns.IsOpen() {
-		return fmt.Errorf("zonenet: starting %s in namespace %s: %w", cmd.Path, name, ErrNoNetns)
-	}
-	defer ns.Close()
-	errc := make(chan error, 1)
-	go inNamespace(func() error {
-		if err := netns.Set(ns); err != nil {
-			return fmt.Errorf("setns: %w", err)
-		}
-		// The fork happens on this goroutine's thread, which is locked and
-		// in the namespace.
-		return cmd.Start()
-	}, errc)
-	if err := <-errc; err != nil {
+	if err := RunIn(name, cmd.Start); err != nil {
 		return fmt.Errorf("zonenet: starting %s in namespace %s: %w", cmd.Path, name, err)
 	}
 	return nil
