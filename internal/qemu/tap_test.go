@@ -2,8 +2,6 @@ package qemu
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os/exec"
 	"os/user"
@@ -16,25 +14,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet/zonenettest"
 )
-
-// testNetns makes a network namespace of the test's own, removed at
-// cleanup with whatever is left in it.
-func testNetns(t *testing.T) string {
-	t.Helper()
-	var b [4]byte
-	rand.Read(b[:])
-	name := "qtap-" + hex.EncodeToString(b[:])
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return name
-}
 
 // inNetns runs f on a thread in the namespace name.
 func inNetns(name string, f func() error) error { return zonenet.RunIn(name, f) }
@@ -68,7 +49,7 @@ func TestOpenTap(t *testing.T) {
 	u, _ := user.Lookup("nobody")
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
-	ns := testNetns(t)
+	ns := zonenettest.Netns(t, "qtap-")
 	const name = "vntest0"
 
 	// Left behind: a persistent tap of root's, as a crashed service or

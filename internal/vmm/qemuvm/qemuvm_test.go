@@ -2,8 +2,6 @@ package qemuvm
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +21,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/qemu"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet/zonenettest"
 	"github.com/sled-agent/sled-agent/internal/testguest"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 )
@@ -71,7 +70,7 @@ func newGuestWith(t *testing.T, edit func(*Options)) *guest {
 	if err := os.Chmod(storage, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	netns := testNetns(t)
+	netns := zonenettest.Netns(t, "qvt-")
 	opts := Options{
 		Name:         "qemuvm-test",
 		Dir:          t.TempDir(),
@@ -123,24 +122,6 @@ func (g *guest) tap(t *testing.T, name string) *netlink.Tuntap {
 		t.Fatalf("link %s is a %s, not a tap", name, l.Type())
 	}
 	return tap
-}
-
-// testNetns makes a network namespace of the test's own, removed at
-// cleanup (with anything left in it).
-func testNetns(t *testing.T) string {
-	t.Helper()
-	var b [4]byte
-	rand.Read(b[:])
-	name := "qvt-" + hex.EncodeToString(b[:])
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return name
 }
 
 func specJSON(disk string, pvpanic bool) json.RawMessage {

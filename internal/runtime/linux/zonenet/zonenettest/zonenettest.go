@@ -1,0 +1,28 @@
+// Package zonenettest gives tests network namespaces of their own.
+package zonenettest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os/exec"
+	"testing"
+)
+
+// Netns makes an empty network namespace named prefix plus random hex,
+// removed with whatever is left in it when the test ends, and returns its
+// name (for zonenet.RunIn and StartIn). It needs root and iproute2.
+func Netns(t testing.TB, prefix string) string {
+	t.Helper()
+	var b [4]byte
+	rand.Read(b[:])
+	name := prefix + hex.EncodeToString(b[:])
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		}
+	})
+	return name
+}
