@@ -66,16 +66,23 @@ type ZonesOptions struct {
 	PhaseTimeout time.Duration
 	// RuntimeLog receives the runtime's log (default: discarded).
 	RuntimeLog *slog.Logger
+	// Calibrate runs the floor in the runtime's place too: the ratios then
+	// are what the benchmark reads for equal work on this machine, the
+	// noise any runtime/floor ratio carries here.
+	Calibrate bool
 }
 
 // ZonesResult is what `bench zones` prints.
 type ZonesResult struct {
-	Machine  ZonesMachine `json:"machine"`
-	Zones    int          `json:"zones"`
-	Rounds   int          `json:"rounds"`
-	Up       Comparison   `json:"up"`
-	Down     Comparison   `json:"down"`
-	PerRound []RoundTimes `json:"per_round"`
+	// Calibration says the floor ran in the runtime's place
+	// (ZonesOptions.Calibrate): the runtime's figures are a second floor's.
+	Calibration bool         `json:"calibration,omitempty"`
+	Machine     ZonesMachine `json:"machine"`
+	Zones       int          `json:"zones"`
+	Rounds      int          `json:"rounds"`
+	Up          Comparison   `json:"up"`
+	Down        Comparison   `json:"down"`
+	PerRound    []RoundTimes `json:"per_round"`
 }
 
 // ZonesMachine describes where the benchmark ran.
@@ -255,7 +262,7 @@ func (b *zonesBench) run(ctx context.Context) (*ZonesResult, error) {
 			RuntimeDownS: seconds(downs[1][r].wall),
 		})
 	}
-	res := &ZonesResult{Zones: b.opts.Count, Rounds: b.opts.Rounds, PerRound: rounds}
+	res := &ZonesResult{Calibration: b.opts.Calibrate, Zones: b.opts.Count, Rounds: b.opts.Rounds, PerRound: rounds}
 	res.Machine = ZonesMachine{CPUs: runtime.NumCPU(), Kernel: kernel(), Go: runtime.Version()}
 	res.Up = compare(ups[0], ups[1])
 	res.Down = compare(downs[0], downs[1])
@@ -265,10 +272,10 @@ func (b *zonesBench) run(ctx context.Context) (*ZonesResult, error) {
 func kindName(which int) string { return [...]string{"floor", "runtime"}[which] }
 
 // measure brings every zone up and then down, through the runtime or as the
-// floor, each phase under its own deadline.
+// floor (always, when calibrating), each phase under its own deadline.
 func (b *zonesBench) measure(ctx context.Context, viaRuntime bool) (up, down phaseTimes, err error) {
 	upFn, downFn := b.floorUp, b.floorDown
-	if viaRuntime {
+	if viaRuntime && !b.opts.Calibrate {
 		upFn, downFn = b.runtimeUp, b.runtimeDown
 	}
 	for _, p := range []struct {

@@ -58,6 +58,7 @@ prefix and is removed on exit, error or Ctrl-C.`,
 	f.StringVar(&opts.TempDir, "temp-dir", "", "where the runtime's temporary data dir is made (default: the system's temp dir)")
 	f.DurationVar(&opts.PhaseTimeout, "phase-timeout", 2*time.Minute, "deadline of each phase (all zones up, or all down)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write the agent process's CPU profile of the whole run to this file")
+	f.BoolVar(&opts.Calibrate, "calibrate", false, "run the floor in the runtime's place too: the ratios are then the benchmark's own noise on this machine (equal work on both sides)")
 	f.BoolVar(&runtimeLog, "runtime-log", false, "write the runtime's debug log (per-zone phase timings) to stderr as JSON")
 	return cmd
 }
