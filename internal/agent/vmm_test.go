@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -40,7 +41,13 @@ func ensureBodySpec(addr string, change func(spec map[string]any)) string {
 // call sends a JSON request to the agent and returns the status and body.
 func call(t *testing.T, a *agent.Agent, method, path, body string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, "http://"+a.Addr()+path, strings.NewReader(body))
+	return callCtx(t, t.Context(), a, method, path, body)
+}
+
+// callCtx is call within ctx.
+func callCtx(t *testing.T, ctx context.Context, a *agent.Agent, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+a.Addr()+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +56,7 @@ func call(t *testing.T, a *agent.Agent, method, path, body string) (int, []byte)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
