@@ -78,7 +78,7 @@ func (l *nexusLink) Status() nexus.Status {
 
 // VMMState hands a VMM's new state to Nexus (vmm.States).
 func (l *nexusLink) VMMState(id string, st vmm.RuntimeState) {
-	l.publisher.Publish(id, nexus.SledVmmState{VmmState: nexus.VmmRuntimeState{Gen: st.Gen, State: st.State, TimeUpdated: st.TimeUpdated}})
+	l.publisher.Publish(id, nexus.VmmRuntimeState{Gen: st.Gen, State: st.State, TimeUpdated: st.TimeUpdated})
 }
 
 // VMMForgotten drops a VMM once its last state is delivered (vmm.States).

@@ -153,7 +153,7 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 		}
 		fmt.Fprintf(tw, "nexus\t(found by %s%s) %s\n", n.FoundBy, at, n.Summary())
 		for _, d := range n.VMMStates {
-			if d.LastError != "" && (d.Sending || d.Refused > 0) {
+			if d.LastError != "" && d.Delivered != d.Latest.Gen {
 				fmt.Fprintf(tw, "  vmm %s\tstate gen %d not delivered: %s\n", d.PropolisID, d.Latest.Gen, d.LastError)
 			}
 		}

@@ -40,7 +40,7 @@ func (s Status) Summary() string {
 	delivered, pending, refused := 0, 0, 0
 	for _, d := range s.VMMStates {
 		switch {
-		case d.Sending:
+		case d.Pending:
 			pending++
 		case d.Delivered == d.Latest.Gen:
 			delivered++

@@ -35,7 +35,11 @@ type Delivery struct {
 	// Nexus last took (0: none yet).
 	Latest    VmmRuntimeState `json:"latest"`
 	Delivered uint64          `json:"delivered_gen"`
-	// Sending is true while a request is in flight or waiting to retry.
+	// Pending is true while Nexus has neither taken nor refused the
+	// newest state; Sending while a request for it is in flight or waits
+	// to be retried (a state handed over before the publisher runs is
+	// pending, not yet sending).
+	Pending     bool       `json:"pending"`
 	Sending     bool       `json:"sending"`
 	Failures    int        `json:"failures,omitempty"`
 	LastError   string     `json:"last_error,omitempty"`
@@ -65,7 +69,6 @@ type Publisher struct {
 
 type delivery struct {
 	Delivery
-	latest SledVmmState
 	// done is the newest generation Nexus took or refused for good.
 	done uint64
 	// gone: the VMM was forgotten; the slot goes once its last state is
@@ -103,7 +106,7 @@ func (p *Publisher) Run(ctx context.Context) {
 // startLocked starts d's delivery unless one runs, or the publisher does
 // not (yet, or any more).
 func (p *Publisher) startLocked(id string, d *delivery) {
-	if d.Sending || p.ctx == nil || p.ctx.Err() != nil || d.done >= d.latest.VmmState.Gen {
+	if d.Sending || p.ctx == nil || p.ctx.Err() != nil || d.done >= d.Latest.Gen {
 		return
 	}
 	d.Sending = true
@@ -112,18 +115,19 @@ func (p *Publisher) startLocked(id string, d *delivery) {
 }
 
 // Publish hands Nexus a VMM's state. A state no newer than one already
-// handed is ignored. It never blocks.
-func (p *Publisher) Publish(propolisID string, st SledVmmState) {
+// handed is ignored. It never blocks. Nexus is told it with no migration
+// (migration_in and migration_out null): this agent migrates nothing.
+func (p *Publisher) Publish(propolisID string, st VmmRuntimeState) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	d, ok := p.vmms[propolisID]
 	if !ok {
 		d = &delivery{Delivery: Delivery{PropolisID: propolisID}}
 		p.vmms[propolisID] = d
-	} else if st.VmmState.Gen <= d.latest.VmmState.Gen {
+	} else if st.Gen <= d.Latest.Gen {
 		return
 	}
-	d.latest, d.Latest, d.gone = st, st.VmmState, false
+	d.Latest, d.gone = st, false
 	p.startLocked(propolisID, d)
 }
 
@@ -133,7 +137,7 @@ func (p *Publisher) Forget(propolisID string) {
 	defer p.mu.Unlock()
 	if d, ok := p.vmms[propolisID]; ok {
 		d.gone = true
-		if !d.Sending && d.done >= d.latest.VmmState.Gen {
+		if !d.Sending && d.done >= d.Latest.Gen {
 			delete(p.vmms, propolisID)
 		}
 	}
@@ -144,7 +148,9 @@ func (p *Publisher) Status() []Delivery {
 	p.mu.Lock()
 	out := make([]Delivery, 0, len(p.vmms))
 	for _, d := range p.vmms {
-		out = append(out, d.Delivery)
+		dd := d.Delivery
+		dd.Pending = d.done < d.Latest.Gen
+		out = append(out, dd)
 	}
 	p.mu.Unlock()
 	slices.SortFunc(out, func(a, b Delivery) int { return cmp.Compare(a.PropolisID, b.PropolisID) })
@@ -156,7 +162,7 @@ func (p *Publisher) Status() []Delivery {
 func (p *Publisher) deliver(ctx context.Context, id string, d *delivery) {
 	for {
 		p.mu.Lock()
-		st := d.latest
+		st := SledVmmState{VmmState: d.Latest}
 		if d.done >= st.VmmState.Gen || ctx.Err() != nil {
 			d.Sending = false
 			if d.gone {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -69,8 +70,8 @@ func (f *fakeVMMs) taken(id string) []uint64 {
 	return append([]uint64(nil), f.got[id]...)
 }
 
-func state(gen uint64, s string) SledVmmState {
-	return SledVmmState{VmmState: VmmRuntimeState{Gen: gen, State: s, TimeUpdated: time.Now()}}
+func state(gen uint64, s string) VmmRuntimeState {
+	return VmmRuntimeState{Gen: gen, State: s, TimeUpdated: time.Now()}
 }
 
 const vmmA = "6a2a4a2e-57c3-4e3c-8c3b-1b4f0d6e8a01"
@@ -117,33 +118,44 @@ func TestTransientFailuresAreRetriedUntilNexusTakesTheNewestState(t *testing.T) 
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeVMMs()
 		var mu sync.Mutex
-		down := true
+		down, back := true, time.Time{}
+		start := time.Now()
 		f.answer = func(context.Context, string, uint64) error {
 			mu.Lock()
 			defer mu.Unlock()
-			if down {
-				return &APIError{StatusCode: http.StatusServiceUnavailable, Message: "unavailable"}
+			if !down {
+				return nil
 			}
-			return nil
+			if time.Since(start) >= 30*time.Second {
+				// Nexus comes back just after this failed attempt: the
+				// next comes a whole pause later, the longest by now.
+				down, back = false, time.Now()
+			}
+			return &APIError{StatusCode: http.StatusServiceUnavailable, Message: "unavailable"}
 		}
 		p, _ := newPublisher(t, f)
 		p.Publish(vmmA, state(1, "starting"))
 		p.Publish(vmmA, state(2, "running"))
-		time.Sleep(time.Minute)
+		time.Sleep(30 * time.Second)
 		synctest.Wait()
 		st := p.Status()[0]
 		if st.Delivered != 0 || !st.Sending || st.Failures < 10 || st.LastError == "" {
 			t.Fatalf("status with Nexus down: %+v", st)
 		}
+		time.Sleep(5 * time.Second) // past the first attempt after 30 s
+		synctest.Wait()
 		mu.Lock()
-		down = false
+		cameBack := back
 		mu.Unlock()
-		back := time.Now()
-		for p.Status()[0].Delivered != 2 {
-			time.Sleep(10 * time.Millisecond)
+		if cameBack.IsZero() {
+			t.Fatal("no attempt between 30 s and 35 s")
 		}
-		if waited := time.Since(back); waited > 4*time.Second {
-			t.Fatalf("the newest state reached Nexus %s after it came back", waited)
+		// The longest pause between retries is 4 s: by then the newest
+		// state is there.
+		time.Sleep(time.Until(cameBack.Add(4 * time.Second)))
+		synctest.Wait()
+		if st := p.Status()[0]; st.Delivered != 2 {
+			t.Fatalf("4 s after Nexus came back: %+v", st)
 		}
 		if diff := cmp.Diff([]uint64{2}, f.taken(vmmA)); diff != "" {
 			t.Fatalf("generations Nexus took (-want +got):\n%s", diff)
@@ -166,7 +178,7 @@ func TestARefusedStateIsNotSentAgainButALaterOneIs(t *testing.T) {
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		st := p.Status()[0]
-		if f.calls != 1 || st.Refused != 1 || st.Sending || st.Delivered != 0 || st.LastError == "" {
+		if f.calls != 1 || st.Refused != 1 || st.Sending || st.Pending || st.Delivered != 0 || st.LastError == "" {
 			t.Fatalf("after a 404: %d calls, %+v", f.calls, st)
 		}
 		p.Publish(vmmA, state(2, "running"))
@@ -255,4 +267,18 @@ func TestStatesBeforeRunAreSentOnceItRuns(t *testing.T) {
 		cancel()
 		<-done
 	})
+}
+
+// A state handed over before the publisher runs (a VMM adopted at start)
+// is pending, not refused.
+func TestAStateBeforeRunIsPending(t *testing.T) {
+	p := NewPublisher(newFakeVMMs(), PublisherOptions{})
+	p.Publish(vmmA, state(1, "running"))
+	st := p.Status()
+	if len(st) != 1 || !st[0].Pending || st[0].Sending {
+		t.Fatalf("status before Run: %+v", st)
+	}
+	if got, want := (Status{VMMStates: st}).Summary(), "VMM states: 0 delivered, 1 pending"; !strings.HasSuffix(got, want) {
+		t.Errorf("summary %q, want it to end %q", got, want)
+	}
 }
