@@ -367,7 +367,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		return nil, err
 	}
 	claimSet := sledClaims(underlay) // zones and VMMs never share an id or address
-	if a.nexus, err = newNexus(cfg, a); err != nil {
+	var resolver *dns.Resolver       // internal DNS, for Nexus and NTP servers
+	if natOpts != nil {
+		resolver, _ = natOpts.Resolver.(*dns.Resolver)
+	}
+	if a.nexus, err = newNexus(cfg, a, resolver); err != nil {
 		return nil, err
 	}
 	var vmmStates vmm.States
@@ -413,13 +417,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	zt.w = a.timeSync
 	// An NTP zone that starts is asked at once.
 	onRunningChange = append(onRunningChange, a.timeSync.Poke)
-	if a.watch != nil && natOpts != nil {
-		if r, ok := natOpts.Resolver.(*dns.Resolver); ok {
-			if a.ntpServers, err = a.newNTPServers(r, zs, a.log.With("component", "ntp-servers")); err != nil {
-				return nil, err
-			}
-			onRunningChange = append(onRunningChange, a.ntpServers.Poke)
+	if a.watch != nil && resolver != nil {
+		if a.ntpServers, err = a.newNTPServers(resolver, zs, a.log.With("component", "ntp-servers")); err != nil {
+			return nil, err
 		}
+		onRunningChange = append(onRunningChange, a.ntpServers.Poke)
 	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -440,9 +442,6 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	a.log.Info("sled identity", "address", a.identity.Address, "rack_id", rackID,
 		"baseboard_part", hw.Baseboard.Part, "baseboard_serial", hw.Baseboard.Serial, "baseboard_revision", hw.Baseboard.Revision,
 		"cpu_family", hw.CPUFamily, "physical_ram", hw.PhysicalRAM, "hardware_threads", hw.HardwareThreads)
-	if a.nexus != nil {
-		a.nexus.startRegistrar(a)
-	}
 	deps := api.Deps{
 		Reservoir:  a.reservoir,
 		Accel:      a.accel,

@@ -17,14 +17,15 @@ import (
 type nexusLink struct {
 	foundBy   string
 	client    *nexus.Client
-	registrar *nexus.Registrar // set once the sled's address is known
+	registrar *nexus.Registrar
 	publisher *nexus.Publisher
 }
 
 // newNexus prepares the link to Nexus, found through --nexus, else
-// internal DNS (--dns-server); with neither, the agent tells Nexus
-// nothing (nil).
-func newNexus(cfg Config, a *Agent) (*nexusLink, error) {
+// internal DNS through r (the resolver of --dns-server, nil without);
+// with neither, the agent tells Nexus nothing (nil). What the sled tells
+// of itself is read when the registrar runs, once the agent listens.
+func newNexus(cfg Config, a *Agent, r *dns.Resolver) (*nexusLink, error) {
 	l := &nexusLink{}
 	var finder nexus.Finder
 	switch {
@@ -34,15 +35,7 @@ func newNexus(cfg Config, a *Agent) (*nexusLink, error) {
 			return nil, err
 		}
 		finder, l.foundBy = nexus.Static(addrs), "--nexus"
-	case len(cfg.DNSServers) > 0:
-		servers, err := parseAddrPorts("dns-server", cfg.DNSServers)
-		if err != nil {
-			return nil, err
-		}
-		r, err := dns.NewResolver(servers, 0)
-		if err != nil {
-			return nil, err
-		}
+	case r != nil:
 		finder, l.foundBy = nexus.DNS{Resolver: r}, "dns"
 	default:
 		a.log.Info("Nexus is not told of this sled: neither --nexus nor --dns-server is given", "component", "nexus")
@@ -51,12 +44,8 @@ func newNexus(cfg Config, a *Agent) (*nexusLink, error) {
 	log := a.log.With("component", "nexus")
 	l.client = nexus.NewClient(finder, 0)
 	l.publisher = nexus.NewPublisher(l.client, nexus.PublisherOptions{Log: log})
+	l.registrar = nexus.NewRegistrar(l.client, cfg.SledID, a.sledAgentInfo, nexus.RegistrarOptions{Log: log})
 	return l, nil
-}
-
-// startRegistrar builds the registrar, once the sled's address is known.
-func (l *nexusLink) startRegistrar(a *Agent) {
-	l.registrar = nexus.NewRegistrar(l.client, a.cfg.SledID, a.sledAgentInfo, nexus.RegistrarOptions{Log: a.log.With("component", "nexus")})
 }
 
 // run registers the sled and publishes VMM states until ctx ends.
