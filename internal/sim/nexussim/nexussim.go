@@ -162,14 +162,9 @@ type Server struct {
 	sleds map[string]SledAgentInfo // by sled id
 	vmms  map[string]*VMM          // by propolis id
 	// vmmFaults are in force in the order added; the first that matches
-	// an update refuses it.
-	vmmFaults []vmmFault
-}
-
-// vmmFault is a VMMFault in force; Count is what is left of it.
-type vmmFault struct {
-	VMMFault
-	forever bool
+	// an update refuses it. A Count is what is left of that fault, and 0
+	// is until cleared: a limited fault is dropped when it is used up.
+	vmmFaults []VMMFault
 }
 
 // New returns a simulator that is not listening yet.
@@ -366,7 +361,7 @@ func (s *Server) AddVMMFault(f VMMFault) error {
 		f.VMM = id
 	}
 	s.mu.Lock()
-	s.vmmFaults = append(s.vmmFaults, vmmFault{f, f.Count == 0})
+	s.vmmFaults = append(s.vmmFaults, f)
 	s.mu.Unlock()
 	s.log.Info("nexus simulator VMM fault", "status", f.Status, "vmm", f.VMM, "count", f.Count)
 	return nil
@@ -386,12 +381,10 @@ func (s *Server) VMMFaults() []VMMFault {
 	return s.vmmFaultsLocked()
 }
 
+// vmmFaultsLocked is a copy of the VMMFaults in force, empty rather than
+// nil.
 func (s *Server) vmmFaultsLocked() []VMMFault {
-	out := make([]VMMFault, len(s.vmmFaults))
-	for i, f := range s.vmmFaults {
-		out[i] = f.VMMFault
-	}
-	return out
+	return append([]VMMFault{}, s.vmmFaults...)
 }
 
 // vmmFaultLocked returns the status a VMMFault answers an update of VMM
@@ -403,7 +396,7 @@ func (s *Server) vmmFaultLocked(id string) int {
 			continue
 		}
 		status := f.Status
-		if !f.forever {
+		if f.Count > 0 {
 			if f.Count--; f.Count == 0 {
 				s.vmmFaults = slices.Delete(s.vmmFaults, i, i+1)
 			}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
+	"fmt"
 	"net/netip"
 	"strings"
 	"sync"
@@ -60,6 +60,21 @@ func message(t *testing.T, a simhttptest.Answer) string {
 		t.Fatalf("error body %q: %v", a.Body, err)
 	}
 	return body.Message
+}
+
+// try sends a request with simhttptest.Send and checks that it is
+// answered status. It returns what went wrong rather than failing the
+// test, so that any goroutine may call it.
+func try(ctx context.Context, method, url, version, body string, status int) error {
+	contentType := ""
+	if body != "" {
+		contentType = "application/json"
+	}
+	a, err := simhttptest.Send(ctx, method, url, version, contentType, body)
+	if err == nil && a.Status != status {
+		err = fmt.Errorf("%s %s: %d %s, want %d", method, url, a.Status, a.Body, status)
+	}
+	return err
 }
 
 func mustJSON(t *testing.T, v any) string {
@@ -452,79 +467,18 @@ func TestAPIVersionIsRequired(t *testing.T) {
 	}
 }
 
-func TestFaults(t *testing.T) {
+// The other faults are simhttp's, and tested there.
+func TestErrorFaultAnswersUpstreamsErrorAndKeepsNothing(t *testing.T) {
 	s := start(t)
-	path := "/sled-agents/" + uuid.NewString()
-
-	// Hang: until the client gives up.
-	if err := s.SetFault(nexussim.FaultHang); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "GET", s.URL()+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("api-version", nexussim.APIVersion)
-	if resp, err := http.DefaultClient.Do(req); !errors.Is(err, context.DeadlineExceeded) {
-		if err == nil {
-			resp.Body.Close()
-		}
-		t.Fatalf("GET under hang: %v, want the client's deadline", err)
-	}
-	if err := s.SetFault(nexussim.FaultNone); err != nil {
-		t.Fatal(err)
-	}
-	if a := call(t, s, "GET", path, ""); a.Status != 404 {
-		t.Errorf("after hang: %d", a.Status)
-	}
-
-	// Error: 500 with the upstream body, nothing kept.
 	if err := s.SetFault(nexussim.FaultError); err != nil {
 		t.Fatal(err)
 	}
-	a := call(t, s, "POST", path, mustJSON(t, sledInfo(1)))
+	a := call(t, s, "POST", "/sled-agents/"+uuid.NewString(), mustJSON(t, sledInfo(1)))
 	if a.Status != 500 || simhttptest.CheckErrorBody(t, a) != "Internal" {
 		t.Errorf("POST under error: %d %s", a.Status, a.Body)
 	}
 	if len(s.Sleds()) != 0 {
 		t.Error("a sled was kept under the error fault")
-	}
-	if err := s.SetFault(nexussim.FaultNone); err != nil {
-		t.Fatal(err)
-	}
-
-	// Refuse for a while: connections are refused, then served again.
-	if a := control(t, s, "PUT", "/__sim/fault", `{"refuse_for": "1s"}`); a.Status != 204 {
-		t.Fatalf("refuse_for: %d %s", a.Status, a.Body)
-	}
-	client := &http.Client{Timeout: 5 * time.Second}
-	t.Cleanup(client.CloseIdleConnections)
-	get := func() error {
-		req, err := http.NewRequestWithContext(t.Context(), "GET", s.URL()+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("api-version", nexussim.APIVersion)
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err
-	}
-	if err := get(); err == nil {
-		t.Fatal("served while refusing")
-	}
-	deadline := time.Now().Add(simhttptest.Deadline)
-	for get() != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("still refusing long after refuse_for")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if f := s.Fault(); f != nexussim.FaultNone {
-		t.Errorf("fault after refuse_for = %q", f)
 	}
 }
 
@@ -598,6 +552,14 @@ func TestControlEndpoints(t *testing.T) {
 
 func TestConcurrentUse(t *testing.T) {
 	s := start(t)
+	ctx := t.Context()
+	// The bodies are made here, as only the test's goroutine may fail it.
+	vmmBodies, sledBodies := make([]string, 10), make([]string, 10)
+	for i := range vmmBodies {
+		gen := nexussim.Generation(i + 1)
+		vmmBodies[i] = mustJSON(t, vmmState(gen, nexussim.VmmStateRunning))
+		sledBodies[i] = mustJSON(t, sledInfo(gen))
+	}
 	var wg sync.WaitGroup
 	ids := make([]string, 8)
 	for i := range ids {
@@ -605,12 +567,12 @@ func TestConcurrentUse(t *testing.T) {
 	}
 	for _, id := range ids {
 		wg.Go(func() {
-			for gen := range nexussim.Generation(10) {
-				if a := call(t, s, "PUT", "/vmms/"+id, mustJSON(t, vmmState(gen+1, nexussim.VmmStateRunning))); a.Status != 204 {
-					t.Errorf("PUT: %d %s", a.Status, a.Body)
+			for i := range vmmBodies {
+				if err := try(ctx, "PUT", s.URL()+"/vmms/"+id, nexussim.APIVersion, vmmBodies[i], 204); err != nil {
+					t.Error(err)
 				}
-				if a := call(t, s, "POST", "/sled-agents/"+id, mustJSON(t, sledInfo(gen+1))); a.Status != 204 {
-					t.Errorf("POST: %d %s", a.Status, a.Body)
+				if err := try(ctx, "POST", s.URL()+"/sled-agents/"+id, nexussim.APIVersion, sledBodies[i], 204); err != nil {
+					t.Error(err)
 				}
 				s.VMMStates(id)
 				s.LatestVMM(id)
@@ -621,7 +583,9 @@ func TestConcurrentUse(t *testing.T) {
 		for range 20 {
 			s.VMMs()
 			s.Sleds()
-			control(t, s, "GET", "/__sim/state", "")
+			if err := try(ctx, "GET", s.URL()+"/__sim/state", "", "", 200); err != nil {
+				t.Error(err)
+			}
 		}
 	})
 	wg.Wait()

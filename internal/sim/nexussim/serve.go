@@ -11,14 +11,16 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sim/simhttp"
 )
 
-// pathID parses a UUID path parameter into its canonical form.
-func pathID(r *http.Request, name string) (string, error) {
+// pathID returns the canonical form of the UUID path parameter name; when
+// it is not a UUID it answers 400 naming the problem and returns false.
+func pathID(rp *simhttp.Reply, r *http.Request, name string) (string, bool) {
 	raw := r.PathValue(name)
 	u, err := uuid.Parse(raw)
 	if err != nil {
-		return "", fmt.Errorf("bad parameter in URL path: unable to parse %q as %s: not a UUID: %w", raw, name, err)
+		rp.Error(http.StatusBadRequest, "", fmt.Sprintf("bad parameter in URL path: unable to parse %q as %s: not a UUID: %v", raw, name, err))
+		return "", false
 	}
-	return u.String(), nil
+	return u.String(), true
 }
 
 // request reads an operation's UUID path parameter and its body, decoded
@@ -26,9 +28,8 @@ func pathID(r *http.Request, name string) (string, error) {
 // returns false.
 func request[T any](rp *simhttp.Reply, r *http.Request, param string, decode func([]byte) (T, error)) (string, T, bool) {
 	var zero T
-	id, err := pathID(r, param)
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", err.Error())
+	id, ok := pathID(rp, r, param)
+	if !ok {
 		return "", zero, false
 	}
 	data, err := simhttp.ReadBody(r)
@@ -46,9 +47,8 @@ func request[T any](rp *simhttp.Reply, r *http.Request, param string, decode fun
 
 // serveSledGet serves GET /sled-agents/{sled_id}.
 func (s *Server) serveSledGet(rp *simhttp.Reply, r *http.Request) {
-	id, err := pathID(r, "sled_id")
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", err.Error())
+	id, ok := pathID(rp, r, "sled_id")
+	if !ok {
 		return
 	}
 	s.mu.Lock()
@@ -133,9 +133,8 @@ func clientError(status int) (code, msg string) {
 
 // serveDecommission serves POST /__sim/decommission/{sled_id}.
 func (s *Server) serveDecommission(rp *simhttp.Reply, r *http.Request) {
-	id, err := pathID(r, "sled_id")
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", err.Error())
+	id, ok := pathID(rp, r, "sled_id")
+	if !ok {
 		return
 	}
 	if err := s.Decommission(id); errors.Is(err, ErrNoSled) {
@@ -150,20 +149,11 @@ func (s *Server) serveDecommission(rp *simhttp.Reply, r *http.Request) {
 
 // serveSetSled serves PUT /__sim/sleds/{sled_id}.
 func (s *Server) serveSetSled(rp *simhttp.Reply, r *http.Request) {
-	id, err := pathID(r, "sled_id")
-	if err != nil {
-		rp.Error(http.StatusBadRequest, "", err.Error())
+	id, info, ok := request(rp, r, "sled_id", decodeSledAgentInfo)
+	if !ok {
 		return
 	}
-	data, err := simhttp.ReadBody(r)
-	var info SledAgentInfo
-	if err == nil {
-		info, err = decodeSledAgentInfo(data)
-	}
-	if err == nil {
-		err = s.SetSled(id, info)
-	}
-	if err != nil {
+	if err := s.SetSled(id, info); err != nil {
 		rp.Error(http.StatusBadRequest, "", "sled body: "+err.Error())
 		return
 	}

@@ -3,7 +3,6 @@ package nexussim
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/netip"
@@ -252,12 +251,8 @@ func checkSledVmmState(st *SledVmmState) error {
 // parseObject checks that data is one JSON object, with nothing after it,
 // holding each of required, none null, and returns its fields.
 func parseObject(data []byte, required ...string) (map[string]json.RawMessage, error) {
-	if !json.Valid(data) {
-		var x any
-		err := json.Unmarshal(data, &x)
-		if err == nil {
-			err = errors.New("invalid JSON")
-		}
+	// Bad syntax is reported first, so that it is not taken for a wrong type.
+	if err := json.Unmarshal(data, new(json.RawMessage)); err != nil {
 		return nil, err
 	}
 	return requireFields(data, "", required...)

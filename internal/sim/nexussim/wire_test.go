@@ -10,6 +10,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/openapitest"
 	"github.com/sled-agent/sled-agent/internal/sim/nexussim"
+	"github.com/sled-agent/sled-agent/internal/sim/simhttp/simhttptest"
 )
 
 // Every answer of the three operations, success and error, goes through a
@@ -19,7 +20,7 @@ func TestWireIsUpstreams(t *testing.T) {
 	s := start(t)
 	spec := openapitest.Load(t, openapitest.Nexus)
 	proxy := spec.Proxy(t, s.URL())
-	client := &http.Client{}
+	client := &http.Client{Timeout: simhttptest.Deadline}
 	t.Cleanup(client.CloseIdleConnections)
 	send := func(method, path, version, body string, invalid bool) int {
 		t.Helper()

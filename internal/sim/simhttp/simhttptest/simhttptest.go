@@ -5,6 +5,7 @@ package simhttptest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -30,15 +31,25 @@ type Answer struct {
 // Content-Type and body "" sends no body.
 func Do(t testing.TB, method, url, version, contentType, body string) Answer {
 	t.Helper()
+	a, err := Send(t.Context(), method, url, version, contentType, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// Send is Do for any goroutine: it returns what went wrong instead of
+// failing the test.
+func Send(ctx context.Context, method, url, version, contentType, body string) (Answer, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
+	ctx, cancel := context.WithTimeout(ctx, Deadline)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
-		t.Fatal(err)
+		return Answer{}, err
 	}
 	if version != "" {
 		req.Header.Set("api-version", version)
@@ -48,14 +59,14 @@ func Do(t testing.TB, method, url, version, contentType, body string) Answer {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return Answer{}, fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return Answer{}, fmt.Errorf("%s %s: %w", method, url, err)
 	}
-	return Answer{resp.StatusCode, resp.Header, string(b)}
+	return Answer{resp.StatusCode, resp.Header, string(b)}, nil
 }
 
 // CheckErrorBody checks that a carries the upstream error body
