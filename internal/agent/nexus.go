@@ -7,7 +7,6 @@ import (
 	"sync"
 
 	"github.com/sled-agent/sled-agent/internal/dns"
-	"github.com/sled-agent/sled-agent/internal/hardware"
 	"github.com/sled-agent/sled-agent/internal/nexus"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 )
@@ -78,10 +77,6 @@ func (l *nexusLink) VMMForgotten(id string) { l.publisher.Forget(id) }
 func (a *Agent) sledAgentInfo() nexus.SledAgentInfo {
 	id := a.identity
 	hw := id.Hardware
-	cpu := hw.CPUFamily
-	if cpu == "" {
-		cpu = hardware.CPUUnknown
-	}
 	return nexus.SledAgentInfo{
 		SAAddress: id.Address,
 		// No repo depot is served here (upstream's is at 12348): port 0
@@ -89,7 +84,7 @@ func (a *Agent) sledAgentInfo() nexus.SledAgentInfo {
 		RepoDepotPort:         0,
 		Role:                  id.Role,
 		Baseboard:             nexus.Baseboard{Serial: hw.Baseboard.Serial, Part: hw.Baseboard.Part, Revision: hw.Baseboard.Revision},
-		CPUFamily:             string(cpu),
+		CPUFamily:             string(hw.Family()),
 		UsableHardwareThreads: hw.HardwareThreads,
 		UsablePhysicalRAM:     hw.PhysicalRAM,
 		ReservoirSize:         a.reservoir.Size(),

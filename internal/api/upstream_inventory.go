@@ -10,7 +10,6 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 
-	"github.com/sled-agent/sled-agent/internal/hardware"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
@@ -112,10 +111,6 @@ func (s *Server) reservoirSize() uint64 {
 func (s *Server) inventoryIdentity() InventoryIdentity {
 	id := s.deps.Identity
 	hw := id.Hardware
-	cpu := hw.CPUFamily
-	if cpu == "" {
-		cpu = hardware.CPUUnknown // not determined
-	}
 	return InventoryIdentity{
 		SledID:                id.SledID,
 		SledAgentAddress:      id.Address,
@@ -123,7 +118,7 @@ func (s *Server) inventoryIdentity() InventoryIdentity {
 		BaseboardID:           BaseboardID{PartNumber: hw.Baseboard.Part, SerialNumber: hw.Baseboard.Serial},
 		UsableHardwareThreads: hw.HardwareThreads,
 		UsablePhysicalRAM:     hw.PhysicalRAM,
-		CPUFamily:             string(cpu),
+		CPUFamily:             string(hw.Family()),
 		ReservoirSize:         s.reservoirSize(),
 		FileSourceResolver:    fileSourceResolver(),
 		ReferenceMeasurements: []SingleMeasurementInventory{},

@@ -18,6 +18,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/dns"
+	nexusclient "github.com/sled-agent/sled-agent/internal/nexus"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
 	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
@@ -152,7 +153,7 @@ func devNeighbours(cfg *agent.Config, log *slog.Logger, withNexus bool) (stop fu
 			return nil, nil, fmt.Errorf("starting the Nexus simulator: %w", err)
 		}
 		stops = append(stops, func() { nexus.Close() })
-		records.Merge(dns.ServiceRecords("nexus", netip.MustParseAddrPort(nexus.Addr())))
+		records.Merge(dns.ServiceRecords(nexusclient.Service, netip.MustParseAddrPort(nexus.Addr())))
 	}
 	if err := server.SetRecords(records); err != nil {
 		return nil, nil, err

@@ -117,3 +117,13 @@ func TestProbeReportsUnknownCPUWithANote(t *testing.T) {
 		t.Errorf("notes %q: want one on the cpu family naming the missing file", notes)
 	}
 }
+
+// An Info made by hand, whose CPU was never looked at, reports it unknown.
+func TestFamilyOfAnInfoMadeByHand(t *testing.T) {
+	if got := (Info{}).Family(); got != CPUUnknown {
+		t.Errorf("Info{}.Family() = %q, want %q", got, CPUUnknown)
+	}
+	if got := (Info{CPUFamily: CPUAMDMilan}).Family(); got != CPUAMDMilan {
+		t.Errorf("Family() = %q, want %q", got, CPUAMDMilan)
+	}
+}

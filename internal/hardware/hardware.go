@@ -25,9 +25,20 @@ type Baseboard struct {
 // Info is what the sled is.
 type Info struct {
 	Baseboard Baseboard
+	// CPUFamily is "" where the sled's CPU was never looked at (an Info
+	// made by hand): Family reports it as CPUUnknown.
 	CPUFamily CPUFamily
 	// PhysicalRAM is the usable physical memory, in bytes.
 	PhysicalRAM uint64
 	// HardwareThreads is how many hardware threads the agent may use.
 	HardwareThreads uint32
+}
+
+// Family is the sled's CPU family as upstream reports it: CPUUnknown where
+// it was not determined.
+func (i Info) Family() CPUFamily {
+	if i.CPUFamily == "" {
+		return CPUUnknown
+	}
+	return i.CPUFamily
 }
