@@ -17,6 +17,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/testguest"
 	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemuvm"
 	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 )
 
@@ -130,7 +131,11 @@ func TestLinuxGuestKilledFails(t *testing.T) {
 			uid, _ = strconv.ParseUint(f[1], 10, 32)
 		}
 	}
-	if first := uint64(0x60000000); uid < first || uid >= first+1<<16 {
+	r, err := qemuvm.ParseIDRange(testQEMUIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uid < uint64(r.First) || uid > uint64(r.Last()) {
 		t.Errorf("QEMU runs as uid %d, not one of --vmm-qemu-ids %s", uid, testQEMUIDs)
 	}
 	syscall.Kill(pids[0], syscall.SIGKILL)

@@ -191,7 +191,6 @@ func byPath(argv []string) []string {
 			}
 		}
 	}
-	dir := ""
 	for i, a := range out {
 		for set, path := range sets {
 			a = strings.ReplaceAll(a, "file.filename="+set+",", "file.filename="+path+",")
@@ -199,13 +198,9 @@ func byPath(argv []string) []string {
 				a = strings.TrimSuffix(a, set) + path
 			}
 		}
-		if strings.Contains(a, "node-name=fw-vars,") {
-			_, f, _ := strings.Cut(a, "file.filename=")
-			f, _, _ = strings.Cut(f, ",")
-			dir = filepath.Dir(f)
-		}
 		out[i] = a
 	}
+	dir := fwVarsDir(out)
 	for i, a := range out {
 		if rest, ok := strings.CutPrefix(a, "socket,id="); ok {
 			id, opts, _ := strings.Cut(rest, ",")
@@ -224,12 +219,10 @@ func byPath(argv []string) []string {
 	return out
 }
 
-// normaliseArgv is a QEMU command line with what differs between two VMs
-// of one spec replaced: the disk's path, the VM's directory (where its
-// firmware variables are, or by a descriptor's name), and its name; and
-// its descriptors written as the paths they stand for (byPath).
-func normaliseArgv(argv []string, name, disk string) []string {
-	argv = byPath(argv)
+// fwVarsDir is the directory of the firmware variables' file (the VM's
+// directory) on a QEMU command line whose descriptors are written as paths
+// (byPath), or "" if it names none.
+func fwVarsDir(argv []string) string {
 	dir := ""
 	for _, a := range argv {
 		if strings.Contains(a, "node-name=fw-vars,") {
@@ -239,6 +232,16 @@ func normaliseArgv(argv []string, name, disk string) []string {
 			}
 		}
 	}
+	return dir
+}
+
+// normaliseArgv is a QEMU command line with what differs between two VMs
+// of one spec replaced: the disk's path, the VM's directory (where its
+// firmware variables are, or by a descriptor's name), and its name; and
+// its descriptors written as the paths they stand for (byPath).
+func normaliseArgv(argv []string, name, disk string) []string {
+	argv = byPath(argv)
+	dir := fwVarsDir(argv)
 	out := make([]string, len(argv))
 	for i, a := range argv {
 		a = strings.ReplaceAll(a, disk, "{disk}")

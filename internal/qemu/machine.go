@@ -202,6 +202,12 @@ var (
 	reserved = map[string]bool{"com1": true, "com2": true, "com3": true, "com4": true, "pvpanic": true}
 )
 
+// validTap says whether name can be a tap's name: an interface name of 1
+// to 15 letters, digits, '.', '_' or '-', other than "." and "..".
+func validTap(name string) bool {
+	return tapRe.MatchString(name) && name != "." && name != ".."
+}
+
 // maxSocketPath is the longest unix socket path Linux binds (sun_path less
 // its terminating NUL).
 const maxSocketPath = 107
@@ -528,7 +534,7 @@ func (m Machine) validate() error {
 		case mac.String() == "00:00:00:00:00:00":
 			add("%s: MAC %s is all zeros", what, mac)
 		}
-		if !tapRe.MatchString(n.Tap) || n.Tap == "." || n.Tap == ".." {
+		if !validTap(n.Tap) {
 			add("%s: tap %q: want an interface name of 1 to 15 letters, digits, '.', '_' or '-'", what, n.Tap)
 		}
 		switch {

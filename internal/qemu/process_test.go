@@ -514,16 +514,33 @@ func TestTail(t *testing.T) {
 	}
 }
 
-// nobody is the unprivileged user the tests run QEMU as; they skip where
-// they cannot switch to it.
-func nobody(t *testing.T) {
+// nobody is the user and group ids of the unprivileged user the tests run
+// QEMU as; they skip where they cannot switch to it.
+func nobody(t *testing.T) (uid, gid uint32) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to switch QEMU to another user")
 	}
-	if _, err := user.Lookup("nobody"); err != nil {
+	u, err := user.Lookup("nobody")
+	if err != nil {
 		t.Skipf("needs the user nobody: %v", err)
 	}
+	id := func(s string) uint32 {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err != nil {
+			t.Fatalf("nobody's id %q: %v", s, err)
+		}
+		return uint32(n)
+	}
+	return id(u.Uid), id(u.Gid)
+}
+
+// startAs is the StartOptions that start QEMU as uid and gid.
+func startAs(uid, gid uint32) StartOptions {
+	return StartOptions{Start: func(cmd *exec.Cmd) error {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: gid}
+		return cmd.Start()
+	}}
 }
 
 // procStatus is a line of /proc/<pid>/status.
@@ -545,14 +562,14 @@ func procStatus(t *testing.T, pid int, field string) string {
 // -runas: QEMU opens its files as root, then becomes the user.
 func TestQEMURunAs(t *testing.T) {
 	needQEMU(t)
-	nobody(t)
-	u, _ := user.Lookup("nobody")
+	uid, _ := nobody(t)
+	want := strconv.FormatUint(uint64(uid), 10)
 	m := tcgMachine(t)
 	m.RunAs = "nobody"
 	p := start(t, m)
 	wantStatus(t, p.Monitor(), "prelaunch", false)
-	if uid := procStatus(t, p.PID(), "Uid"); !strings.HasPrefix(uid, u.Uid+" ") {
-		t.Errorf("QEMU runs as uid %s, want %s", uid, u.Uid)
+	if got := procStatus(t, p.PID(), "Uid"); !strings.HasPrefix(got, want+" ") {
+		t.Errorf("QEMU runs as uid %s, want %s", got, want)
 	}
 }
 
@@ -563,10 +580,7 @@ func TestQEMURunAs(t *testing.T) {
 // their paths, it could open none of them.
 func TestQEMUUnprivileged(t *testing.T) {
 	needQEMU(t)
-	nobody(t)
-	u, _ := user.Lookup("nobody")
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	uid, gid := nobody(t)
 	m := tcgMachine(t)
 	m.Sandbox = true
 	dir := filepath.Dir(m.QMPSocket)
@@ -585,10 +599,7 @@ func TestQEMUUnprivileged(t *testing.T) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	asNobody := StartOptions{Start: func(cmd *exec.Cmd) error {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		return cmd.Start()
-	}}
+	asNobody := startAs(uid, gid)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -607,7 +618,7 @@ func TestQEMUUnprivileged(t *testing.T) {
 	}
 	t.Cleanup(func() { p.Kill(context.Background()) })
 	for _, field := range []string{"Uid", "Gid"} {
-		want := strings.TrimSpace(strings.Repeat(strconv.Itoa(map[string]int{"Uid": uid, "Gid": gid}[field])+" ", 4))
+		want := strings.TrimSpace(strings.Repeat(strconv.FormatUint(uint64(map[string]uint32{"Uid": uid, "Gid": gid}[field]), 10)+" ", 4))
 		if got := procStatus(t, p.PID(), field); got != want {
 			t.Errorf("QEMU's %s (real, effective, saved, file system) %s, want %s", field, got, want)
 		}

@@ -22,7 +22,7 @@ import (
 // name is an error. The caller runs OpenTap on a thread in QEMU's
 // namespace, with CAP_NET_ADMIN.
 func OpenTap(name string, uid, gid uint32) (*os.File, error) {
-	if !tapRe.MatchString(name) || name == "." || name == ".." {
+	if !validTap(name) {
 		return nil, fmt.Errorf("tap %q: want an interface name of 1 to 15 letters, digits, '.', '_' or '-'", name)
 	}
 	if _, err := RemoveTap(name); err != nil {

@@ -2,12 +2,7 @@ package qemu
 
 import (
 	"context"
-	"errors"
-	"os/exec"
-	"os/user"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,67 +12,42 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet/zonenettest"
 )
 
-// inNetns runs f on a thread in the namespace name.
-func inNetns(name string, f func() error) error { return zonenet.RunIn(name, f) }
-
-// link is the link name in namespace ns, or nil.
-func link(t *testing.T, ns, name string) netlink.Link {
-	t.Helper()
-	var l netlink.Link
-	err := inNetns(ns, func() error {
-		var err error
-		l, err = netlink.LinkByName(name)
-		return err
-	})
-	var nf netlink.LinkNotFoundError
-	if errors.As(err, &nf) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // The service makes a NIC's tap, owned by QEMU's user, in place of one
 // left behind; QEMU, unprivileged and in another namespace, is given it;
 // the tap goes when QEMU does. A link of the name that is not a tap is
 // left, and said.
 func TestOpenTap(t *testing.T) {
 	needQEMU(t)
-	nobody(t)
-	u, _ := user.Lookup("nobody")
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	uid, gid := nobody(t)
 	ns := zonenettest.Netns(t, "qtap-")
 	const name = "vntest0"
 
 	// Left behind: a persistent tap of root's, as a crashed service or
 	// another tool might leave.
-	if err := inNetns(ns, func() error {
+	if err := zonenet.RunIn(ns, func() error {
 		return netlink.LinkAdd(&netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{Name: name}, Mode: netlink.TUNTAP_MODE_TAP, Flags: netlink.TUNTAP_NO_PI})
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if l, ok := link(t, ns, name).(*netlink.Tuntap); !ok || l.NonPersist || l.Owner == uint32(uid) {
-		t.Fatalf("left-behind tap %+v", link(t, ns, name))
+	if l, ok := zonenettest.Link(t, ns, name).(*netlink.Tuntap); !ok || l.NonPersist || l.Owner == uid {
+		t.Fatalf("left-behind tap %+v", zonenettest.Link(t, ns, name))
 	}
 
 	m := tcgMachine(t)
 	m.Descriptors, m.Sandbox = true, true
 	m.NICs = []NIC{{ID: "net0", Kind: VirtioNet, PCI: PCIPath{0, 8, 0}, MAC: "a8:40:25:f0:00:07", Tap: name}}
-	if err := inNetns(ns, func() error {
+	if err := zonenet.RunIn(ns, func() error {
 		var err error
-		m.NICs[0].File, err = OpenTap(name, uint32(uid), uint32(gid))
+		m.NICs[0].File, err = OpenTap(name, uid, gid)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	tap, ok := link(t, ns, name).(*netlink.Tuntap)
+	tap, ok := zonenettest.Link(t, ns, name).(*netlink.Tuntap)
 	if !ok {
-		t.Fatalf("link %s: %+v, want a tap", name, link(t, ns, name))
+		t.Fatalf("link %s: %+v, want a tap", name, zonenettest.Link(t, ns, name))
 	}
-	if tap.Mode != netlink.TUNTAP_MODE_TAP || tap.Owner != uint32(uid) || tap.Group != uint32(gid) || !tap.NonPersist ||
+	if tap.Mode != netlink.TUNTAP_MODE_TAP || tap.Owner != uid || tap.Group != gid || !tap.NonPersist ||
 		tap.Flags&netlink.TUNTAP_VNET_HDR == 0 || tap.Flags&netlink.TUNTAP_NO_PI == 0 {
 		t.Errorf("tap: mode %d, owner %d, group %d, not persistent %v, flags %#x; want a tap of %d:%d, not persistent, vnet_hdr, no_pi",
 			tap.Mode, tap.Owner, tap.Group, tap.NonPersist, tap.Flags, uid, gid)
@@ -85,10 +55,7 @@ func TestOpenTap(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := Start(ctx, m, StartOptions{Start: func(cmd *exec.Cmd) error {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		return cmd.Start()
-	}})
+	p, err := Start(ctx, m, startAs(uid, gid))
 	m.NICs[0].File.Close() // QEMU holds the tap alone now
 	if err != nil {
 		t.Fatal(err)
@@ -101,18 +68,18 @@ func TestOpenTap(t *testing.T) {
 	if !strings.Contains(info, "net0: index=0,type=tap,fd=") || !strings.Contains(info, "macaddr=a8:40:25:f0:00:07") {
 		t.Errorf("info network: %q", info)
 	}
-	if link(t, ns, name) == nil {
+	if zonenettest.Link(t, ns, name) == nil {
 		t.Fatal("the tap went while QEMU runs")
 	}
 	if err := p.Kill(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); link(t, ns, name) != nil; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); zonenettest.Link(t, ns, name) != nil; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the tap outlived QEMU")
 		}
 	}
-	if err := inNetns(ns, func() error {
+	if err := zonenet.RunIn(ns, func() error {
 		if gone, err := RemoveTap(name); gone || err != nil {
 			t.Errorf("RemoveTap of no tap = %v, %v", gone, err)
 		}
@@ -122,11 +89,11 @@ func TestOpenTap(t *testing.T) {
 	}
 
 	// A veth of the name is no tap of ours.
-	if err := inNetns(ns, func() error {
+	if err := zonenet.RunIn(ns, func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
 			return err
 		}
-		if f, err := OpenTap(name, uint32(uid), uint32(gid)); err == nil || !strings.Contains(err.Error(), "a veth link of that name is in the way") {
+		if f, err := OpenTap(name, uid, gid); err == nil || !strings.Contains(err.Error(), "a veth link of that name is in the way") {
 			f.Close()
 			t.Errorf("OpenTap over a veth = %v", err)
 		}
@@ -134,7 +101,7 @@ func TestOpenTap(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := link(t, ns, name).(*netlink.Veth); !ok {
+	if _, ok := zonenettest.Link(t, ns, name).(*netlink.Veth); !ok {
 		t.Errorf("the veth was not left")
 	}
 }

@@ -441,22 +441,25 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 	}
 	v.cancel()
 	<-v.done
+	tellForgotten := func() { // with v.mu held, as States asks
+		if st := m.opts.States; st != nil {
+			st.VMMForgotten(id)
+		}
+	}
 	if err := v.teardown(ctx); err != nil {
 		// The zone may still be there, with the links and route of the
 		// VMM's id and address: they stay claimed (until the next agent's
 		// Resume removes the zone).
-		if st := m.opts.States; st != nil {
-			st.VMMForgotten(id)
-		}
+		v.mu.Lock()
+		tellForgotten()
+		v.mu.Unlock()
 		return v.info(), err
 	}
 	v.release()
 	m.unreserve(id)
 	v.mu.Lock()
 	v.setLocked(StateDestroyed, "unregistered; zone torn down", "unregistered")
-	if st := m.opts.States; st != nil {
-		st.VMMForgotten(id)
-	}
+	tellForgotten()
 	v.mu.Unlock()
 	return v.info(), nil
 }

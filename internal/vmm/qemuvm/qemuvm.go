@@ -304,13 +304,10 @@ func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
 
 // asUser makes start start QEMU as id, with no other groups and no
 // capabilities (the kernel drops them all as root becomes another user).
+// The command has its SysProcAttr already: qemu.Start sets it.
 func asUser(id Identity, start func(*exec.Cmd) error) func(*exec.Cmd) error {
 	return func(cmd *exec.Cmd) error {
-		if cmd.SysProcAttr == nil {
-			cmd.SysProcAttr = &syscall.SysProcAttr{}
-		}
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: slices.Clone(id.Groups)}
-		cmd.SysProcAttr.AmbientCaps = nil
 		if start == nil {
 			return cmd.Start()
 		}

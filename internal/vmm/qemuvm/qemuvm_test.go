@@ -82,7 +82,7 @@ func newGuestWith(t *testing.T, edit func(*Options)) *guest {
 		Sled:    spec.Sled{Threads: 2, FileRoots: []string{storage}},
 		Start:   func(cmd *exec.Cmd) error { return zonenet.StartIn(netns, cmd) },
 		IDs:     DefaultIDs,
-		InNetns: func(f func() error) error { return inNetns(netns, f) },
+		InNetns: func(f func() error) error { return zonenet.RunIn(netns, f) },
 	}
 	if edit != nil {
 		edit(&opts)
@@ -98,24 +98,12 @@ func newGuestWith(t *testing.T, edit func(*Options)) *guest {
 	return &guest{vm: vm, disk: disk, netns: netns}
 }
 
-// inNetns runs f on a thread in the namespace name.
-func inNetns(name string, f func() error) error { return zonenet.RunIn(name, f) }
-
 // tap is the tap name in the guest's namespace, or nil if there is none.
 func (g *guest) tap(t *testing.T, name string) *netlink.Tuntap {
 	t.Helper()
-	var l netlink.Link
-	err := inNetns(g.netns, func() error {
-		var err error
-		l, err = netlink.LinkByName(name)
-		return err
-	})
-	var nf netlink.LinkNotFoundError
-	if errors.As(err, &nf) {
+	l := zonenettest.Link(t, g.netns, name)
+	if l == nil {
 		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
 	}
 	tap, ok := l.(*netlink.Tuntap)
 	if !ok {
@@ -242,19 +230,17 @@ func TestGuestLifecycle(t *testing.T) {
 	g.ensureAndRun(t, true)
 	off := g.waitSerial(t, 0, testguest.ReadyPrefix+testMAC)
 
-	id, err := DefaultIDs.Pick(g.vm.opts.Name, func(uint32) bool { return false })
-	if err != nil {
-		t.Fatal(err)
-	}
 	pid := g.pid()
 	uids, gids := strings.Fields(procStatus(t, pid, "Uid")), strings.Fields(procStatus(t, pid, "Gid"))
 	ids := slices.Repeat(uids[:1], 4) // real, effective, saved, file system
 	if ids[0] == "0" || !slices.Equal(uids, ids) || !slices.Equal(gids, ids) {
 		t.Errorf("QEMU's uids %v, gids %v: want one id, not root's, for all of them", uids, gids)
 	}
-	if ids[0] != strconv.FormatUint(uint64(id), 10) {
-		// Another process held the VM's id: the next one up was taken.
-		t.Logf("QEMU runs as %s, not %d, the VM's first choice", ids[0], id)
+	// The VM's id, or the next free one up if a process held it: one of
+	// the range's, wherever it lands.
+	r := g.vm.opts.IDs
+	if uid, err := strconv.ParseUint(ids[0], 10, 32); err != nil || uid < uint64(r.First) || uid > uint64(r.Last()) {
+		t.Errorf("QEMU runs as uid %s, want one of the range %d to %d (%v)", ids[0], r.First, r.Last(), err)
 	}
 	if got := procStatus(t, pid, "Groups"); got != "" {
 		t.Errorf("QEMU's supplementary groups %q, want none (TCG)", got)

@@ -4,8 +4,13 @@ package zonenettest
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os/exec"
 	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 )
 
 // Netns makes an empty network namespace named prefix plus random hex,
@@ -25,4 +30,24 @@ func Netns(t testing.TB, prefix string) string {
 		}
 	})
 	return name
+}
+
+// Link is the link name in the network namespace ns, or nil if there is
+// none; any other error fails the test.
+func Link(t testing.TB, ns, name string) netlink.Link {
+	t.Helper()
+	var l netlink.Link
+	err := zonenet.RunIn(ns, func() error {
+		var err error
+		l, err = netlink.LinkByName(name)
+		return err
+	})
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
