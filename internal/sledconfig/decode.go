@@ -147,16 +147,6 @@ type decoder struct {
 	unknown bool
 }
 
-// decode decodes n, a node of t (canonicalized), into *ptr and returns the
-// first type mismatch, or nil.
-func decode[T any](t *tree, n *node, ptr *T) error {
-	d := decoder{t: t}
-	if err := d.decode(n, reflect.ValueOf(ptr).Elem(), planFor(reflect.TypeFor[T]())); err != nil {
-		return err
-	}
-	return nil
-}
-
 // decode decodes n into v, of plan p, and returns the first type mismatch,
 // or nil. One decoder decodes many values in turn.
 func (d *decoder) decode(n *node, v reflect.Value, p *plan) *json.UnmarshalTypeError {

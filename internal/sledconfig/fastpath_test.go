@@ -5,16 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"reflect"
-	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"unicode/utf8"
-
-	"github.com/google/uuid"
 )
 
 // The tests here check each shortcut Parse and Validate take against the
@@ -183,13 +178,7 @@ func TestItemsAnswerAsTheTree(t *testing.T) {
 func checkItems[T any](t *testing.T, items []item[T], section any) int {
 	t.Helper()
 	members, _ := section.(map[string]any)
-	keys := slices.Sorted(func(yield func(string) bool) {
-		for k := range members {
-			if !yield(k) {
-				return
-			}
-		}
-	})
+	keys := sortedKeys(members)
 	if len(items) != len(keys) {
 		t.Fatalf("%d items, %d members", len(items), len(keys))
 	}
@@ -251,56 +240,6 @@ func TestValidateAfterOtherParses(t *testing.T) {
 	for i, cfg := range cfgs {
 		if got := fmt.Sprint(Validate(cfg)); got != want[i] {
 			t.Fatalf("config %d validates as\n%s\nafter other parses, as\n%s\nright after its own", i, got, want[i])
-		}
-	}
-}
-
-// TestMatchersAgreeWithTheirDefinitions checks the eight-byte-at-a-time
-// matchers against what they stand for.
-func TestMatchersAgreeWithTheirDefinitions(t *testing.T) {
-	lowerUUID := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-	lowerUUIDv4 := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
-	mayFoldSlowly := func(s string) bool {
-		for _, r := range s {
-			if 'A' <= r && r <= 'Z' || r >= utf8.RuneSelf {
-				return true
-			}
-		}
-		return false
-	}
-	// The bytes either side of each range the matchers take, and some.
-	alphabet := []byte("0123456789abcdefABCDEF-/:`g@G_xzZ4\x00\x7f\x80\xc3\xe2\xff")
-	seeds := []string{"b0000000-0000-4000-8000-00000000000a", "B0AAAAAA-AAAA-4AAA-8AAA-FFFFFFFFFFFF",
-		"0123abcd-ef01-4bcd-9f01-23456789abcd", "zones", "Zones", "datasets", "", "é", "abcdefghijklmnopqrstuvwxyz"}
-	r := rand.New(rand.NewPCG(5, 6))
-	for _, seed := range seeds {
-		for range 5000 {
-			b := []byte(seed)
-			for range 1 + r.IntN(2) {
-				switch i := r.IntN(len(b) + 1); {
-				case i == len(b) || r.IntN(8) == 0:
-					b = slices.Insert(b, min(i, len(b)), alphabet[r.IntN(len(alphabet))])
-				case r.IntN(8) == 0:
-					b = slices.Delete(b, i, i+1)
-				default:
-					b[i] = alphabet[r.IntN(len(alphabet))]
-				}
-			}
-			for _, s := range []string{seed, string(b)} {
-				_, err := uuid.Parse(s)
-				if got, want := isUUID(s), len(s) == 36 && err == nil; got != want {
-					t.Fatalf("isUUID(%q) = %v, uuid.Parse says %v", s, got, want)
-				}
-				if got, want := isLowerUUID(s, false), lowerUUID.MatchString(s); got != want {
-					t.Fatalf("isLowerUUID(%q, false) = %v, want %v", s, got, want)
-				}
-				if got, want := isLowerUUID(s, true), lowerUUIDv4.MatchString(s); got != want {
-					t.Fatalf("isLowerUUID(%q, true) = %v, want %v", s, got, want)
-				}
-				if got, want := mayFold(s), mayFoldSlowly(s); got != want {
-					t.Fatalf("mayFold(%q) = %v, want %v", s, got, want)
-				}
-			}
 		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/google/uuid"
 )
 
 // mutatedDocs are the test configs, each mutated at random in many ways
@@ -220,7 +222,11 @@ func TestDecodeAgreesWithEncodingJSON(t *testing.T) {
 func checkDecode[T any](t *testing.T, tr *tree, n *node, raw []byte) {
 	t.Helper()
 	var got, want T
-	gotErr := decode(tr, n, &got)
+	d := decoder{t: tr}
+	var gotErr error // nil, not a nil *json.UnmarshalTypeError, if it decodes
+	if err := d.decode(n, reflect.ValueOf(&got).Elem(), planFor(reflect.TypeFor[T]())); err != nil {
+		gotErr = err
+	}
 	wantErr := json.Unmarshal(raw, &want)
 	var g, w *json.UnmarshalTypeError
 	switch {
@@ -239,9 +245,10 @@ func checkDecode[T any](t *testing.T, tr *tree, n *node, raw []byte) {
 	}
 }
 
-// TestMatchersAgreeWithPatterns checks the name matchers against the
-// patterns they stand for.
-func TestMatchersAgreeWithPatterns(t *testing.T) {
+// TestMatchersAgreeWithTheirDefinitions checks the name and UUID matchers,
+// and the eight-byte-at-a-time ones, against the patterns or plainer code
+// they stand for.
+func TestMatchersAgreeWithTheirDefinitions(t *testing.T) {
 	var prefixes []string
 	for _, p := range zoneKinds {
 		prefixes = append(prefixes, regexp.QuoteMeta(p))
@@ -250,13 +257,42 @@ func TestMatchersAgreeWithPatterns(t *testing.T) {
 		`)_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	zpool := regexp.MustCompile(`^ox[ip]_[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 	hash := regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+	lowerUUID := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	lowerUUIDv4 := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	isUUIDSlowly := func(s string) bool {
+		_, err := uuid.Parse(s)
+		return len(s) == 36 && err == nil
+	}
+	mayFoldSlowly := func(s string) bool {
+		for _, r := range s {
+			if 'A' <= r && r <= 'Z' || r >= utf8.RuneSelf {
+				return true
+			}
+		}
+		return false
+	}
+	matchers := []struct {
+		name      string
+		got, want func(string) bool
+	}{
+		{"isZoneName", isZoneName, zoneName.MatchString},
+		{"isZpoolName", isZpoolName, zpool.MatchString},
+		{"isArtifactHash", isArtifactHash, hash.MatchString},
+		{"isUUID", isUUID, isUUIDSlowly},
+		{"isLowerUUID(·, false)", func(s string) bool { return isLowerUUID(s, false) }, lowerUUID.MatchString},
+		{"isLowerUUID(·, true)", func(s string) bool { return isLowerUUID(s, true) }, lowerUUIDv4.MatchString},
+		{"mayFold", mayFold, mayFoldSlowly},
+	}
 	const id = "b0000000-0000-4000-8000-00000000000a"
 	seeds := []string{"oxp_" + id, "oxi_" + id, "oxz_crucible_" + id, "oxz_crucible_pantry_" + id,
-		"oxz_ntp_" + id, "oxz__" + id, strings.Repeat("ab", 32), strings.Repeat("AB", 32), ""}
+		"oxz_ntp_" + id, "oxz__" + id, strings.Repeat("ab", 32), strings.Repeat("AB", 32), "",
+		id, "B0AAAAAA-AAAA-4AAA-8AAA-FFFFFFFFFFFF", "0123abcd-ef01-4bcd-9f01-23456789abcd",
+		"zones", "Zones", "datasets", "é", "abcdefghijklmnopqrstuvwxyz"}
 	r := rand.New(rand.NewPCG(3, 4))
-	alphabet := "0123456789abcdefABCDEFxo_-pizA4893"
+	// The bytes either side of each range the matchers take, and some.
+	alphabet := "0123456789abcdefABCDEFxo_-pizA4893/:`g@GZ\x00\x7f\x80\xc3\xe2\xff"
 	for _, s := range seeds {
-		for range 3000 {
+		for range 5000 {
 			b := []byte(s)
 			for range 1 + r.IntN(2) {
 				switch i := r.IntN(len(b) + 1); {
@@ -268,14 +304,10 @@ func TestMatchersAgreeWithPatterns(t *testing.T) {
 					b[i] = alphabet[r.IntN(len(alphabet))]
 				}
 			}
-			for _, m := range []struct {
-				name string
-				got  func(string) bool
-				re   *regexp.Regexp
-			}{{"isZoneName", isZoneName, zoneName}, {"isZpoolName", isZpoolName, zpool}, {"isArtifactHash", isArtifactHash, hash}} {
+			for _, m := range matchers {
 				for _, c := range []string{s, string(b)} {
-					if m.got(c) != m.re.MatchString(c) {
-						t.Fatalf("%s(%q) = %v, pattern says %v", m.name, c, m.got(c), !m.got(c))
+					if got, want := m.got(c), m.want(c); got != want {
+						t.Fatalf("%s(%q) = %v, its definition says %v", m.name, c, got, want)
 					}
 				}
 			}

@@ -111,7 +111,7 @@ func ValidateWith(c *Config, opts ValidateOptions) error {
 		addrs[i] = zoneAddrs{key: key, underlay: underlay[start:len(underlay):len(underlay)]}
 		addrs[i].gz, addrs[i].hasGZ = gzAddress(&z)
 	}
-	v.caseDuplicates(keys)
+	v.zoneCaseDuplicates(keys)
 	owner := v.sharedUnderlay(c.Zones, addrs, len(underlay))
 	v.gzAddresses(c.Zones, addrs, owner)
 	if opts.SledUnderlay.IsValid() {
@@ -228,20 +228,35 @@ func (v *validator) zone(key string, z *Zone) {
 	v.zoneType(w.in(".zone_type"), &z.ZoneType)
 }
 
-// caseDuplicates reports zone keys that differ only in letter case: zone
-// names use the lowercased id, so such zones would share a name.
-func (v *validator) caseDuplicates(keys []string) {
-	if !mayFoldCase(keys) {
+// zoneCaseDuplicates reports zone keys that differ only in letter case:
+// zone names use the lowercased id, so such zones would share a name.
+func (v *validator) zoneCaseDuplicates(keys []string) {
+	v.caseDuplicates("zones", len(keys), func(i int) string { return keys[i] }, func(prev, lower string) string {
+		return fmt.Sprintf("zone id differs from zone %q only in letter case (both would be named oxz_…_%s)", prev, lower)
+	})
+}
+
+// caseDuplicates reports each key of the id-keyed map field (n keys,
+// distinct and sorted, key(i) the ith) that differs from an earlier one
+// only in letter case, saying what why says of it (prev: the earlier key;
+// lower: both lowercased).
+func (v *validator) caseDuplicates(field string, n int, key func(int) string, why func(prev, lower string) string) {
+	fold := false
+	for i := 0; i < n && !fold; i++ {
+		fold = mayFold(key(i))
+	}
+	if !fold {
 		return
 	}
-	first := make(map[string]string, len(keys))
-	for _, key := range keys {
-		lower := strings.ToLower(key)
+	first := make(map[string]string, n)
+	for i := range n {
+		k := key(i)
+		lower := strings.ToLower(k)
 		if prev, ok := first[lower]; ok {
-			v.add(zonePath(key), "zone id differs from zone %q only in letter case (both would be named oxz_…_%s)", prev, lower)
+			v.add(keyPath(field, k), "%s", why(prev, lower))
 			continue
 		}
-		first[lower] = key
+		first[lower] = k
 	}
 }
 
@@ -349,8 +364,7 @@ var zoneFields = [...]string{
 // function per field: calling through a function value would move every
 // zone validated to the heap.)
 func fieldsPresent(t *ZoneType) uint32 {
-	var set uint32
-	for i, present := range [len(zoneFields)]bool{
+	present := [...]bool{
 		t.Address != "",
 		t.Dataset != nil,
 		t.DNSServers != nil,
@@ -367,8 +381,13 @@ func fieldsPresent(t *ZoneType) uint32 {
 		t.ExternalIP != "",
 		t.ExternalTLS != nil,
 		t.ExternalDNSServers != nil,
-	} {
-		if present {
+	}
+	// As many as zoneFields (and in its order): a field added to one list
+	// and not the other does not compile.
+	var _ [len(zoneFields)]bool = present
+	var set uint32
+	for i, p := range present {
+		if p {
 			set |= 1 << i
 		}
 	}
@@ -767,10 +786,7 @@ func (v *validator) uuid(w where, sub, s string) {
 // without decoding it.
 func isUUID(s string) bool { return hyphenated(s, true) }
 
-var (
-	namePattern     = regexp.MustCompile(`^[a-z]([a-zA-Z0-9-]*[a-zA-Z0-9])?$`)
-	bareUUIDPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-)
+var namePattern = regexp.MustCompile(`^[a-z]([a-zA-Z0-9-]*[a-zA-Z0-9])?$`)
 
 // checkName checks upstream Name and says what is wrong, or returns "".
 func checkName(s string) string {
@@ -779,7 +795,7 @@ func checkName(s string) string {
 		return "is empty"
 	case len(s) > 63:
 		return "is longer than 63 characters"
-	case bareUUIDPattern.MatchString(s):
+	case isUUID(s):
 		return "is a UUID; names may contain one but not be one"
 	case !namePattern.MatchString(s):
 		return "is not a name: it must start with a lowercase letter, hold only letters, digits and '-', and not end with '-'"

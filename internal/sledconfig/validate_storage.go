@@ -171,7 +171,7 @@ func literalIn(t *tree, members *node, path string) string {
 
 // under reports whether field is bad or inside it.
 func under(field, bad string) bool {
-	return bad != "" && (field == bad || strings.HasPrefix(field, bad+".") || bad == ".")
+	return bad != "" && (field == bad || strings.HasPrefix(field, bad+"."))
 }
 
 // diskMembers and datasetMembers are the members of disks and datasets,
@@ -182,31 +182,14 @@ var (
 	datasetMembers = newAskedMembers("name", "name.pool_name", "name.kind", "compression")
 )
 
-// idCaseDuplicates reports keys that differ only in letter case: upstream
-// parses both into one id, so the document names the thing twice.
+// idCaseDuplicates reports keys of the id-keyed map field (items) that
+// differ only in letter case: upstream parses both into one id, so the
+// document names the thing (what) twice.
 func idCaseDuplicates[T any](v *validator, field, what string, items []item[T]) {
-	fold := false
-	for i := range items {
-		fold = fold || mayFold(items[i].key)
-	}
-	if !fold {
-		return
-	}
-	first := make(map[string]string, len(items))
-	for i := range items {
-		key := items[i].key
-		lower := strings.ToLower(key)
-		if prev, ok := first[lower]; ok {
-			v.add(fmt.Sprintf("%s[%q]", field, key), "%s id differs from %s %q only in letter case", what, what, prev)
-			continue
-		}
-		first[lower] = key
-	}
+	v.caseDuplicates(field, len(items), func(i int) string { return items[i].key }, func(prev, _ string) string {
+		return fmt.Sprintf("%s id differs from %s %q only in letter case", what, what, prev)
+	})
 }
-
-// mayFoldCase reports whether lowercasing could make two of keys (distinct
-// strings) equal: whether one has an upper-case or a non-ASCII letter.
-func mayFoldCase(keys []string) bool { return slices.ContainsFunc(keys, mayFold) }
 
 // mayFold reports whether key has an upper-case or a non-ASCII letter.
 func mayFold(key string) bool {
