@@ -299,6 +299,52 @@ func (d *decoder) value(n *node, v reflect.Value, p *plan) {
 	}
 }
 
+// appendKnown appends the canonical form of n, which decodes into a value
+// of plan p, without the members of its objects that are no field's name
+// (at any depth): what the decoder reads of it. n must have decoded
+// without a type mismatch.
+func (t *tree) appendKnown(b []byte, n *node, p *plan) []byte {
+	for p.kind == reflect.Pointer {
+		p = p.elem
+	}
+	switch {
+	case p.raw || n.kind != '{' && n.kind != '[':
+		return append(b, t.canonical[n.start:n.end]...)
+	case n.kind == '[' && p.kind == reflect.Slice:
+		b = append(b, '[')
+		for i, k := range t.kids(n) {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = t.appendKnown(b, &k, p.elem)
+		}
+		return append(b, ']')
+	case n.kind == '{' && (p.kind == reflect.Struct || p.kind == reflect.Map):
+		b = append(b, '{')
+		first := true
+		for i := range t.kids(n) {
+			m := &t.kids(n)[i]
+			e := p.elem
+			if p.kind == reflect.Struct {
+				f := p.fields[t.key(m)]
+				if f == nil {
+					continue
+				}
+				e = f.plan
+			}
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = appendJSONString(b, t.key(m), m.keyEscape)
+			b = append(b, ':')
+			b = t.appendKnown(b, m, e)
+		}
+		return append(b, '}')
+	}
+	return append(b, t.canonical[n.start:n.end]...)
+}
+
 // checkCase is checkFieldNames over nodes, whose members are sorted: the
 // first key (in key order, depth first) that differs from a field name of
 // the struct it decodes into only in letter case, with its path. p is the

@@ -106,6 +106,16 @@ func decodeZones(cfg *Config, t *tree, zones []node) (unknown bool, err error) {
 		}
 		unknown = unknown || d.unknown
 		z.hash = all[i*2*sha256.Size : (i+1)*2*sha256.Size]
+		if d.unknown {
+			// Members this agent does not know are kept in the ledger as
+			// given but, as upstream ignores them, they are not part of
+			// what the zone is realised from: a member appearing (a newer
+			// control plane) restarts nothing. A zone without such
+			// members keeps the hash of its canonical form, which zones
+			// running before this rule were marked with.
+			sum := sha256.Sum256(t.appendKnown(nil, m, p))
+			z.hash = hex.EncodeToString(sum[:])
+		}
 		key := t.key(m)
 		cfg.Zones[key] = *z
 		cfg.zoneKeys[i] = key // the members are sorted by key
