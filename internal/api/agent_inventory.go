@@ -117,13 +117,19 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 		inv.Ledger.Copies = append(inv.Ledger.Copies, LedgerCopy{Path: c.Path, State: string(c.State), Generation: c.Generation, Error: c.Err})
 	}
 	st := s.deps.Reconciler.Status()
-	rs := reconcilerStatus(st, now)
+	pending := false
+	if st.Last != nil {
+		if e, err := s.storageMembers(st.Last.Config); err == nil {
+			pending = e.pending
+		}
+	}
+	rs := reconcilerStatus(st, pending, now)
 	inv.ReconcilerStatus = AgentReconcilerStatus{
 		Status: rs.Status, StartedAt: rs.StartedAt, RunningFor: rs.RunningFor,
 		CompletedAt: rs.CompletedAt, RanFor: rs.RanFor, Passes: st.Passes,
 	}
-	if st.Config != nil && st.Phase == reconciler.PhaseRunning {
-		inv.ReconcilerStatus.Generation = st.Config.Generation
+	if rs.Config != nil {
+		inv.ReconcilerStatus.Generation = rs.Config.Generation
 	}
 	if st.Last != nil {
 		sum := &ReconciliationSummary{CompletedAt: st.Last.CompletedAt, Zones: map[string]ResultStatus{}}

@@ -18,13 +18,20 @@ import (
 // says what json.Marshal says of the whole, converted at once.
 func TestLastReconciliationSegmentsAgreeWithTheWhole(t *testing.T) {
 	zones := sledconfigtest.Crucibles(2)
+	// The storage status of the config's disks and datasets: one of each
+	// ok, one of each not.
+	disks := sledconfigtest.Config(7, zones...).StorageDisks()
+	datasets := sledconfigtest.Config(7, zones...).StorageDatasets()
 	st := storage.Status{
 		Version: 3,
 		Disks: []storage.DiskStatus{
-			{ID: "5f0c2e1a-7a4b-4c1e-9d3f-0a1b2c3d4e01", Result: storage.Result{OK: true}},
-			{ID: "5f0c2e1a-7a4b-4c1e-9d3f-0a1b2c3d4e02", Result: storage.Result{Message: "opening pool oxp_… for 2s (deadline 1m0s)"}},
+			{ID: disks[0].ID, PoolID: disks[0].PoolID, Identity: disks[0].Identity, Result: storage.Result{OK: true}},
+			{ID: disks[1].ID, PoolID: disks[1].PoolID, Identity: disks[1].Identity, Result: storage.Result{Message: "opening pool oxp_… for 2s (deadline 1m0s)"}},
 		},
-		Datasets: []storage.DatasetStatus{{ID: "9a2e4f3c-9c6d-4e3a-8f5b-2c3d4e5f6a01", Result: storage.Result{OK: true}}},
+		Datasets: []storage.DatasetStatus{
+			{ID: datasets[0].ID, Name: datasets[0].Name(), Result: storage.Result{OK: true}},
+			{ID: datasets[1].ID, Name: datasets[1].Name(), Result: storage.Result{Message: "quota exceeded"}},
+		},
 		Orphans: []storage.Orphan{
 			{Name: "oxp_x/crypt/debug", Kind: "debug", PoolID: "x", Reason: "kept"},
 			{Name: "oxp_x/crypt/zone/oxz_y", Kind: "zone/oxz_y", PoolID: "x", Destroyed: true},
@@ -48,8 +55,8 @@ func TestLastReconciliationSegmentsAgreeWithTheWhole(t *testing.T) {
 			zones[0].ID: {OK: true},
 			zones[1].ID: {Message: "starting for 3s (deadline 2m0s)"},
 		}}
-		s := &Server{}
-		_, results, err := s.encodeStorage(&st)
+		s := &Server{deps: Deps{Storage: staticStorage{&st}}}
+		enc, err := s.encodeStorage(&st, parsed)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,7 +64,7 @@ func TestLastReconciliationSegmentsAgreeWithTheWhole(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		parts := bytes.Join(lastReconciliationSegments(last, results, zonesJSON), nil)
+		parts := bytes.Join(lastReconciliationSegments(last, enc.results, zonesJSON), nil)
 		whole, err := json.Marshal(toUpstreamReconciliation(last, &st))
 		if err != nil {
 			t.Fatal(err)
@@ -74,3 +81,9 @@ func TestLastReconciliationSegmentsAgreeWithTheWhole(t *testing.T) {
 		}
 	}
 }
+
+// staticStorage is a storage reconciler whose status never changes.
+type staticStorage struct{ st *storage.Status }
+
+func (s staticStorage) Status() storage.Status { return *s.st }
+func (s staticStorage) Version() uint64        { return s.st.Version }

@@ -100,6 +100,34 @@ func storageStatus(v uint64, debugResult storage.Result) storage.Status {
 	}
 }
 
+// withFakeStorage returns the document of cfg with the disks and datasets
+// storageStatus reports on (disks a and b, datasets debug and zone on pool
+// a) in place of its own: the last reconciliation has results for a
+// config's disks and datasets alone.
+func withFakeStorage(t *testing.T, cfg *sledconfig.Config) []byte {
+	t.Helper()
+	doc, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(doc, &m); err != nil {
+		t.Fatal(err)
+	}
+	disk := func(id, serial, pool string) any {
+		return map[string]any{"id": id, "identity": map[string]any{"vendor": "synthetic-vendor", "model": "synthetic-model-U2", "serial": serial}, "pool_id": pool}
+	}
+	dataset := func(id, kind string) any {
+		return map[string]any{"id": id, "name": map[string]any{"pool_name": "oxp_" + poolA, "kind": kind}, "compression": map[string]any{"type": "off"}, "quota": nil, "reservation": nil}
+	}
+	m["disks"] = map[string]any{diskA: disk(diskA, "synthetic-serial-a", poolA), diskB: disk(diskB, "synthetic-serial-b", poolB)}
+	m["datasets"] = map[string]any{debugID: dataset(debugID, "debug"), zoneID: dataset(zoneID, "zone")}
+	if doc, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
+
 type upOrphan struct {
 	Name struct {
 		PoolName string `json:"pool_name"`
@@ -117,7 +145,7 @@ type upOrphan struct {
 func storageSled(t *testing.T, fs *fakeStorage, cfg *sledconfig.Config) *sled {
 	t.Helper()
 	s := newSled(t, sim.Options{}, func(d *api.Deps) { d.Storage = fs })
-	doc, _ := json.Marshal(cfg)
+	doc := withFakeStorage(t, cfg)
 	if r := s.put(doc); r.status != http.StatusNoContent {
 		t.Fatalf("PUT: %d %s", r.status, r.body)
 	}
@@ -281,7 +309,7 @@ func TestInventoryZoneChangeKeepsStorageEncoded(t *testing.T) {
 	before := s.upstreamInventory(spec)
 	n := fs.statusCopies()
 
-	doc, _ := json.Marshal(sledconfigtest.Config(2, zones...))
+	doc := withFakeStorage(t, sledconfigtest.Config(2, zones...))
 	if r := s.put(doc); r.status != http.StatusNoContent {
 		t.Fatalf("PUT: %d %s", r.status, r.body)
 	}
@@ -302,5 +330,48 @@ func TestInventoryZoneChangeKeepsStorageEncoded(t *testing.T) {
 	var cfg struct{ Generation uint64 }
 	if err := json.Unmarshal(inv.LastReconciliation.LastReconciledConfig, &cfg); err != nil || cfg.Generation != 2 {
 		t.Errorf("last reconciled config: %s (%v)", inv.LastReconciliation.LastReconciledConfig, err)
+	}
+}
+
+// Until the storage reconciler has answered for the config of the last
+// reconciliation, that reconciliation is still running, and each of the
+// config's disks and datasets it has said nothing of is err, not yet
+// reconciled: never idle with zone results and no storage results.
+func TestReconcilerIsNotIdleWhileStorageHasNotAnswered(t *testing.T) {
+	spec := openapitest.Load(t, openapitest.SledAgent)
+	fs := &fakeStorage{}
+	s := storageSled(t, fs, sledconfigtest.Config(1, sledconfigtest.Crucibles(1)...))
+	inv := s.upstreamInventory(spec)
+	lr := inv.LastReconciliation
+	if inv.ReconcilerStatus.Status != "running" || len(lr.Zones) != 1 {
+		t.Errorf("before storage answered: reconciler %+v, %d zone results", inv.ReconcilerStatus, len(lr.Zones))
+	}
+	for id, r := range lr.ExternalDisks {
+		if r.Result != "err" || !strings.Contains(r.Message, "not yet reconciled") {
+			t.Errorf("disk %s before storage answered: %+v", id, r)
+		}
+	}
+	if len(lr.ExternalDisks) != 2 || len(lr.Datasets) != 2 {
+		t.Errorf("before storage answered: %d disk and %d dataset results, want 2 and 2", len(lr.ExternalDisks), len(lr.Datasets))
+	}
+	// A disk whose first pass has not finished is no answer either.
+	st := storageStatus(1, storage.Result{Message: "not yet managed: its first pass has not finished", Pending: true})
+	fs.set(st)
+	if got := s.upstreamInventory(spec).ReconcilerStatus.Status; got != "running" {
+		t.Errorf("with a dataset pending: reconciler %s", got)
+	}
+	st = storageStatus(2, storage.Result{OK: true})
+	fs.set(st)
+	inv = s.upstreamInventory(spec)
+	if inv.ReconcilerStatus.Status != "idle" || inv.LastReconciliation.Datasets[debugID].Result != "ok" {
+		t.Errorf("once storage answered: reconciler %+v, debug %+v", inv.ReconcilerStatus, inv.LastReconciliation.Datasets[debugID])
+	}
+	// A disk or dataset of another config is no answer for this one.
+	st = storageStatus(3, storage.Result{OK: true})
+	st.Disks[0].PoolID = poolB
+	fs.set(st)
+	inv = s.upstreamInventory(spec)
+	if r := inv.LastReconciliation.ExternalDisks[diskA]; inv.ReconcilerStatus.Status != "running" || r.Result != "err" {
+		t.Errorf("with disk a's status for another pool: reconciler %+v, disk a %+v", inv.ReconcilerStatus, r)
 	}
 }

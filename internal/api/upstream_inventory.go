@@ -139,8 +139,15 @@ func (s *Server) servicesResult(now time.Time) SvcsEnabledNotOnlineResult {
 	}
 }
 
-// reconcilerStatus is upstream's reconciler status, as of now.
-func reconcilerStatus(st reconciler.Status, now time.Time) ReconcilerStatus {
+// reconcilerStatus is upstream's reconciler status, as of now. Upstream
+// reconciles zones and storage in one pass; here the zone reconciler's
+// pass is not over while the storage reconciler has not answered for its
+// config (storagePending): its last pass, idle to the zone reconciler, is
+// still running, since its start.
+func reconcilerStatus(st reconciler.Status, storagePending bool, now time.Time) ReconcilerStatus {
+	if st.Phase == reconciler.PhaseIdle && storagePending && st.Last != nil {
+		st.Phase, st.Config, st.StartedAt = reconciler.PhaseRunning, st.Last.Config, st.CompletedAt.Add(-st.RanFor)
+	}
 	rs := ReconcilerStatus{Status: string(st.Phase)}
 	switch st.Phase {
 	case reconciler.PhaseRunning:
@@ -172,7 +179,7 @@ func toUpstreamReconciliation(last *reconciler.Reconciliation, st *storage.Statu
 		OrphanedDatasets:     []OrphanedDataset{},
 		BootPartitions:       boot,
 	}
-	addStorageResults(lr, st)
+	addStorageResults(lr, last.Config, st)
 	if last.Config != nil && last.Config.RemoveMupdateOverride != nil {
 		// Asked to remove an override: there is none this sled could hold.
 		lr.RemoveMupdateOverride = removeMupdate()
@@ -207,13 +214,10 @@ type inventoryCache struct {
 	zonesOf   *reconciler.Reconciliation
 	zones     map[string]ResultStatus
 	zonesJSON []byte
-	// storage is the encoded storage members of storageVersion, and
-	// results the storage results of its last reconciliation (nil: none
-	// yet). A zone's change re-encodes only the zones, a storage change
-	// only these.
-	storageVersion uint64
-	storage        []byte
-	results        []byte
+	// storage is what is encoded of the last storage status (its version
+	// and the config of the last reconciliation). A zone's change
+	// re-encodes only the zones, a storage change only these.
+	storage storageEncoding
 }
 
 // head returns the encoded constant members.
@@ -329,7 +333,11 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	st := s.deps.Reconciler.Status()
 	// The storage status is copied only when what is encoded of it is not
 	// that of its version.
-	stor, results, err := s.storageMembers()
+	var lastCfg *sledconfig.Config
+	if st.Last != nil {
+		lastCfg = st.Last.Config
+	}
+	stor, err := s.storageMembers(lastCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -337,7 +345,7 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	rs := reconcilerStatus(st, now)
+	rs := reconcilerStatus(st, stor.pending, now)
 	cfg := rs.Config
 	rs.Config = nil
 	status, err := appendMembers(nil, rs)
@@ -345,7 +353,7 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 		return nil, err
 	}
 	segs := [][]byte{
-		s.head(), stor,
+		s.head(), stor.members,
 		[]byte(`,"smf_services_enabled_not_online":`), smf,
 		[]byte(`,"ledgered_sled_config":`), configJSON(s.deps.Configs.Current()),
 		[]byte(`,"reconciler_status":`), status,
@@ -361,7 +369,7 @@ func (s *Server) inventorySegments(now time.Time) ([][]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		segs = append(segs, lastReconciliationSegments(st.Last, results, zones)...)
+		segs = append(segs, lastReconciliationSegments(st.Last, stor.results, zones)...)
 	}
 	return append(segs, []byte("}")), nil
 }

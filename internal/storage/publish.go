@@ -92,11 +92,11 @@ func (r *Reconciler) makePart(e *entry, key partKey, now time.Time) *diskPart {
 	adopted := false
 	switch {
 	case e.last == nil:
-		ds.Result = Result{Message: "not yet managed: its first pass has not finished"}
+		ds.Result = Result{Message: "not yet managed: its first pass has not finished", Pending: true}
 	case e.last.disk.err != nil:
 		ds.Result = resultOf(e.last.disk.err)
 	case e.open != e.cfg.PoolID:
-		ds.Result = Result{Message: "not yet managed: the config changed since its last pass"}
+		ds.Result = Result{Message: "not yet managed: the config changed since its last pass", Pending: true}
 	default:
 		ds.Result, adopted = Result{OK: true}, true
 	}
@@ -153,7 +153,7 @@ func (r *Reconciler) makePart(e *entry, key partKey, now time.Time) *diskPart {
 		case waiting != "":
 			s.Result = Result{Message: waiting}
 		case !have || o.err == nil && (o.dataset == nil || o.dataset.Name != name):
-			s.Result = Result{Message: fmt.Sprintf("dataset %s not yet ensured: its pool's pass has not reached it", name)}
+			s.Result = Result{Message: fmt.Sprintf("dataset %s not yet ensured: its pool's pass has not reached it", name), Pending: true}
 		default:
 			s.Result = resultOf(o.err)
 		}

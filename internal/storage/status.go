@@ -16,6 +16,10 @@ import (
 type Result struct {
 	OK      bool   `json:"ok"`
 	Message string `json:"message,omitempty"`
+	// Pending: no pass of the config as it is now has finished with this
+	// disk or dataset yet (Message says so); the storage reconciler has
+	// not answered for it.
+	Pending bool `json:"pending,omitempty"`
 }
 
 func resultOf(err error) Result {
