@@ -41,11 +41,11 @@ func crucibleAt(i int, id, addr string) sledconfig.Zone {
 func vmmCount(t *testing.T, a *agent.Agent) int {
 	t.Helper()
 	code, b := call(t, a, http.MethodGet, "/agent/vmms", "")
-	var vs []json.RawMessage
-	if code != http.StatusOK || json.Unmarshal(b, &vs) != nil {
+	var page struct{ Items []json.RawMessage }
+	if code != http.StatusOK || json.Unmarshal(b, &page) != nil {
 		t.Fatalf("GET /agent/vmms: %d %s", code, b)
 	}
-	return len(vs)
+	return len(page.Items)
 }
 
 func TestVMMCollidingWithAZoneOrTheSledIsRefused(t *testing.T) {

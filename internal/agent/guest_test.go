@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/testguest"
-	"github.com/sled-agent/sled-agent/internal/vmm"
 	"github.com/sled-agent/sled-agent/internal/vmm/qemuvm"
 	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 )
@@ -172,11 +172,11 @@ func vmmDetail(t *testing.T, a *agent.Agent) string {
 	if code != http.StatusOK {
 		t.Fatalf("GET /agent/vmms: %d %s", code, b)
 	}
-	var vmms []vmm.Info
-	if err := json.Unmarshal(b, &vmms); err != nil {
+	var page api.VMMPage
+	if err := json.Unmarshal(b, &page); err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range vmms {
+	for _, v := range page.Items {
 		if v.ID == testVMM {
 			return v.Detail
 		}

@@ -164,10 +164,11 @@ func TestVMMStatesReachNexusInOrder(t *testing.T) {
 	// all of it when no state came while one was being sent (they are
 	// coalesced into the newest).
 	code, b := callWithin(t, a, http.MethodGet, "/agent/vmms", "")
-	var vmms []vmm.Info
-	if code != http.StatusOK || json.Unmarshal(b, &vmms) != nil || len(vmms) != 1 {
+	var page api.VMMPage
+	if code != http.StatusOK || json.Unmarshal(b, &page) != nil || len(page.Items) != 1 {
 		t.Fatalf("GET /agent/vmms: %d %s", code, b)
 	}
+	vmms := page.Items
 	var history []vmm.RuntimeState
 	for _, l := range vmms[0].History {
 		if l.State != nil {

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -17,6 +19,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 )
 
 // noVMMs is a VMM manager with no VMM.
@@ -25,6 +28,7 @@ type noVMMs struct{}
 func (noVMMs) Register(string, vmm.Registration) (vmm.Info, error) { return vmm.Info{}, vmm.ErrInvalid }
 func (noVMMs) Get(string) (vmm.Info, error)                        { return vmm.Info{}, vmm.ErrNotFound }
 func (noVMMs) List() []vmm.Info                                    { return nil }
+func (noVMMs) Page(string, int) ([]vmm.Info, bool)                 { return nil, false }
 func (noVMMs) RequestState(context.Context, string, vmm.Request) (vmm.Info, bool, error) {
 	return vmm.Info{}, false, vmm.ErrNotFound
 }
@@ -236,4 +240,27 @@ func TestAPIVersionHeader(t *testing.T) {
 	s.server.Handler().ServeHTTP(w, req)
 	body, _ := io.ReadAll(w.Result().Body)
 	dropshotError(t, spec, response{status: w.Code, body: body, header: w.Header()}, http.StatusBadRequest, "48.0.0")
+}
+
+// fullVMMs is a VMM manager that holds as many VMMs as the sled takes.
+type fullVMMs struct{ noVMMs }
+
+func (fullVMMs) Register(string, vmm.Registration) (vmm.Info, error) {
+	return vmm.Info{}, fmt.Errorf("%w: it holds 512 VMMs, the most it takes; unregister one first", vmm.ErrCapacity)
+}
+
+// A VMM beyond what the sled takes is refused as upstream refuses what it
+// has no capacity for: 507, InsufficientCapacity, saying why.
+func TestVMMBeyondCapacityIs507(t *testing.T) {
+	s := newSled(t, sim.Options{})
+	full := api.New(api.Deps{Configs: s.store, Reconciler: s.rec, VMMs: fullVMMs{}})
+	req := httptest.NewRequest(http.MethodPut, "/vmms/6a2a4a2e-57c3-4e3c-8c3b-1b4f0d6e8a01",
+		strings.NewReader(string(vmmtest.Body("0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e", "[fd00:1122:3344:101::1:5]:12400", nil, nil))))
+	w := httptest.NewRecorder()
+	full.Handler().ServeHTTP(w, req)
+	r := response{status: w.Code, body: w.Body.Bytes(), header: w.Header()}
+	wantError(t, r, http.StatusInsufficientStorage, "512 VMMs")
+	if !strings.Contains(string(r.body), `"error_code":"InsufficientCapacity"`) {
+		t.Errorf("error body %s", r.body)
+	}
 }

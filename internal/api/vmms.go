@@ -25,12 +25,23 @@ type VMMs interface {
 	Register(id string, reg vmm.Registration) (vmm.Info, error)
 	Get(id string) (vmm.Info, error)
 	List() []vmm.Info
+	Page(after string, limit int) ([]vmm.Info, bool)
 	RequestState(ctx context.Context, id string, r vmm.Request) (vmm.Info, bool, error)
 	Unregister(ctx context.Context, id string) (vmm.Info, error)
 }
 
-// MaxVMMBodyBytes bounds a VMM registration.
-const MaxVMMBodyBytes = 4 << 20
+// MaxVMMBodyBytes bounds a VMM registration: upstream's largest are a
+// cloud-init seed (user data up to 32 KiB, base64 in the spec) and the
+// VPC's firewall rules (up to 1,024, a few hundred bytes each), well
+// within a MiB.
+const MaxVMMBodyBytes = 1 << 20
+
+// VMM pages of GET /agent/vmms: how many VMMs one page holds by default
+// and at most.
+const (
+	DefaultVMMPage = 20
+	MaxVMMPage     = 100
+)
 
 // SledVmmState is upstream's: the sled's whole knowledge of a VMM's state.
 // This agent does not migrate VMMs, so both migrations are always null.
@@ -112,7 +123,7 @@ func (s *Server) registerVMMs() {
 		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address (409). A vmm_spec this sled cannot realise (a component it does not offer, more CPUs than its hardware threads, two devices on one PCI path, a boot entry or backend_id naming nothing, a file backend outside the sled's guest storage) or whose memory is more than what is left of the VMM reservoir is refused (400, naming the problem) and changes nothing.",
 		MaxBodyBytes:     MaxVMMBodyBytes,
 		SkipValidateBody: true,
-		Errors:           []int{400, 409},
+		Errors:           []int{400, 409, 413, 507},
 	}, s.vmmRegister)
 	huma.Register(s.api, huma.Operation{
 		OperationID: "vmm_unregister",
@@ -141,7 +152,7 @@ func (s *Server) registerVMMs() {
 		OperationID: "agent_vmms",
 		Method:      http.MethodGet,
 		Path:        "/agent/vmms",
-		Summary:     "Every VMM: state, what happened to it, its registration",
+		Summary:     "The VMMs, a page at a time: state, what happened to each, its registration (blob contents withheld)",
 	}, s.agentVMMs)
 }
 
@@ -246,6 +257,11 @@ func (s *Server) vmmError(ctx context.Context, err error) error {
 		return apiError(ctx, http.StatusConflict, err.Error())
 	case errors.Is(err, vmm.ErrInvalid):
 		return apiError(ctx, http.StatusBadRequest, err.Error())
+	case errors.Is(err, vmm.ErrCapacity):
+		// Upstream's Error::InsufficientCapacity.
+		e := apiError(ctx, http.StatusInsufficientStorage, err.Error())
+		e.ErrorCode = "InsufficientCapacity"
+		return e
 	case errors.Is(err, propolisapi.ErrUnreachable):
 		return apiError(ctx, http.StatusServiceUnavailable, err.Error())
 	default:
@@ -333,10 +349,40 @@ func (s *Server) vmmGetState(ctx context.Context, in *vmmPath) (*sledVmmStateOut
 	return &sledVmmStateOutput{Body: sledVmmState(info)}, nil
 }
 
-type agentVMMsOutput struct {
-	Body []vmm.Info
+// VMMPage is one page of our view of the VMMs, in the shape of dropshot's
+// ResultsPage.
+type VMMPage struct {
+	Items    []vmm.Info `json:"items" doc:"The VMMs of this page, by id; a blob backend's contents are withheld (its size and SHA-256 shown)."`
+	NextPage *string    `json:"next_page" doc:"The page_token of the next page; null on the last."`
 }
 
-func (s *Server) agentVMMs(context.Context, *struct{}) (*agentVMMsOutput, error) {
-	return &agentVMMsOutput{Body: s.deps.VMMs.List()}, nil
+type agentVMMsInput struct {
+	Limit     int    `query:"limit" minimum:"1" maximum:"100" doc:"How many VMMs at most (20 unless given)."`
+	PageToken string `query:"page_token" maxLength:"36" doc:"next_page of the page before."`
+}
+
+type agentVMMsOutput struct {
+	Body VMMPage
+}
+
+func (s *Server) agentVMMs(ctx context.Context, in *agentVMMsInput) (*agentVMMsOutput, error) {
+	limit := in.Limit
+	if limit == 0 {
+		limit = DefaultVMMPage
+	}
+	after := ""
+	if in.PageToken != "" {
+		id, err := uuid.Parse(in.PageToken)
+		if err != nil || len(in.PageToken) != 36 {
+			return nil, apiError(ctx, http.StatusBadRequest, fmt.Sprintf("page_token %q is not a next_page this API gave", in.PageToken))
+		}
+		after = id.String()
+	}
+	items, more := s.deps.VMMs.Page(after, limit)
+	out := &agentVMMsOutput{Body: VMMPage{Items: items}}
+	if more && len(items) > 0 {
+		next := items[len(items)-1].ID
+		out.Body.NextPage = &next
+	}
+	return out, nil
 }

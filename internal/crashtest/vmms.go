@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 	"github.com/sled-agent/sled-agent/internal/zone"
@@ -219,7 +220,7 @@ func qemuProcesses(dir string) map[string][]int {
 
 // vmmList is the agent's GET /agent/vmms.
 func (r *run) vmmList(ctx context.Context) ([]vmm.Info, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.listen+"/agent/vmms", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.listen+"/agent/vmms?limit=100", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -231,9 +232,13 @@ func (r *run) vmmList(ctx context.Context) ([]vmm.Info, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET /agent/vmms: %s", resp.Status)
 	}
-	var infos []vmm.Info
-	if err := json.NewDecoder(resp.Body).Decode(&infos); err != nil {
+	// A run has a few VMMs at most: one page of the most a page holds.
+	var page api.VMMPage
+	if err := json.NewDecoder(resp.Body).Decode(&page); err != nil {
 		return nil, fmt.Errorf("GET /agent/vmms: %w", err)
 	}
-	return infos, nil
+	if page.NextPage != nil {
+		return nil, fmt.Errorf("GET /agent/vmms: more VMMs than one page holds")
+	}
+	return page.Items, nil
 }

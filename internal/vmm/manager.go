@@ -65,6 +65,8 @@ var (
 	ErrCollision = errors.New("VMM collides with a zone or the sled")
 	// ErrInvalid: a request the VMM cannot carry out in its state.
 	ErrInvalid = errors.New("invalid request for the VMM's state")
+	// ErrCapacity: the sled holds as many VMMs as it takes (MaxVMMs).
+	ErrCapacity = errors.New("the sled takes no more VMMs")
 )
 
 // Options tune the manager. Zero values take the defaults.
@@ -85,6 +87,10 @@ type Options struct {
 	CallTimeout time.Duration
 	// HistoryLen is how many events each VMM keeps (32).
 	HistoryLen int
+	// MaxVMMs is how many VMMs the sled takes at once (512), whatever the
+	// reservoir would admit: each holds its registration, a monitor and
+	// a zone. A registration beyond it is ErrCapacity.
+	MaxVMMs int
 	// StateDir keeps each VMM's registration and state, so that a restarted
 	// agent adopts them (Resume); "" keeps nothing.
 	StateDir string
@@ -125,6 +131,7 @@ func (o *Options) setDefaults() {
 	o.ServiceLost = cmp.Or(o.ServiceLost, 10*time.Second)
 	o.CallTimeout = cmp.Or(o.CallTimeout, 5*time.Second)
 	o.HistoryLen = cmp.Or(o.HistoryLen, 32)
+	o.MaxVMMs = cmp.Or(o.MaxVMMs, DefaultMaxVMMs)
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
@@ -144,6 +151,9 @@ type Registration struct {
 	// adopted from a record whose body has no spec this agent reads.
 	Guest *Guest
 }
+
+// DefaultMaxVMMs is how many VMMs a sled takes unless told otherwise.
+const DefaultMaxVMMs = 512
 
 // MaxGen is the largest VMM generation: upstream's generations are bounded
 // at i64::MAX. A registration above it is refused; at it, the generation
@@ -265,12 +275,16 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 	defer m.registerMu.Unlock()
 	m.mu.Lock()
 	old, ok := m.vmms[id]
+	held := len(m.vmms)
 	m.mu.Unlock()
 	if ok {
 		if old.reg.PropolisAddr != reg.PropolisAddr || old.reg.InstanceID != reg.InstanceID {
 			return Info{}, fmt.Errorf("%w: VMM %s serves at %s for instance %s", ErrConflict, id, old.reg.PropolisAddr, old.reg.InstanceID)
 		}
 		return old.info(), nil
+	}
+	if held >= m.opts.MaxVMMs {
+		return Info{}, fmt.Errorf("%w: it holds %d VMMs, the most it takes; unregister one first", ErrCapacity, held)
 	}
 	if err := m.admit(id, reg); err != nil {
 		return Info{}, err
@@ -384,6 +398,31 @@ func (m *Manager) Get(id string) (Info, error) {
 }
 
 // List returns every VMM, sorted by id.
+// Page returns at most limit VMMs whose ids sort after after, in id
+// order, and whether more follow: our view lists a sled's VMMs in pages,
+// so that no answer holds every registration at once.
+func (m *Manager) Page(after string, limit int) (page []Info, more bool) {
+	m.mu.Lock()
+	ids := make([]string, 0, len(m.vmms))
+	for id := range m.vmms {
+		if id > after {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	more = len(ids) > limit
+	vs := make([]*vmm, 0, min(limit, len(ids)))
+	for _, id := range ids[:min(limit, len(ids))] {
+		vs = append(vs, m.vmms[id])
+	}
+	m.mu.Unlock()
+	page = make([]Info, 0, len(vs))
+	for _, v := range vs {
+		page = append(page, v.info())
+	}
+	return page, more
+}
+
 func (m *Manager) List() []Info {
 	m.mu.Lock()
 	vs := make([]*vmm, 0, len(m.vmms))

@@ -2,6 +2,7 @@ package vmm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -26,11 +27,13 @@ type Inspector interface {
 
 // vmm is one VMM: its registration, what is known of it, and its monitor.
 type vmm struct {
-	m      *Manager
-	id     string
-	name   string
-	owner  string // of its claims: this registration's, not the next one's
-	reg    Registration
+	m     *Manager
+	id    string
+	name  string
+	owner string // of its claims: this registration's, not the next one's
+	reg   Registration
+	// shown is the registration as our view shows it (shownRegistration).
+	shown  json.RawMessage
 	pokec  chan struct{}
 	ctx    context.Context // the monitor's
 	cancel context.CancelFunc
@@ -53,7 +56,7 @@ type vmm struct {
 func newVMM(m *Manager, id string, reg Registration) *vmm {
 	ctx, cancel := context.WithCancel(m.ctx)
 	owner := fmt.Sprintf("vmm %s #%d", id, m.owners.Add(1))
-	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, shown: shownRegistration(reg.Body), pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	v.state = RuntimeState{Gen: min(max(reg.Initial.Gen, 1), MaxGen), State: StateStarting, TimeUpdated: time.Now()}
 	v.detail = "zone being created"
 	v.record("registered", fmt.Sprintf("service at %s", reg.PropolisAddr))
@@ -78,7 +81,7 @@ func (v *vmm) info() Info {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return Info{ID: v.id, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(),
-		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.reg.Body}
+		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.shown}
 }
 
 // set moves the VMM to state with detail, recording event; the generation
