@@ -31,6 +31,7 @@ type vmm struct {
 	name   string
 	owner  string // of its claims: this registration's, not the next one's
 	reg    Registration
+	disks  []diskUse // the files it has as disks, held while it is registered
 	pokec  chan struct{}
 	ctx    context.Context // the monitor's
 	cancel context.CancelFunc
