@@ -120,7 +120,7 @@ func (s *Server) registerVMMs() {
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}",
 		Summary:          "Register a VMM and start bringing its zone up",
-		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address (409). A vmm_spec this sled cannot realise (a component it does not offer, more CPUs than its hardware threads, two devices on one PCI path, a boot entry or backend_id naming nothing, a file backend outside the sled's guest storage) or whose memory is more than what is left of the VMM reservoir is refused (400, naming the problem) and changes nothing.",
+		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address, and a VMM one of whose disks' files is another VMM's writable disk, or that would write a file another VMM reads (409, naming that VMM). A vmm_spec this sled cannot realise (a component it does not offer, more CPUs than its hardware threads, two devices on one PCI path, a boot entry or backend_id naming nothing, a file backend outside the sled's guest storage, reached through a symbolic link or a mount point, or with another hard link) or whose memory is more than what is left of the VMM reservoir is refused (400, naming the problem) and changes nothing.",
 		MaxBodyBytes:     MaxVMMBodyBytes,
 		SkipValidateBody: true,
 		Errors:           []int{400, 409, 413, 507},
@@ -253,7 +253,7 @@ func (s *Server) vmmError(ctx context.Context, err error) error {
 		e := apiError(ctx, http.StatusNotFound, err.Error())
 		e.ErrorCode = NoSuchInstance
 		return e
-	case errors.Is(err, vmm.ErrConflict), errors.Is(err, vmm.ErrCollision):
+	case errors.Is(err, vmm.ErrConflict), errors.Is(err, vmm.ErrCollision), errors.Is(err, vmm.ErrFileHeld):
 		return apiError(ctx, http.StatusConflict, err.Error())
 	case errors.Is(err, vmm.ErrInvalid):
 		return apiError(ctx, http.StatusBadRequest, err.Error())

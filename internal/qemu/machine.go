@@ -101,10 +101,16 @@ type Firmware struct {
 //
 // Its block node is drive<N>, N its index in [Machine.Disks].
 type Disk struct {
-	ID        string // the QEMU device id
-	Kind      DiskKind
-	PCI       PCIPath
-	Path      string // the backing file
+	ID   string // the QEMU device id
+	Kind DiskKind
+	PCI  PCIPath
+	Path string // the backing file
+	// File is the backing file opened by the caller, read-write or
+	// read-only as the disk is, which QEMU is given (an fd set of its own,
+	// as Start would open Path): with Machine.Descriptors, nothing opens
+	// Path by name then, which names the file in QEMU's arguments only.
+	// Refused without Descriptors. Start leaves it open.
+	File      *os.File
 	ReadOnly  bool
 	BlockSize int // logical and physical block size: 512 or 4096
 	// Serial is what the guest reads as the disk's serial: printable
@@ -228,7 +234,7 @@ type passed struct {
 	write  bool     // the file is opened for writing too
 	socket bool     // path is a socket to listen on
 	device bool     // path is a device (/dev/vhost-net), not a regular file
-	file   *os.File // the caller's (a tap): neither opened nor closed by Start
+	file   *os.File // the caller's (a tap, a disk): neither opened nor closed by Start
 }
 
 // command validates m and returns QEMU's arguments and, with
@@ -245,11 +251,11 @@ func (m Machine) command() ([]string, []passed, error) {
 	}
 	// file is how the block layer is told a file: its path, or an fd set
 	// of its own whose -add-fd goes first.
-	file := func(what, path string, write bool) string {
+	file := func(what, path string, write bool, f *os.File) string {
 		if !m.Descriptors {
 			return esc(path)
 		}
-		fd := give(passed{what: what, path: path, write: write})
+		fd := give(passed{what: what, path: path, write: write, file: f})
 		a = append(a, "-add-fd", fmt.Sprintf("fd=%d,set=%d,opaque=%s", fd, fd, esc(path)))
 		return fmt.Sprintf("/dev/fdset/%d", fd)
 	}
@@ -282,9 +288,9 @@ func (m Machine) command() ([]string, []passed, error) {
 		"-m", fmt.Sprintf("size=%dM", m.MemoryMiB),
 		"-action", "panic=none",
 	)
-	code := file("firmware code", m.Firmware.Code, false)
+	code := file("firmware code", m.Firmware.Code, false, nil)
 	a = append(a, "-blockdev", "driver=raw,node-name=fw-code,read-only=on,file.driver=file,file.filename="+code+",file.read-only=on")
-	vars := file("firmware vars", m.Firmware.Vars, true)
+	vars := file("firmware vars", m.Firmware.Vars, true, nil)
 	a = append(a, "-blockdev", "driver=raw,node-name=fw-vars,read-only=off,file.driver=file,file.filename="+vars)
 	a = append(a,
 		"-chardev", "socket,id=qmp,"+socket("QMP", m.QMPSocket)+",server=on,wait=off",
@@ -326,7 +332,7 @@ func (m Machine) command() ([]string, []passed, error) {
 	for i, d := range m.Disks {
 		node := fmt.Sprintf("drive%d", i)
 		ro := onOff(d.ReadOnly)
-		path := file(fmt.Sprintf("disk %q", d.ID), d.Path, !d.ReadOnly)
+		path := file(fmt.Sprintf("disk %q", d.ID), d.Path, !d.ReadOnly, d.File)
 		a = append(a, "-blockdev", "driver=raw,node-name="+node+",read-only="+ro+
 			",cache.direct=off,cache.no-flush=off,file.driver=file,file.filename="+path+
 			",file.read-only="+ro+",file.aio=threads")
@@ -505,6 +511,9 @@ func (m Machine) validate() error {
 		}
 		if d.BlockSize != 512 && d.BlockSize != 4096 {
 			add("%s: block size %d: want 512 or 4096", what, d.BlockSize)
+		}
+		if !m.Descriptors && d.File != nil {
+			add("%s: a descriptor, but QEMU is to open %q itself (Descriptors off)", what, d.Path)
 		}
 		if d.Kind == NVMe && d.Serial == "" {
 			add("%s: an NVMe disk needs a serial", what)

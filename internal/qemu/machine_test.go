@@ -191,6 +191,7 @@ func TestArgsRefusals(t *testing.T) {
 		}, `"a" given twice`},
 		{"tap without descriptor", func(m *Machine) { m.Descriptors = true; m.NICs = []NIC{nic("n", 4)} }, `NIC "n": tap "tapn": no descriptor`},
 		{"tap descriptor unused", func(m *Machine) { n := nic("n", 4); n.File = os.Stdin; m.NICs = []NIC{n} }, `NIC "n": tap "tapn": a descriptor, but QEMU is to make the tap itself`},
+		{"disk descriptor unused", func(m *Machine) { d := disk("a", 4, 0); d.File = os.Stdin; m.Disks = []Disk{d} }, `disk "a": a descriptor, but QEMU is to open`},
 		{"bad user", func(m *Machine) { m.RunAs = "Root Admin" }, `run as "Root Admin"`},
 		{"run as with the sandbox", func(m *Machine) { m.RunAs, m.Sandbox = "qemu", true }, "start QEMU as the user instead"},
 	}

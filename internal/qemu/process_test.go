@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -406,6 +408,45 @@ func TestStartDescriptorRefusals(t *testing.T) {
 		if started {
 			t.Errorf("%s: QEMU started", tt.path)
 		}
+	}
+}
+
+// A disk's File is what QEMU is given, in its fd set: its Path is not
+// opened (here it names nothing), and the File stays open, the caller's.
+func TestStartGivesTheDisksFile(t *testing.T) {
+	dir := t.TempDir()
+	m := minimal()
+	m.Descriptors = true
+	m.Firmware = Firmware{Code: os.Args[0], Vars: filepath.Join(dir, "vars.fd")}
+	if err := os.WriteFile(m.Firmware.Vars, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m.QMPSocket = filepath.Join(dir, "qmp.sock")
+	f, err := os.CreateTemp(dir, "disk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m.Disks = []Disk{{ID: "d", Kind: VirtioBlk, PCI: PCIPath{0, 4, 0}, Path: filepath.Join(dir, "missing.img"), File: f, BlockSize: 512}}
+	var given []*os.File
+	var args []string
+	errCaught := errors.New("caught")
+	_, err = Start(context.Background(), m, StartOptions{Start: func(cmd *exec.Cmd) error {
+		given, args = slices.Clone(cmd.ExtraFiles), cmd.Args
+		return errCaught
+	}})
+	if !errors.Is(err, errCaught) {
+		t.Fatalf("Start = %v", err)
+	}
+	i := slices.Index(given, f)
+	if i < 0 {
+		t.Fatalf("the disk's file is not among QEMU's descriptors %v", given)
+	}
+	if want := fmt.Sprintf("fd=%d,set=%d,opaque=%s", i+3, i+3, m.Disks[0].Path); !slices.Contains(args, want) {
+		t.Errorf("no -add-fd %s in %q", want, args)
+	}
+	if _, err := f.Stat(); err != nil {
+		t.Errorf("Start closed the caller's file: %v", err)
 	}
 }
 

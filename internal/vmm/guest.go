@@ -93,12 +93,8 @@ func (g *Guest) serviceSpec() (json.RawMessage, error) {
 			}
 			comps[c.NIC.BackendID]["component"] = b
 		case c.File != nil:
-			real, err := filepath.EvalSymlinks(c.File.Path)
-			if err != nil {
-				return nil, fmt.Errorf("component %q: %w", key, err)
-			}
 			f := *c.File
-			f.Path = real
+			f.Path = filepath.Clean(f.Path)
 			b, err := json.Marshal(f)
 			if err != nil {
 				return nil, err

@@ -239,6 +239,8 @@ type Manager struct {
 	owners     atomic.Int64 // numbers each VMM's claims owner
 	mu         sync.Mutex
 	vmms       map[string]*vmm // guarded by mu; by propolis id
+	// disks are the files VMMs have as disks: one writer or many readers.
+	disks diskHolds
 }
 
 // New returns a manager. Close stops its monitors (VMMs keep running).
@@ -286,18 +288,27 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 	if held >= m.opts.MaxVMMs {
 		return Info{}, fmt.Errorf("%w: it holds %d VMMs, the most it takes; unregister one first", ErrCapacity, held)
 	}
-	if err := m.admit(id, reg); err != nil {
+	uses, err := m.admit(id, reg)
+	if err != nil {
 		return Info{}, err
 	}
 	v := newVMM(m, id, reg)
+	v.disks = uses
+	if err := m.disks.take(v.owner, id, uses); err != nil {
+		v.cancel()
+		m.unreserve(id)
+		return Info{}, err
+	}
 	undo, err := v.claim()
 	if err != nil {
+		m.disks.release(v.owner)
 		v.cancel()
 		m.unreserve(id)
 		return Info{}, err
 	}
 	if err := v.save(); err != nil {
 		undo()
+		m.disks.release(v.owner)
 		v.cancel()
 		m.unreserve(id)
 		return Info{}, err
@@ -310,26 +321,33 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 }
 
 // admit checks a new VMM's spec against the sled and takes its memory from
-// the reservoir; a VMM the sled cannot host is ErrInvalid, saying why.
-func (m *Manager) admit(id string, reg Registration) error {
+// the reservoir; a VMM the sled cannot host is ErrInvalid, saying why. It
+// returns the files the VMM would have as disks, as judged.
+func (m *Manager) admit(id string, reg Registration) ([]diskUse, error) {
 	g := reg.Guest
 	if g == nil {
-		return fmt.Errorf("%w: no vmm_spec", ErrInvalid)
+		return nil, fmt.Errorf("%w: no vmm_spec", ErrInvalid)
 	}
 	sled := spec.Sled{Threads: 255, NICs: g.NICs}
 	if m.opts.Sled != nil {
 		sled = m.opts.Sled()
 		sled.NICs = g.NICs
 	}
-	if err := spec.Check(g.Spec, sled); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	files, err := spec.CheckOpen(g.Spec, sled)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	// The agent only judges the files, and knows them by device and inode
+	// from now on; the VMM's service opens and judges them again, and
+	// gives QEMU what it opened.
+	uses := usesOf(g.Spec, files)
+	files.Close()
 	if r := m.opts.Reservoir; r != nil {
 		if err := r.Reserve(id, g.MemoryBytes()); err != nil {
-			return fmt.Errorf("%w: board.memory_mb %d: %w", ErrInvalid, g.Spec.Board.MemoryMiB, err)
+			return nil, fmt.Errorf("%w: board.memory_mb %d: %w", ErrInvalid, g.Spec.Board.MemoryMiB, err)
 		}
 	}
-	return nil
+	return uses, nil
 }
 
 // unreserve gives back what VMM id holds of the reservoir.
@@ -373,10 +391,13 @@ func (v *vmm) claimFree() {
 	}
 }
 
+// release gives up what v holds: its id, its address and its disks'
+// files.
 func (v *vmm) release() {
 	if c := v.m.opts.Claims; c != nil {
 		c.Release(v.owner)
 	}
+	v.m.disks.release(v.owner)
 }
 
 // collisionError is an ErrCollision that reads as its cause alone, which

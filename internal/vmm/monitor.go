@@ -34,6 +34,7 @@ type vmm struct {
 	reg   Registration
 	// shown is the registration as our view shows it (shownRegistration).
 	shown  json.RawMessage
+	disks  []diskUse // the files it has as disks, held while it is registered
 	pokec  chan struct{}
 	ctx    context.Context // the monitor's
 	cancel context.CancelFunc

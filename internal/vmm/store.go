@@ -15,6 +15,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/atomicfile"
+	"github.com/sled-agent/sled-agent/internal/vmm/diskfile"
+	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -36,7 +38,11 @@ type record struct {
 	Pending Request `json:"pending,omitempty"`
 	// StopAsked is when a stop was asked: a restarted agent forces a stop
 	// that outlives StopGrace as the dead one would have.
-	StopAsked    *time.Time      `json:"stop_asked,omitempty"`
+	StopAsked *time.Time `json:"stop_asked,omitempty"`
+	// Disks are the files it has as disks, as judged at registration: a
+	// restarted agent holds them again without opening them (a pool may
+	// not be mounted yet when it starts).
+	Disks        []diskUse       `json:"disks,omitempty"`
 	Registration json.RawMessage `json:"registration"`
 }
 
@@ -57,7 +63,7 @@ func (v *vmm) save() error {
 	}
 	v.mu.Lock()
 	rec := record{ID: v.id, InstanceID: v.reg.InstanceID, PropolisAddr: v.reg.PropolisAddr.String(), Initial: v.reg.Initial,
-		State: v.state, Detail: v.detail, Pending: v.pending, Registration: v.reg.Body}
+		State: v.state, Detail: v.detail, Pending: v.pending, Disks: v.disks, Registration: v.reg.Body}
 	if !v.stopAt.IsZero() {
 		at := v.stopAt
 		rec.StopAsked = &at
@@ -202,6 +208,30 @@ func readRecord(path string) (record, error) {
 	return rec, nil
 }
 
+// findDisks are the files g has as disks, for a VMM whose record predates
+// their being kept: each file backend opened and judged as at
+// registration, those that open.
+func (m *Manager) findDisks(g *Guest) []diskUse {
+	var roots []string
+	if m.opts.Sled != nil {
+		roots = m.opts.Sled().FileRoots
+	}
+	files := spec.Files{}
+	defer files.Close()
+	for key, c := range g.Spec.Components {
+		if c.File == nil {
+			continue
+		}
+		f, err := diskfile.Open(c.File.Path, roots, !c.File.ReadOnly)
+		if err != nil {
+			m.opts.Log.Warn("a disk's file of an adopted VMM", "component", key, "err", err)
+			continue
+		}
+		files[key] = f
+	}
+	return usesOf(g.Spec, files)
+}
+
 func (m *Manager) adopt(id string, rec record) {
 	reg := Registration{InstanceID: rec.InstanceID, PropolisAddr: netip.MustParseAddrPort(rec.PropolisAddr), Initial: rec.Initial, Body: rec.Registration}
 	g, gerr := ParseGuest(rec.Registration)
@@ -237,6 +267,14 @@ func (m *Manager) adopt(id string, rec record) {
 	v.setLocked(rec.State.State, "adopted after an agent restart", "adopted")
 	v.mu.Unlock()
 	v.claimFree()
+	v.disks = rec.Disks
+	if v.disks == nil && g != nil {
+		v.disks = m.findDisks(g)
+	}
+	for _, p := range m.disks.takeFree(v.owner, id, v.disks) {
+		m.opts.Log.Error("a VMM found at start shares a disk's file", "vmm", id, "err", p)
+		v.record("disk shared", p)
+	}
 	m.mu.Lock()
 	m.vmms[id] = v
 	m.mu.Unlock()

@@ -186,9 +186,13 @@ func (v *VM) Ensure(ctx context.Context, props propolisapi.Properties, raw json.
 	if err == nil && sled.NICs == nil {
 		sled.NICs, err = spec.NICsOf(s)
 	}
+	// The disks' files are opened here, as judged, and QEMU is given these
+	// descriptors: nothing opens them by name again.
+	var files spec.Files
 	if err == nil {
-		err = spec.Check(s, sled)
+		files, err = spec.CheckOpen(s, sled)
 	}
+	defer files.Close() // QEMU has its own once started
 	var se *spec.Error
 	if errors.As(err, &se) {
 		v.mu.Unlock()
@@ -202,7 +206,7 @@ func (v *VM) Ensure(ctx context.Context, props propolisapi.Properties, raw json.
 	v.setLocked(propolisapi.StateCreating, "starting QEMU")
 	v.mu.Unlock()
 
-	proc, err := v.start(ctx, s)
+	proc, err := v.start(ctx, s, files)
 	if err != nil {
 		v.set(propolisapi.StateFailed, "QEMU did not start: "+err.Error())
 		return fmt.Errorf("starting QEMU: %w", err)
@@ -220,8 +224,9 @@ func (v *VM) Ensure(ctx context.Context, props propolisapi.Properties, raw json.
 	return nil
 }
 
-// start builds the machine and starts QEMU, paused, with com1 connected.
-func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
+// start builds the machine and starts QEMU, paused, with com1 connected;
+// its file-backed disks are files, as judged.
+func (v *VM) start(ctx context.Context, s *spec.Spec, files spec.Files) (*qemu.Process, error) {
 	if err := os.MkdirAll(v.opts.Dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -244,12 +249,18 @@ func (v *VM) start(ctx context.Context, s *spec.Spec) (*qemu.Process, error) {
 	v.mu.Lock()
 	v.sockDir = sockDir
 	v.mu.Unlock()
-	m, err := v.machine(s)
+	m, err := v.machine(s, files)
 	if err != nil {
 		return nil, err
 	}
 	start := v.opts.Start
-	if v.opts.IDs != (IDRange{}) {
+	if v.opts.IDs == (IDRange{}) {
+		// QEMU runs as this process and opens its files by name: only
+		// the benchmarks, which run its command line themselves.
+		for i := range m.Disks {
+			m.Disks[i].File = nil
+		}
+	} else {
 		id, err := identity(v.opts.IDs, v.opts.Name, m.Accel, "/proc", qemu.KVMGroups)
 		if err != nil {
 			return nil, fmt.Errorf("QEMU's user: %w", err)
@@ -356,8 +367,9 @@ func (v *VM) inNetns(f func() error) error {
 	return v.opts.InNetns(f)
 }
 
-// machine is the QEMU machine for s, with its files in the VM's directory.
-func (v *VM) machine(s *spec.Spec) (qemu.Machine, error) {
+// machine is the QEMU machine for s, with its files in the VM's directory
+// and its file-backed disks files.
+func (v *VM) machine(s *spec.Spec, files spec.Files) (qemu.Machine, error) {
 	dir := v.opts.Dir
 	m := qemu.Machine{
 		Name:      v.opts.Name,
@@ -385,7 +397,7 @@ func (v *VM) machine(s *spec.Spec) (qemu.Machine, error) {
 		c := s.Components[key]
 		switch c.Type {
 		case spec.TypeVirtioDisk, spec.TypeNvmeDisk:
-			d, err := v.disk(s, c, len(m.Disks))
+			d, err := v.disk(s, c, len(m.Disks), files)
 			if err != nil {
 				return m, fmt.Errorf("component %q: %w", key, err)
 			}
@@ -415,10 +427,9 @@ func (v *VM) machine(s *spec.Spec) (qemu.Machine, error) {
 	return m, nil
 }
 
-// disk is the QEMU disk of a spec's disk component: its backend's file,
-// by its real path (checked again here), or its blob written into the
-// VM's directory.
-func (v *VM) disk(s *spec.Spec, c spec.Component, n int) (qemu.Disk, error) {
+// disk is the QEMU disk of a spec's disk component: its backend's file as
+// opened and judged (files), or its blob written into the VM's directory.
+func (v *VM) disk(s *spec.Spec, c spec.Component, n int, files spec.Files) (qemu.Disk, error) {
 	d := qemu.Disk{ID: fmt.Sprintf("disk%d", n), Kind: qemu.VirtioBlk, PCI: qemuPCI(c.Disk.PCI), BlockSize: 512}
 	if c.Type == spec.TypeNvmeDisk {
 		d.Kind = qemu.NVMe
@@ -430,14 +441,11 @@ func (v *VM) disk(s *spec.Spec, c spec.Component, n int) (qemu.Disk, error) {
 	b := s.Components[c.Disk.BackendID]
 	switch {
 	case b.File != nil:
-		real, err := filepath.EvalSymlinks(b.File.Path)
-		if err != nil {
-			return d, err
+		f := files[c.Disk.BackendID]
+		if f == nil {
+			return d, fmt.Errorf("backend %q: its file was not opened", c.Disk.BackendID)
 		}
-		if !spec.Within(real, v.sled.FileRoots) {
-			return d, fmt.Errorf("%s (%s) is outside this sled's guest storage", b.File.Path, real)
-		}
-		d.Path, d.ReadOnly, d.BlockSize = real, b.File.ReadOnly, int(b.File.BlockSize)
+		d.Path, d.File, d.ReadOnly, d.BlockSize = f.Path, f.File, b.File.ReadOnly, int(b.File.BlockSize)
 	case b.Blob != nil:
 		d.Path, d.ReadOnly = filepath.Join(v.opts.Dir, d.ID+".blob"), b.Blob.ReadOnly
 		// Whole sectors: the guest sees the blob padded with zeros.

@@ -61,7 +61,7 @@ func newGuestWith(t *testing.T, edit func(*Options)) *guest {
 	}
 	storage := t.TempDir()
 	disk := filepath.Join(storage, "boot.raw")
-	if err := os.Link(testguest.TempCopy(t, image), disk); err != nil {
+	if err := os.Rename(testguest.TempCopy(t, image), disk); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(disk, 0o600); err != nil {

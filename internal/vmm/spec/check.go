@@ -3,10 +3,10 @@ package spec
 import (
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/sled-agent/sled-agent/internal/vmm/diskfile"
 )
 
 // Sled is what a spec is judged against.
@@ -15,8 +15,8 @@ type Sled struct {
 	Threads int
 	// FileRoots are the directories a file backend's file may lie in
 	// (the pools' local_storage datasets and the operator's image
-	// directory), each as the sled names it: they are resolved here, as
-	// the file's path is.
+	// directory), each as the sled names it: a root's own symbolic links
+	// are followed, none below it (diskfile.Open).
 	FileRoots []string
 	// NICs are the sled-local config's NICs, by id: a virtio NIC's
 	// interface_id names one, and the guest sees its MAC.
@@ -27,9 +27,32 @@ type Sled struct {
 // KiB; the whole registration is bounded anyway).
 const MaxBlobBytes = 1 << 20
 
+// Files are a spec's file backends opened as judged (diskfile.Open), by
+// component key: what QEMU is given, so that nothing opens the files by
+// name again.
+type Files map[string]*diskfile.File
+
+// Close closes every file.
+func (fs Files) Close() {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
 // Check judges whether the sled can realise s. It returns an *Error naming
-// every problem, or nil.
+// every problem, or nil. The file backends' files are opened to be judged,
+// and closed.
 func Check(s *Spec, sled Sled) error {
+	files, err := CheckOpen(s, sled)
+	files.Close()
+	return err
+}
+
+// CheckOpen is Check, and returns the file backends' files open as judged
+// (the caller closes them); nil with an error.
+func CheckOpen(s *Spec, sled Sled) (Files, error) {
+	files := Files{}
+	same := map[diskfile.ID]string{} // a file → the first backend that has it
 	var probs []string
 	add := func(format string, a ...any) { probs = append(probs, fmt.Sprintf(format, a...)) }
 	switch {
@@ -86,9 +109,18 @@ func Check(s *Spec, sled Sled) error {
 				seen[id] = true
 			}
 		case TypeFile:
-			if err := checkFile(c.File, sled.FileRoots); err != nil {
+			f, err := openFile(c.File, sled.FileRoots)
+			if err != nil {
 				add("component %q (file_storage_backend): %v", key, err)
+				break
 			}
+			files[key] = f
+			// Two names of one file are refused below a root (links), but
+			// two roots may show one directory (a bind mount).
+			if other, ok := same[f.ID]; ok && (!c.File.ReadOnly || !s.Components[other].File.ReadOnly) {
+				add("components %q and %q are one file (%s) and one of them writes it", other, key, f.ID)
+			}
+			same[f.ID] = key
 		case TypeBlob:
 			if n := len(c.Blob.Data); n == 0 || n > MaxBlobBytes {
 				add("component %q (blob_storage_backend): %d bytes: want 1 to %d", key, n, MaxBlobBytes)
@@ -110,9 +142,10 @@ func Check(s *Spec, sled Sled) error {
 		add("components %s: at most one boot_settings", quoteAll(boots))
 	}
 	if len(probs) > 0 {
-		return &Error{Problems: probs}
+		files.Close()
+		return nil, &Error{Problems: probs}
 	}
-	return nil
+	return files, nil
 }
 
 // backendProblems checks that a device's backend_id names a backend of one
@@ -155,48 +188,15 @@ func pciProblem(p PCIPath, pcie bool) string {
 	return ""
 }
 
-// checkFile checks a file backend: a regular file of a supported block
-// size, whose real path (every symbolic link resolved) lies inside one of
-// roots (also resolved). A request never makes a host file a guest's disk.
-func checkFile(f *FileBackend, roots []string) error {
+// openFile opens a file backend's file as judged: a regular file of a
+// supported block size with one link, beneath one of roots with no
+// symbolic link on the way (diskfile.Open), read-write unless the backend
+// is read-only. A request never makes a host file a guest's disk.
+func openFile(f *FileBackend, roots []string) (*diskfile.File, error) {
 	if f.BlockSize != 512 && f.BlockSize != 4096 {
-		return fmt.Errorf("block_size %d: want 512 or 4096", f.BlockSize)
+		return nil, fmt.Errorf("block_size %d: want 512 or 4096", f.BlockSize)
 	}
-	if !filepath.IsAbs(f.Path) {
-		return fmt.Errorf("path %q is not absolute", f.Path)
-	}
-	real, err := filepath.EvalSymlinks(f.Path)
-	if err != nil {
-		return fmt.Errorf("path %q: %v", f.Path, err)
-	}
-	if !Within(real, roots) {
-		return fmt.Errorf("path %q (%s) is outside this sled's guest storage (the pools' local_storage datasets and the VMM image directory)", f.Path, real)
-	}
-	fi, err := os.Stat(real)
-	if err != nil {
-		return fmt.Errorf("path %q: %v", f.Path, err)
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("path %q is not a regular file (%s)", f.Path, fi.Mode().Type())
-	}
-	return nil
-}
-
-// Within reports whether real, a path with no symbolic links, lies inside
-// one of roots, each resolved first (a root that does not resolve holds
-// nothing).
-func Within(real string, roots []string) bool {
-	for _, root := range roots {
-		r, err := filepath.EvalSymlinks(root)
-		if err != nil || !filepath.IsAbs(r) {
-			continue
-		}
-		rel, err := filepath.Rel(r, real)
-		if err == nil && rel != "." && rel != ".." && !strings.HasPrefix(rel, "../") {
-			return true
-		}
-	}
-	return false
+	return diskfile.Open(f.Path, roots, !f.ReadOnly)
 }
 
 func quoteAll(ss []string) string {

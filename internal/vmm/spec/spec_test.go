@@ -7,7 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 const nicID = "5f6ac8a5-5e2c-4d8b-9f5b-3d8f1c2a7e01"
@@ -109,6 +112,21 @@ func TestRefusals(t *testing.T) {
 	if err := os.Symlink("..", dirLink); err != nil {
 		t.Fatal(err)
 	}
+	// Links inside the sled's storage to files inside it are refused too:
+	// a link can be changed between the check and the open.
+	inLink := filepath.Join(w.sled.FileRoots[1], "boot.raw")
+	if err := os.Symlink(w.disk, inLink); err != nil {
+		t.Fatal(err)
+	}
+	dirIn := filepath.Join(w.sled.FileRoots[1], "pool")
+	if err := os.Symlink(filepath.Dir(w.disk), dirIn); err != nil {
+		t.Fatal(err)
+	}
+	// A hard link in the sled's storage to a host file is that file.
+	hard := filepath.Join(w.sled.FileRoots[1], "passwd.raw")
+	if err := os.Link(outside, hard); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name   string
 		change func(doc map[string]any)
@@ -138,7 +156,11 @@ func TestRefusals(t *testing.T) {
 		{"bad com", set("com1", comp("serial_port", map[string]any{"num": "com5"})), `num "com5"`},
 		{"host file", backendPath("/etc/shadow"), `path "/etc/shadow" (/etc/shadow) is outside this sled's guest storage`},
 		{"file outside", backendPath(outside), "is outside this sled's guest storage"},
-		{"symlink out", backendPath(link), "(/etc/shadow) is outside"},
+		{"symlink out", backendPath(link), `shadow.raw": a symbolic link is on the way`},
+		{"symlink inside", backendPath(inLink), `boot.raw": a symbolic link is on the way`},
+		{"directory link inside", backendPath(filepath.Join(dirIn, "disk.raw")), `a symbolic link is on the way`},
+		{"hard link", backendPath(hard), "has more than one hard link (2)"},
+		{"same file twice", set("cloud-init-backend", comp("file_storage_backend", map[string]any{"path": w.disk, "readonly": true, "block_size": 512})), `components "boot-disk-backend" and "cloud-init-backend" are one file (device`},
 		{"dotdot through a link", backendPath(dirLink + strings.Repeat("/..", 20) + "/etc/passwd"), "(/etc/passwd) is outside"},
 		{"relative", backendPath("disk.raw"), "is not absolute"},
 		{"root itself", backendPath(w.sled.FileRoots[1]), "outside"},
@@ -175,16 +197,46 @@ func backendPath(p string) func(map[string]any) {
 	return set("boot-disk-backend", comp("file_storage_backend", map[string]any{"path": p, "readonly": false, "block_size": 512}))
 }
 
-// A file reached through a symbolic link inside the sled's storage is its
-// real path's: allowed when that is inside too.
-func TestSymlinkInsideAllowed(t *testing.T) {
+// Two disks may read one file; two reading it as two backends of one spec
+// too.
+func TestReadOnlySharing(t *testing.T) {
 	w := newWorld(t)
-	link := filepath.Join(w.sled.FileRoots[1], "boot.raw")
-	if err := os.Symlink(w.disk, link); err != nil {
+	doc := testSpec(w.disk)
+	set("boot-disk-backend", comp("file_storage_backend", map[string]any{"path": w.disk, "readonly": true, "block_size": 512}))(doc)
+	set("cloud-init-backend", comp("file_storage_backend", map[string]any{"path": w.disk, "readonly": true, "block_size": 512}))(doc)
+	if _, err := decodeCheck(t, doc, w.sled); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := decodeCheck(t, testSpec(link), w.sled); err != nil {
+}
+
+// CheckOpen returns each file backend's file open as judged, read-write
+// or read-only as the backend is.
+func TestCheckOpen(t *testing.T) {
+	w := newWorld(t)
+	raw, _ := json.Marshal(testSpec(w.disk))
+	s, err := Decode(raw)
+	if err != nil {
 		t.Fatal(err)
+	}
+	files, err := CheckOpen(s, w.sled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer files.Close()
+	f := files["boot-disk-backend"]
+	if len(files) != 1 || f == nil || f.Path != w.disk {
+		t.Fatalf("files = %v", files)
+	}
+	fi, err := os.Stat(w.disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Ino != f.ID.Ino || uint64(st.Dev) != f.ID.Dev {
+		t.Errorf("opened %s; the disk is %d:%d", f.ID, st.Dev, st.Ino)
+	}
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil || fl&unix.O_ACCMODE != unix.O_RDWR {
+		t.Errorf("flags %#x, %v: want read-write", fl, err)
 	}
 }
 
