@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -184,9 +185,9 @@ func vmmDetail(t *testing.T, a *agent.Agent) string {
 	return "(no such VMM)"
 }
 
-// qemuPIDs are the QEMU processes whose command line holds what (a disk's
-// path, or guest=<propolis id>).
-func qemuPIDs(t *testing.T, what string) []int {
+// qemuPIDs are the QEMU processes whose command line holds all of what (a disk's
+// path, guest=<propolis id>, the test's own data dir).
+func qemuPIDs(t *testing.T, what ...string) []int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -202,7 +203,7 @@ func qemuPIDs(t *testing.T, what string) []int {
 		if err != nil {
 			continue
 		}
-		if strings.Contains(string(cmd), "qemu-system") && strings.Contains(string(cmd), what) {
+		if strings.Contains(string(cmd), "qemu-system") && !slices.ContainsFunc(what, func(w string) bool { return !strings.Contains(string(cmd), w) }) {
 			out = append(out, pid)
 		}
 	}

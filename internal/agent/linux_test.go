@@ -461,7 +461,7 @@ func TestLinuxRestartAdoptsARunningVMM(t *testing.T) {
 	if err != nil || !st.Up {
 		t.Fatalf("VMM service: %+v, %v", st, err)
 	}
-	qemu := qemuPIDs(t, "guest="+testVMM)
+	qemu := qemuPIDs(t, "guest="+testVMM, dir+"/")
 	if len(qemu) != 1 {
 		t.Fatalf("QEMU of the VMM: %v, want one", qemu)
 	}
@@ -477,7 +477,7 @@ func TestLinuxRestartAdoptsARunningVMM(t *testing.T) {
 	if st2, err := supervise.Status(svc); err != nil || st2.PID != st.PID {
 		t.Errorf("VMM service pid %d before the restart, %+v (%v) after", st.PID, st2, err)
 	}
-	if got := qemuPIDs(t, "guest="+testVMM); len(got) != 1 || got[0] != qemu[0] {
+	if got := qemuPIDs(t, "guest="+testVMM, dir+"/"); len(got) != 1 || got[0] != qemu[0] {
 		t.Errorf("QEMU %v before the restart, %v after", qemu, got)
 	}
 }
