@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/claims"
+	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
@@ -65,6 +66,10 @@ var (
 	ErrCollision = errors.New("VMM collides with a zone or the sled")
 	// ErrInvalid: a request the VMM cannot carry out in its state.
 	ErrInvalid = errors.New("invalid request for the VMM's state")
+	// ErrNotKnown: a registration of a VMM whose zone runs with no
+	// readable record of it (unknown.go), or whose unregister is not
+	// finished.
+	ErrNotKnown = errors.New("VMM is not known")
 )
 
 // Options tune the manager. Zero values take the defaults.
@@ -85,9 +90,13 @@ type Options struct {
 	CallTimeout time.Duration
 	// HistoryLen is how many events each VMM keeps (32).
 	HistoryLen int
-	// StateDir keeps each VMM's registration and state, so that a restarted
-	// agent adopts them (Resume); "" keeps nothing.
-	StateDir string
+	// RecordDirs each keep a copy of every VMM's record (its registration
+	// and state; store.go), so that a restarted agent adopts them (Resume);
+	// none keeps nothing.
+	RecordDirs []string
+	// LegacyDir is where an earlier agent kept one plain file per VMM:
+	// Resume rewrites those as records and removes them.
+	LegacyDir string
 	// Sled is what a VMM's spec is checked against at registration: the
 	// hardware threads a guest may have, and where its disks' files may
 	// lie (the pools' local_storage datasets and the image directory).
@@ -206,7 +215,10 @@ type LogEntry struct {
 
 // Info is a VMM as the manager reports it.
 type Info struct {
-	ID           string          `json:"propolis_id"`
+	ID string `json:"propolis_id"`
+	// Status is known for a VMM the agent holds a readable record of,
+	// unknown for one it does not (Detail says why; unknown.go).
+	Status       string          `json:"status" enum:"known,unknown" doc:"known: the agent holds a readable record of the VMM and manages it. unknown: its zone runs (or a record of it exists) but no record of it can be read; the agent leaves it as it is, detail says why, its vmm_state is empty, Nexus is answered 404 NO_SUCH_INSTANCE, and only sled-agent vmm remove-unknown removes it."`
 	InstanceID   string          `json:"instance_id"`
 	Zone         string          `json:"zone"`
 	PropolisAddr string          `json:"propolis_addr"`
@@ -225,17 +237,30 @@ type Manager struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
-	registerMu sync.Mutex   // serialises Register and Unregister
+	registerMu sync.Mutex   // serialises Register, Unregister, adoptions and unknowns' changes
 	owners     atomic.Int64 // numbers each VMM's claims owner
+	refreshMu  sync.Mutex   // one refreshUnknown at a time
+	listErr    atomic.Pointer[error]
 	mu         sync.Mutex
 	vmms       map[string]*vmm // guarded by mu; by propolis id
+	// ending are the unregistered VMMs whose zone is not torn down or
+	// whose record is not removed yet (finish). Guarded by mu.
+	ending map[string]*vmm
+	// unknown are the VMMs of which no record is readable. Guarded by mu.
+	unknown map[string]*unknownVMM
+	// gone numbers the VMMs whose zone and record went (goneLocked), so
+	// that a zone listing made before does not make them unknown.
+	gone    map[string]uint64 // guarded by mu
+	goneSeq uint64            // guarded by mu
+	listed  bool              // guarded by mu; VMM zones were listed once
 }
 
 // New returns a manager. Close stops its monitors (VMMs keep running).
 func New(rt Runtime, host Host, opts Options) *Manager {
 	opts.setDefaults()
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{rt: rt, host: host, opts: opts, ctx: ctx, stop: stop, vmms: map[string]*vmm{}}
+	return &Manager{rt: rt, host: host, opts: opts, ctx: ctx, stop: stop, vmms: map[string]*vmm{},
+		ending: map[string]*vmm{}, unknown: map[string]*unknownVMM{}, gone: map[string]uint64{}}
 }
 
 // Close stops every monitor and waits for them. VMMs and their zones are
@@ -272,10 +297,38 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 		}
 		return old.info(), nil
 	}
+	m.mu.Lock()
+	u, ending := m.unknown[id], m.ending[id] != nil
+	m.mu.Unlock()
+	switch {
+	case u != nil:
+		// Its zone may run a guest: the agent does not know, so it does
+		// not make it again over what runs.
+		return Info{}, fmt.Errorf("%w: VMM %s has no readable record (%s); remove it with sled-agent vmm remove-unknown first", ErrNotKnown, id, u.why)
+	case ending:
+		return Info{}, fmt.Errorf("%w: VMM %s is unregistered and its zone not yet torn down", ErrNotKnown, id)
+	}
+	led, err := m.openRecord(id)
+	if err != nil {
+		return Info{}, err
+	}
+	var recGen uint64
+	if led != nil {
+		// A record left where none is known (a record directory restored
+		// since the last check): the new one goes above it.
+		lr, _, err := led.Read()
+		switch {
+		case err == nil:
+			recGen = lr.Generation
+		case !errors.Is(err, ledger.ErrNotFound):
+			return Info{}, fmt.Errorf("%w: VMM %s has a record that cannot be read: %w", ErrNotKnown, id, err)
+		}
+	}
 	if err := m.admit(id, reg); err != nil {
 		return Info{}, err
 	}
 	v := newVMM(m, id, reg)
+	v.led, v.recGen = led, recGen
 	undo, err := v.claim()
 	if err != nil {
 		v.cancel()
@@ -383,15 +436,22 @@ func (m *Manager) Get(id string) (Info, error) {
 	return v.info(), nil
 }
 
-// List returns every VMM, sorted by id.
+// List returns every VMM, sorted by id: the registered ones, the
+// unregistered ones whose teardown is not finished, and the unknown ones.
 func (m *Manager) List() []Info {
 	m.mu.Lock()
-	vs := make([]*vmm, 0, len(m.vmms))
+	vs := make([]*vmm, 0, len(m.vmms)+len(m.ending))
 	for _, v := range m.vmms {
 		vs = append(vs, v)
 	}
+	for _, v := range m.ending {
+		vs = append(vs, v)
+	}
+	out := make([]Info, 0, len(vs)+len(m.unknown))
+	for _, u := range m.unknown {
+		out = append(out, m.unknownInfo(u))
+	}
 	m.mu.Unlock()
-	out := make([]Info, 0, len(vs))
 	for _, v := range vs {
 		out = append(out, v.info())
 	}
@@ -412,33 +472,32 @@ func (m *Manager) RequestState(ctx context.Context, id string, r Request) (info 
 	return v.request(ctx, r)
 }
 
-// Unregister forgets VMM id, stops its monitor and tears its zone down. A
-// zone whose teardown a crash interrupts is removed by the next Resume.
-// Forgetting wins over a state request or monitor update in flight: once
-// the VMM's record is removed nothing writes it again, so a restart never
-// brings an unregistered VMM back.
+// Unregister forgets VMM id, stops its monitor and tears its zone down.
+// First it writes the record that says the VMM is unregistered and its zone
+// to be torn down: a crash from then on leaves the next agent that record,
+// and it finishes the teardown. The record is removed once the zone is
+// gone. Forgetting wins over a state request or monitor update in flight:
+// once that record is written nothing writes the VMM's record again, so a
+// restart never brings an unregistered VMM back.
 func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 	m.registerMu.Lock()
 	m.mu.Lock()
 	v, ok := m.vmms[id]
-	delete(m.vmms, id)
 	m.mu.Unlock()
-	var err error
-	if ok {
-		if err = v.forget(); err != nil {
-			// Still on disk: still registered, as a restart would find it.
-			m.mu.Lock()
-			m.vmms[id] = v
-			m.mu.Unlock()
-		}
-	}
-	m.registerMu.Unlock()
 	if !ok {
+		m.registerMu.Unlock()
 		return Info{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
-	if err != nil {
+	if err := v.markUnregistered(); err != nil {
+		// Nothing written: still registered, as a restart would find it.
+		m.registerMu.Unlock()
 		return v.info(), fmt.Errorf("forgetting VMM %s: %w", id, err)
 	}
+	m.mu.Lock()
+	delete(m.vmms, id)
+	m.ending[id] = v
+	m.mu.Unlock()
+	m.registerMu.Unlock()
 	v.cancel()
 	<-v.done
 	tellForgotten := func() { // with v.mu held, as States asks
@@ -446,17 +505,12 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 			st.VMMForgotten(id)
 		}
 	}
-	if err := v.teardown(ctx); err != nil {
-		// The zone may still be there, with the links and route of the
-		// VMM's id and address: they stay claimed (until the next agent's
-		// Resume removes the zone).
+	if err := m.finish(ctx, v); err != nil {
 		v.mu.Lock()
 		tellForgotten()
 		v.mu.Unlock()
 		return v.info(), err
 	}
-	v.release()
-	m.unreserve(id)
 	v.mu.Lock()
 	v.setLocked(StateDestroyed, "unregistered; zone torn down", "unregistered")
 	tellForgotten()

@@ -8,8 +8,10 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/vmm/service"
@@ -35,9 +37,21 @@ type vmm struct {
 	ctx    context.Context // the monitor's
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the monitor returns
-	saveMu sync.Mutex    // orders writes of the VMM's file
-	// forgotten is set, under saveMu, once the file is removed for good.
+	saveMu sync.Mutex    // orders writes of the VMM's record
+	// The VMM's record (store.go), guarded by saveMu: its ledger (nil:
+	// none kept), the generation and record last written, and what was
+	// last logged about its copies.
+	led            *ledger.Ledger
+	recGen         uint64
+	last           ledger.Record
+	repairReported string
+	// forgotten is set, under saveMu, once the record says the VMM is
+	// unregistered: nothing writes it again.
 	forgotten bool
+	// finishing is set while finish runs; tornDown once it has torn the
+	// zone down (and given up what the VMM held).
+	finishing atomic.Bool
+	tornDown  bool
 
 	mu       sync.Mutex
 	state    RuntimeState        // guarded by mu
@@ -77,7 +91,7 @@ func (v *vmm) spec() zone.Spec {
 func (v *vmm) info() Info {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return Info{ID: v.id, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(),
+	return Info{ID: v.id, Status: StatusKnown, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(),
 		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.reg.Body}
 }
 
