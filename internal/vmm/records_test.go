@@ -358,6 +358,10 @@ func TestOldRecordsAreMigrated(t *testing.T) {
 		i := listed(m)[ids[2]]
 		return i.Status == vmm.StatusUnknown && strings.Contains(i.Detail, "its record from an earlier agent cannot be read"), fmt.Sprintf("%+v", i)
 	})
+	m.CheckRecords(context.Background())
+	if i := listed(m)[ids[2]]; i.Status != vmm.StatusUnknown || !strings.Contains(i.Detail, "its record from an earlier agent cannot be read") {
+		t.Errorf("the torn old record's VMM after a check: %+v", i)
+	}
 	if _, ok := rt.Incarnation(zone.VMMNamePrefix + ids[2]); !ok {
 		t.Fatal("the zone of a VMM whose old record is torn was destroyed")
 	}
@@ -368,5 +372,12 @@ func TestOldRecordsAreMigrated(t *testing.T) {
 		if _, err := m2.Get(id); err != nil {
 			t.Errorf("VMM %s after a second restart: %v", id, err)
 		}
+	}
+	// Removing the unknown one removes its torn old record too.
+	if _, err := m2.RemoveUnknown(context.Background(), ids[2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(old, ids[2]+".json")); !os.IsNotExist(err) {
+		t.Errorf("the torn old record after its VMM was removed: %v", err)
 	}
 }

@@ -38,6 +38,9 @@ func (m *Manager) Resume() (int, error) {
 	for id, why := range unreadable {
 		if !ids[id] {
 			m.markUnknownLocked(id, fmt.Sprintf("its record from an earlier agent cannot be read: %s", why), false)
+			m.mu.Lock()
+			m.unknown[id].legacy = true
+			m.mu.Unlock()
 			errs = append(errs, fmt.Errorf("VMM %s: %s", id, why))
 		}
 	}

@@ -188,11 +188,15 @@ func (m *Manager) RemoveUnknown(ctx context.Context, id string) (Info, error) {
 	case u == nil:
 		m.registerMu.Unlock()
 		return Info{}, fmt.Errorf("%w: no unknown VMM %s", ErrNotFound, id)
-	case u.removing:
+	}
+	m.mu.Lock()
+	removing, legacy := u.removing, u.legacy
+	m.mu.Unlock()
+	if removing {
 		m.registerMu.Unlock()
 		return Info{}, fmt.Errorf("%w: unknown VMM %s is being removed", ErrConflict, id)
 	}
-	if !u.legacy {
+	if !legacy {
 		// What it is may be known by now.
 		m.resumeLocked(id, u.zone)
 		m.mu.Lock()
@@ -233,7 +237,7 @@ func (m *Manager) RemoveUnknown(ctx context.Context, id string) (Info, error) {
 	} else if led != nil {
 		_, rerr = led.Remove()
 	}
-	if u.legacy && rerr == nil {
+	if legacy && rerr == nil {
 		if err := os.Remove(filepath.Join(m.opts.LegacyDir, recordName(id))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			rerr = err
 		}
