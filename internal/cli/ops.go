@@ -184,6 +184,9 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			for _, c := range sw.Conflicts {
 				fmt.Fprintf(tw, "    conflict\t%s held by another sled\n", c)
 			}
+			for _, k := range sw.Kept {
+				fmt.Fprintf(tw, "    kept\t%s: no zone of the config wants it, but zones run that no readable config judges\n", k)
+			}
 		}
 	}
 	if d := inv.DDM; d != nil {
@@ -195,6 +198,9 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			state = "not yet in sync"
 		}
 		fmt.Fprintf(tw, "ddm %s\t%s; wanted %v\n", d.URL, state, d.Desired)
+		if len(d.Kept) > 0 {
+			fmt.Fprintf(tw, "  kept\t%v: no zone of the config wants them, but zones run that no readable config judges\n", d.Kept)
+		}
 		if d.ObservedAt != nil {
 			fmt.Fprintf(tw, "  last seen in ddm\t%v at %s\n", d.Observed, d.ObservedAt.Local().Format(time.DateTime))
 		}
