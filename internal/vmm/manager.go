@@ -505,7 +505,7 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 			st.VMMForgotten(id)
 		}
 	}
-	if err := m.finish(ctx, v); err != nil {
+	if err := m.finish(ctx, v, true); err != nil {
 		v.mu.Lock()
 		tellForgotten()
 		v.mu.Unlock()

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/ledger"
@@ -48,10 +47,12 @@ type vmm struct {
 	// forgotten is set, under saveMu, once the record says the VMM is
 	// unregistered: nothing writes it again.
 	forgotten bool
-	// finishing is set while finish runs; tornDown once it has torn the
-	// zone down (and given up what the VMM held).
-	finishing atomic.Bool
-	tornDown  bool
+	// finishSlot is held (capacity 1) while finish runs; tornDown, set
+	// in it, once finish has torn the zone down (and given up what the
+	// VMM held), finished once it has removed the record too.
+	finishSlot chan struct{}
+	tornDown   bool
+	finished   bool
 
 	mu       sync.Mutex
 	state    RuntimeState        // guarded by mu
@@ -67,7 +68,7 @@ type vmm struct {
 func newVMM(m *Manager, id string, reg Registration) *vmm {
 	ctx, cancel := context.WithCancel(m.ctx)
 	owner := fmt.Sprintf("vmm %s #%d", id, m.owners.Add(1))
-	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, pokec: make(chan struct{}, 1), finishSlot: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	v.state = RuntimeState{Gen: min(max(reg.Initial.Gen, 1), MaxGen), State: StateStarting, TimeUpdated: time.Now()}
 	v.detail = "zone being created"
 	v.record("registered", fmt.Sprintf("service at %s", reg.PropolisAddr))

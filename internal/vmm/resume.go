@@ -206,18 +206,31 @@ func (m *Manager) resumeUnregistered(id string, led *ledger.Ledger, lr ledger.Re
 	m.ending[id] = v
 	m.mu.Unlock()
 	m.opts.Log.Info("finishing the teardown of an unregistered VMM", "vmm", id)
-	m.wg.Go(func() { m.finish(m.ctx, v) })
+	m.wg.Go(func() { m.finish(m.ctx, v, false) })
 }
 
 // finish tears an unregistered VMM's zone down, then gives up what the VMM
 // held and removes its record. A zone that could not be torn down is an
 // error; a record that could not be removed is logged. Either is tried
-// again by CheckRecords until done.
-func (m *Manager) finish(ctx context.Context, v *vmm) error {
-	if !v.finishing.CompareAndSwap(false, true) {
-		return fmt.Errorf("VMM %s: its teardown is in progress", v.id)
+// again by CheckRecords until done. wait: if another finish of v runs,
+// wait for it (within ctx) and then go on; else leave it to that one.
+func (m *Manager) finish(ctx context.Context, v *vmm, wait bool) error {
+	select {
+	case v.finishSlot <- struct{}{}:
+	default:
+		if !wait {
+			return nil
+		}
+		select {
+		case v.finishSlot <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("VMM %s: waiting for its teardown in progress: %w", v.id, ctx.Err())
+		}
 	}
-	defer v.finishing.Store(false)
+	defer func() { <-v.finishSlot }()
+	if v.finished {
+		return nil
+	}
 	if !v.tornDown {
 		if err := v.teardown(ctx); err != nil {
 			// The zone may still be there, with the links and route of
@@ -236,6 +249,7 @@ func (m *Manager) finish(ctx context.Context, v *vmm) error {
 		m.opts.Log.Error("removing an unregistered VMM's record", "vmm", v.id, "err", err)
 		return nil
 	}
+	v.finished = true
 	m.mu.Lock()
 	if m.ending[v.id] == v {
 		delete(m.ending, v.id)

@@ -280,7 +280,7 @@ func (m *Manager) CheckRecords(ctx context.Context) {
 		v.repair()
 	}
 	for _, v := range ending {
-		m.finish(ctx, v)
+		m.finish(ctx, v, false)
 	}
 	m.refreshUnknown(ctx)
 }
