@@ -332,5 +332,9 @@ func TestSweepLeavesALiveZoneWhoseMarkIsLostAlone(t *testing.T) {
 		if _, err := os.Stat(rootOf(e, s)); err != nil {
 			t.Errorf("zone %s: root removed: %v", s.Name, err)
 		}
+		// Nor is it reported gone (a VMM's monitor would tear it down).
+		if o, exists, err := e.rt.Inspect(context.Background(), s.Name); err == nil && !exists {
+			t.Errorf("zone %s: Inspect says it does not exist: %+v", s.Name, o)
+		}
 	}
 }
