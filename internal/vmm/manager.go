@@ -226,6 +226,17 @@ type Info struct {
 	Detail       string          `json:"detail,omitempty"`
 	History      []LogEntry      `json:"history"`
 	Registration json.RawMessage `json:"registration"`
+	// RecordCopies are the copies of the VMM's record as last read or
+	// written (none when no record is kept).
+	RecordCopies []RecordCopy `json:"record_copies,omitempty"`
+}
+
+// RecordCopy is one copy of a VMM's record.
+type RecordCopy struct {
+	Path       string `json:"path"`
+	State      string `json:"state" enum:"ok,missing,corrupt,unreadable,stale,write_failed,not_durable" doc:"As the sled config's ledger copies'."`
+	Generation uint64 `json:"generation,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // Manager hosts the VMMs.

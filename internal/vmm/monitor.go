@@ -90,10 +90,18 @@ func (v *vmm) spec() zone.Spec {
 }
 
 func (v *vmm) info() Info {
+	// v.led is set before v is known to anyone, and never changes; its
+	// Status does no I/O.
+	var copies []RecordCopy
+	if v.led != nil {
+		for _, c := range v.led.Status() {
+			copies = append(copies, RecordCopy{Path: c.Path, State: string(c.State), Generation: c.Generation, Error: c.Err})
+		}
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return Info{ID: v.id, Status: StatusKnown, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(),
-		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.reg.Body}
+		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.reg.Body, RecordCopies: copies}
 }
 
 // set moves the VMM to state with detail, recording event; the generation

@@ -246,6 +246,15 @@ func TestOneBadCopyIsRewritten(t *testing.T) {
 		if n, ok := rt.Incarnation(zone.VMMNamePrefix + id); !ok || n != inc[id] {
 			t.Fatalf("zone of VMM %s: incarnation %d → %d (%v)", id, inc[id], n, ok)
 		}
+		i, _ := m.Get(id)
+		if len(i.RecordCopies) != 2 {
+			t.Fatalf("VMM %s: record copies %+v", id, i.RecordCopies)
+		}
+		for _, c := range i.RecordCopies {
+			if c.State != "ok" || c.Generation == 0 {
+				t.Errorf("VMM %s: record copy %+v after the rewrite", id, c)
+			}
+		}
 	}
 	for _, p := range []string{filepath.Join(a, ids[0]+".json"), filepath.Join(b, ids[1]+".json")} {
 		data, err := os.ReadFile(p)
