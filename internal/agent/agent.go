@@ -47,6 +47,16 @@ import (
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
+// vmmRecordDirs are the directories of the VMMs' records: vmms in each
+// ledger directory.
+func vmmRecordDirs(ledgerDirs []string) []string {
+	out := make([]string, len(ledgerDirs))
+	for i, d := range ledgerDirs {
+		out[i] = filepath.Join(d, "vmms")
+	}
+	return out
+}
+
 // LedgerFile is the name of the sled config ledger in each ledger directory.
 const LedgerFile = "omicron-sled-config.json"
 
@@ -379,13 +389,17 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		vmmStates = a.nexus
 	}
 	a.vmms = vmm.New(rt, a.guestHost, vmm.Options{
-		States:    vmmStates,
-		StateDir:  filepath.Join(cfg.DataDir, "vmms"),
-		Claims:    claimSet,
-		Sled:      a.guestSled,
-		Identity:  vmm.SledIdentity{ID: sledID, Serial: hw.Baseboard.Serial, Model: hw.Baseboard.Part, Revision: hw.Baseboard.Revision},
-		Reservoir: a.reservoir,
-		Log:       a.log.With("component", "vmm"),
+		States: vmmStates,
+		// Each VMM's record is kept like the sled config: a copy in each
+		// ledger directory. An earlier agent kept one file per VMM in the
+		// data dir; those are rewritten as records at start.
+		RecordDirs: vmmRecordDirs(cfg.LedgerDirs),
+		LegacyDir:  filepath.Join(cfg.DataDir, "vmms"),
+		Claims:     claimSet,
+		Sled:       a.guestSled,
+		Identity:   vmm.SledIdentity{ID: sledID, Serial: hw.Baseboard.Serial, Model: hw.Baseboard.Part, Revision: hw.Baseboard.Revision},
+		Reservoir:  a.reservoir,
+		Log:        a.log.With("component", "vmm"),
 	})
 	// A zone may have died: the zone reconciler relists, VMM monitors look.
 	rt.SetNotify(func() {
@@ -560,6 +574,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	})
 	wg.Go(func() { a.store.Run(ctx) })
+	wg.Go(func() { a.vmms.Run(ctx, cmp.Or(a.cfg.LedgerCheckPeriod, configstore.DefaultCheckPeriod)) })
 	if a.prefixes != nil {
 		wg.Go(func() { a.prefixes.Run(ctx) })
 	}

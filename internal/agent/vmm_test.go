@@ -222,7 +222,7 @@ func TestRestartAdoptsRunningVMMs(t *testing.T) {
 	if !ok {
 		t.Fatal("no VMM zone")
 	}
-	// A VMM zone nobody knows: an unregister the last agent did not finish.
+	// A VMM zone of no record.
 	stray := zone.Spec{Name: zone.VMMNamePrefix + "00000000-0000-4000-8000-0000000000aa", ID: "00000000-0000-4000-8000-0000000000aa", Hash: "x"}
 	stray.Config.ZoneType.Type = zone.VMMZoneType
 	if err := first.Sim().Ensure(t.Context(), stray); err != nil {
@@ -241,10 +241,14 @@ func TestRestartAdoptsRunningVMMs(t *testing.T) {
 	if got, ok := second.Sim().Incarnation(name); !ok || got != inc {
 		t.Errorf("VMM zone recreated: incarnation %d → %d (%v)", inc, got, ok)
 	}
-	waitFor(t, "the stray VMM zone torn down", func() (bool, string) {
-		_, ok := second.Sim().Incarnation(stray.Name)
-		return !ok, "still there"
+	// No record says it is not wanted: it is left running, and reported.
+	waitFor(t, "the stray VMM zone reported unknown", func() (bool, string) {
+		_, b := call(t, second, http.MethodGet, "/agent/vmms", "")
+		return bytes.Contains(b, []byte("zone "+stray.Name+" runs but no readable record of it")), string(b)
 	})
+	if _, ok := second.Sim().Incarnation(stray.Name); !ok {
+		t.Error("a VMM zone of no readable record was torn down")
+	}
 	code, b := call(t, second, http.MethodGet, "/agent/vmms", "")
 	if code != http.StatusOK || !bytes.Contains(b, []byte(`"adopted"`)) || !bytes.Contains(b, []byte(`"hostname":"vm0"`)) {
 		t.Fatalf("GET /agent/vmms: %d %s", code, b)

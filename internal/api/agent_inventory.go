@@ -143,7 +143,7 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 	}
 	if s.deps.VMMs != nil {
 		for _, v := range s.deps.VMMs.List() {
-			sum := VMMSummary{ID: v.ID, Zone: v.Zone, State: v.State, Detail: v.Detail}
+			sum := VMMSummary{ID: v.ID, Status: v.Status, Zone: v.Zone, State: v.State, Detail: v.Detail}
 			if n := len(v.History); n > 0 {
 				sum.LastEvent = &v.History[n-1]
 			}

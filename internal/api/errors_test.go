@@ -35,6 +35,9 @@ func (noVMMs) RequestState(context.Context, string, vmm.Request) (vmm.Info, bool
 func (noVMMs) Unregister(context.Context, string) (vmm.Info, error) {
 	return vmm.Info{}, vmm.ErrNotFound
 }
+func (noVMMs) RemoveUnknown(context.Context, string) (vmm.Info, error) {
+	return vmm.Info{}, vmm.ErrNotFound
+}
 
 // dropshotError checks that an answer is upstream's Error, as dropshot
 // itself (not a handler) answers it: status, JSON content type, a body the

@@ -60,6 +60,7 @@ type LedgerCopy struct {
 // VMMSummary is one VMM in inventory.
 type VMMSummary struct {
 	ID        string           `json:"propolis_id"`
+	Status    string           `json:"status" enum:"known,unknown" doc:"unknown: no record of the VMM is readable; its zone is left running (detail says why)."`
 	Zone      string           `json:"zone"`
 	State     vmm.RuntimeState `json:"vmm_state"`
 	Detail    string           `json:"detail,omitempty"`

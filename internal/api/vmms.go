@@ -28,6 +28,7 @@ type VMMs interface {
 	Page(after string, limit int) ([]vmm.Info, bool)
 	RequestState(ctx context.Context, id string, r vmm.Request) (vmm.Info, bool, error)
 	Unregister(ctx context.Context, id string) (vmm.Info, error)
+	RemoveUnknown(ctx context.Context, id string) (vmm.Info, error)
 }
 
 // MaxVMMBodyBytes bounds a VMM registration: upstream's largest are a
@@ -153,7 +154,16 @@ func (s *Server) registerVMMs() {
 		Method:      http.MethodGet,
 		Path:        "/agent/vmms",
 		Summary:     "The VMMs, a page at a time: state, what happened to each, its registration (blob contents withheld)",
+		Description: "Also the VMMs of which the agent has no readable record (status unknown, detail says why): their zones are left running until removed with POST /agent/vmms/{propolis_id}/remove-unknown.",
 	}, s.agentVMMs)
+	huma.Register(s.api, huma.Operation{
+		OperationID: "agent_vmm_remove_unknown",
+		Method:      http.MethodPost,
+		Path:        "/agent/vmms/{propolis_id}/remove-unknown",
+		Summary:     "Tear down the zone of a VMM of which no record is readable, and what is left of its record",
+		Description: "The agent never tears down a VMM zone it has no readable record of; this is the operator's decision. A VMM with a readable record is refused (409: unregister it with DELETE /vmms/{propolis_id}); one that is not unknown is 404.",
+		Errors:      []int{400, 404, 409},
+	}, s.vmmRemoveUnknown)
 }
 
 type vmmPath struct {
@@ -253,7 +263,7 @@ func (s *Server) vmmError(ctx context.Context, err error) error {
 		e := apiError(ctx, http.StatusNotFound, err.Error())
 		e.ErrorCode = NoSuchInstance
 		return e
-	case errors.Is(err, vmm.ErrConflict), errors.Is(err, vmm.ErrCollision), errors.Is(err, vmm.ErrFileHeld):
+	case errors.Is(err, vmm.ErrConflict), errors.Is(err, vmm.ErrCollision), errors.Is(err, vmm.ErrFileHeld), errors.Is(err, vmm.ErrKnown), errors.Is(err, vmm.ErrNotKnown):
 		return apiError(ctx, http.StatusConflict, err.Error())
 	case errors.Is(err, vmm.ErrInvalid):
 		return apiError(ctx, http.StatusBadRequest, err.Error())
@@ -347,6 +357,22 @@ func (s *Server) vmmGetState(ctx context.Context, in *vmmPath) (*sledVmmStateOut
 		return nil, s.vmmError(ctx, err)
 	}
 	return &sledVmmStateOutput{Body: sledVmmState(info)}, nil
+}
+
+type agentVMMOutput struct {
+	Body vmm.Info
+}
+
+func (s *Server) vmmRemoveUnknown(ctx context.Context, in *vmmPath) (*agentVMMOutput, error) {
+	id, err := propolisID(ctx, in.PropolisID)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.deps.VMMs.RemoveUnknown(ctx, id)
+	if err != nil {
+		return nil, s.vmmError(ctx, err)
+	}
+	return &agentVMMOutput{Body: info}, nil
 }
 
 // VMMPage is one page of our view of the VMMs, in the shape of dropshot's

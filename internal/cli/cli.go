@@ -78,7 +78,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.url, "url", defURL, "agent API URL for operator commands (env SLED_AGENT_URL)")
 	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format of operator commands: table or json")
 	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd(), newTeardownCmd(), newCrashTestCmd())
-	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g))
+	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g), newVMMCmd(g))
 	root.AddCommand(newZoneServiceCmd())
 	root.AddCommand(newVMMServiceCmd())
 	root.AddCommand(newNTPZoneCmd())

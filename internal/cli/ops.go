@@ -15,6 +15,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
 func printJSON(w io.Writer, v any) error {
@@ -144,6 +145,10 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 	}
 	fmt.Fprintf(tw, "guests	%s; reservoir %d MiB, %d MiB held\n", guests, h.ReservoirBytes>>20, h.ReservoirUsed>>20)
 	for _, v := range inv.VMMs {
+		if v.Status == vmm.StatusUnknown {
+			fmt.Fprintf(tw, "vmm %s\tunknown: %s\n", v.ID, v.Detail)
+			continue
+		}
 		fmt.Fprintf(tw, "vmm %s\t%s (gen %d) %s\n", v.ID, v.State.State, v.State.Gen, v.Detail)
 	}
 	if n := inv.Nexus; n != nil {
@@ -179,6 +184,9 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			for _, c := range sw.Conflicts {
 				fmt.Fprintf(tw, "    conflict\t%s held by another sled\n", c)
 			}
+			for _, k := range sw.Kept {
+				fmt.Fprintf(tw, "    kept\t%s: no zone of the config wants it, but zones run that no readable config judges\n", k)
+			}
 		}
 	}
 	if d := inv.DDM; d != nil {
@@ -190,6 +198,9 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			state = "not yet in sync"
 		}
 		fmt.Fprintf(tw, "ddm %s\t%s; wanted %v\n", d.URL, state, d.Desired)
+		if len(d.Kept) > 0 {
+			fmt.Fprintf(tw, "  kept\t%v: no zone of the config wants them, but zones run that no readable config judges\n", d.Kept)
+		}
 		if d.ObservedAt != nil {
 			fmt.Fprintf(tw, "  last seen in ddm\t%v at %s\n", d.Observed, d.ObservedAt.Local().Format(time.DateTime))
 		}
@@ -296,6 +307,42 @@ func newZonesCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&runningOnly, "running", false, "only the names of running zones (GET /zones)")
+	return cmd
+}
+
+func newVMMCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "vmm", Short: "VMM commands"}
+	var yes bool
+	remove := &cobra.Command{
+		Use:   "remove-unknown ID",
+		Short: "Tear down the zone of a VMM the agent has no readable record of",
+		Long: `The agent never tears down a VMM zone it has no readable record of (its
+record lost or corrupt): it leaves it running and reports it unknown in
+sled-agent inventory. This removes one on purpose: its zone, with the guest in
+it, and what is left of its record. A VMM the agent has a record of is refused
+(the control plane unregisters it).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !yes {
+				return fmt.Errorf("remove-unknown destroys VMM %s's zone and its guest: pass --yes to do it", args[0])
+			}
+			c, asJSON, err := g.setup()
+			if err != nil {
+				return err
+			}
+			info, err := c.RemoveUnknownVMM(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), info)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "VMM %s removed: zone %s torn down (%s)\n", info.ID, info.Zone, info.Detail)
+			return nil
+		},
+	}
+	remove.Flags().BoolVar(&yes, "yes", false, "really destroy the VMM's zone")
+	cmd.AddCommand(remove)
 	return cmd
 }
 

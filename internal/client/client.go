@@ -15,6 +15,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
 // Client is a sled agent API client. Every call has a deadline: the caller's,
@@ -192,6 +193,13 @@ func (c *Client) ZoneStates(ctx context.Context) ([]api.ZoneSummary, error) {
 func (c *Client) Zone(ctx context.Context, nameOrID string) (*api.ZoneDetail, error) {
 	var out api.ZoneDetail
 	return &out, c.do(ctx, http.MethodGet, "/agent/zones/"+url.PathEscape(nameOrID), nil, &out)
+}
+
+// RemoveUnknownVMM tears down the zone of a VMM of which the agent has no
+// readable record (POST /agent/vmms/{id}/remove-unknown).
+func (c *Client) RemoveUnknownVMM(ctx context.Context, id string) (*vmm.Info, error) {
+	var out vmm.Info
+	return &out, c.do(ctx, http.MethodPost, "/agent/vmms/"+url.PathEscape(id)+"/remove-unknown", nil, &out)
 }
 
 // SetSimFaults replaces the sim runtime's fault map.

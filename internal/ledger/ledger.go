@@ -547,3 +547,39 @@ func (l *Ledger) publish(seq uint64, copies []CopyStatus) {
 		}
 	}
 }
+
+// Remove deletes every copy, for a document that is to exist no more (a
+// record whose subject is gone), and fsyncs each directory so that the
+// removal outlives a crash. A copy that is already missing counts as
+// removed. It returns the copies as it left them (missing, or unreadable
+// with Err saying why the removal failed) and an error naming every copy
+// it could not remove: those still hold what they held, and Read may
+// still return it. It is serialized with Commit and Repair.
+func (l *Ledger) Remove() ([]CopyStatus, error) {
+	l.commitMu.Lock()
+	defer l.commitMu.Unlock()
+	statuses := make([]CopyStatus, len(l.dirs))
+	var problems []string
+	for i := range l.dirs {
+		st := CopyStatus{Path: l.paths[i], State: StateMissing}
+		err := os.Remove(l.paths[i])
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			err = checkDir(l.dirs[i]) // a missing directory may be an absent disk
+		case err == nil:
+			err = syncDir(l.dirs[i])
+		}
+		if err != nil {
+			st.State, st.Err = StateUnreadable, fmt.Sprintf("removing it: %v", err)
+			problems = append(problems, fmt.Sprintf("%s: %v", l.paths[i], err))
+		} else {
+			l.notDurable[i] = false
+		}
+		statuses[i] = st
+	}
+	l.publish(l.seq.Add(1), statuses)
+	if len(problems) > 0 {
+		return statuses, fmt.Errorf("ledger %s: not every copy removed: %s", l.name, strings.Join(problems, "; "))
+	}
+	return statuses, nil
+}

@@ -50,6 +50,10 @@ type Resolver interface {
 type Zones interface {
 	RunningSpecs() []zone.Spec
 	Restored() <-chan struct{}
+	// Unmanaged names the zones no config judges (reconciler.Unmanaged):
+	// while there are any, this sled's entries no zone wants may be
+	// theirs, and none is deleted.
+	Unmanaged() []string
 }
 
 // Options set the reconciler up. Zero values take the defaults.
@@ -118,8 +122,12 @@ type SwitchStatus struct {
 	// Conflicts are wanted entries the switch refused because another
 	// sled's entry overlaps them; they are reported, not overwritten.
 	Conflicts []string `json:"conflicts,omitempty"`
-	Passes    uint64   `json:"passes"`
-	Failures  uint64   `json:"failures"`
+	// Kept are this sled's entries no zone of the config wants, not
+	// deleted because zones run that no readable config judges (the
+	// ledger lost or corrupt): they may be theirs.
+	Kept     []string `json:"kept,omitempty"`
+	Passes   uint64   `json:"passes"`
+	Failures uint64   `json:"failures"`
 }
 
 // New returns a reconciler; Run runs it.

@@ -140,9 +140,16 @@ func (d *fakeDNS) set(err error, addrs ...netip.AddrPort) {
 }
 
 type fakeZones struct {
-	mu       sync.Mutex
-	running  []zone.Spec
-	restored chan struct{}
+	mu        sync.Mutex
+	running   []zone.Spec
+	restored  chan struct{}
+	unmanaged []string
+}
+
+func (z *fakeZones) Unmanaged() []string {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return slices.Clone(z.unmanaged)
 }
 
 func (z *fakeZones) RunningSpecs() []zone.Spec {
@@ -358,6 +365,45 @@ func TestNothingBeforeTheZonesAreRestored(t *testing.T) {
 		synctest.Wait()
 		if s.calls != 0 {
 			t.Fatalf("%d calls to the switch before the zones were restored", s.calls)
+		}
+	})
+}
+
+// While zones run that no config judges (the ledger lost), an entry of this
+// sled no zone wants may be theirs: none is deleted, and what is kept is
+// reported; once they are judged, it goes.
+func TestNothingDeletedWhileZonesAreUnjudged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		k := rack{sw0: newSwitch(0)}
+		dns := &fakeDNS{}
+		dns.set(nil, sw0)
+		z := restoredZones(sledconfigtest.Nexus(0, "[fd00:1122:3344:101::7]:12221"))
+		r := start(t, z, k, nat.Options{Resolver: dns})
+		synctest.Wait()
+		if got := k[sw0].ours(); !slices.Equal(got, []string{nexusEntry}) {
+			t.Fatalf("the switch holds %v", got)
+		}
+		// The agent restarts with no readable config: the zone runs,
+		// unmanaged, and no zone is known to want the entry.
+		z.mu.Lock()
+		z.running, z.unmanaged = nil, []string{"oxz_nexus_x"}
+		z.mu.Unlock()
+		r.Poke()
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		if got := k[sw0].ours(); !slices.Equal(got, []string{nexusEntry}) {
+			t.Fatalf("with zones unjudged the switch holds %v, want the entry kept", got)
+		}
+		if st := r.Status(); len(st.Switches) != 1 || len(st.Switches[0].Kept) != 1 {
+			t.Fatalf("status %+v: want the entry reported kept", st)
+		}
+		z.mu.Lock()
+		z.unmanaged = nil
+		z.mu.Unlock()
+		r.Poke()
+		synctest.Wait()
+		if got := k[sw0].ours(); len(got) != 0 {
+			t.Fatalf("once judged, the switch holds %v", got)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -85,12 +86,20 @@ func (w *worker) pass(ctx context.Context) error {
 	}
 	held := map[dpd.NatEntry]bool{}
 	var errs []error
+	var kept []string
+	unjudged := w.r.zones.Unmanaged()
 	for _, e := range all {
 		if e.Target.InternalIP != w.r.opts.Underlay {
 			continue // another sled's
 		}
 		if wanted[e] {
 			held[e] = true
+			continue
+		}
+		if len(unjudged) > 0 {
+			// A zone no config judges may hold it (its external IP is
+			// in the config that cannot be read).
+			kept = append(kept, describe(e))
 			continue
 		}
 		if err := w.call(ctx, func(ctx context.Context) error { return w.sw.DeleteNAT(ctx, e.External, e.Low) }); err != nil {
@@ -117,7 +126,10 @@ func (w *worker) pass(ctx context.Context) error {
 		}
 	}
 	w.mu.Lock()
-	w.st.Desired, w.st.Present, w.st.Conflicts = len(want), len(held), conflicts
+	if len(kept) > 0 && !slices.Equal(kept, w.st.Kept) {
+		w.r.opts.Log.Warn("NAT entries no zone wants kept: zones run that no readable config judges", "switch", w.addr, "entries", kept, "zones", unjudged)
+	}
+	w.st.Desired, w.st.Present, w.st.Conflicts, w.st.Kept = len(want), len(held), conflicts, kept
 	w.mu.Unlock()
 	// Last, so that a switch that does not answer costs one deadline.
 	w.identify(ctx)

@@ -53,6 +53,10 @@ type Zones interface {
 	// first pass waits for it, so it never withdraws the prefix of a live
 	// zone the agent has not yet seen.
 	Restored() <-chan struct{}
+	// Unmanaged names the zones no config judges (reconciler.Unmanaged):
+	// while there are any, a prefix no zone wants may be one of theirs (an
+	// internal DNS zone's), and none is withdrawn.
+	Unmanaged() []string
 }
 
 // Options set the reconciler up. Zero values take the defaults.
@@ -100,6 +104,10 @@ type Status struct {
 	Failures uint64 `json:"failures"`
 	// History lists the latest changes made to DDM, newest last.
 	History []Change `json:"history"`
+	// Kept are the prefixes no zone of the config wants, not withdrawn
+	// because zones run that no readable config judges (the ledger lost
+	// or corrupt): they may be theirs.
+	Kept []string `json:"kept,omitempty"`
 }
 
 // Change is one advertisement or withdrawal.
@@ -332,6 +340,22 @@ func (r *Reconciler) pass(ctx context.Context) (err error) {
 			del = append(del, p)
 		}
 	}
+	var kept []string
+	if unjudged := r.zones.Unmanaged(); len(unjudged) > 0 && len(del) > 0 {
+		for _, p := range del {
+			kept = append(kept, p.String())
+		}
+		del = nil
+		r.mu.Lock()
+		again := slices.Equal(kept, r.status.Kept)
+		r.mu.Unlock()
+		if !again {
+			r.opts.Log.Warn("prefixes no zone wants kept: zones run that no readable config judges", "prefixes", kept, "zones", unjudged)
+		}
+	}
+	r.mu.Lock()
+	r.status.Kept = kept
+	r.mu.Unlock()
 	// Advertise first: a prefix that moves never has a gap.
 	if len(add) > 0 {
 		if _, err := r.call(ctx, func(ctx context.Context) ([]netip.Prefix, error) { return nil, r.ddm.Advertise(ctx, add) }); err != nil {
@@ -352,7 +376,7 @@ func (r *Reconciler) pass(ctx context.Context) (err error) {
 		})
 	}
 	r.mu.Lock()
-	r.status.InSync = true
+	r.status.InSync = len(kept) == 0
 	r.mu.Unlock()
 	return nil
 }

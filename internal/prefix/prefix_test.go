@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -107,9 +108,16 @@ func (d *fakeDDM) setFail(err error) {
 
 // fakeZones is the zone reconciler as the prefix reconciler sees it.
 type fakeZones struct {
-	mu       sync.Mutex
-	running  []zone.Spec
-	restored chan struct{}
+	mu        sync.Mutex
+	running   []zone.Spec
+	restored  chan struct{}
+	unmanaged []string
+}
+
+func (z *fakeZones) Unmanaged() []string {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return slices.Clone(z.unmanaged)
 }
 
 func (z *fakeZones) PresentSpecs() []zone.Spec {
@@ -323,6 +331,39 @@ func TestOwnPrefixesAreKnownAfterARestart(t *testing.T) {
 		st = r.Status()
 		if last := st.History[len(st.History)-1]; last.Prefix != "fd00:1122:3344:1::/64" || last.Why != "not this sled's" {
 			t.Fatalf("history %+v", st.History)
+		}
+	})
+}
+
+// While zones run that no config judges (the ledger lost), a prefix no
+// zone wants may be theirs: nothing is withdrawn, and what is kept is
+// reported; once they are judged, it goes.
+func TestNothingWithdrawnWhileZonesAreUnjudged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newFakeDDM("fd00:1122:3344:1::/64") // a live DNS zone's
+		z := &fakeZones{restored: make(chan struct{}), unmanaged: []string{dnsZone(0).Name()}}
+		close(z.restored)
+		r := start(t, d, z, prefix.Options{Period: 30 * time.Second})
+		synctest.Wait()
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		for _, c := range d.changes() {
+			if strings.HasPrefix(c, "withdraw") {
+				t.Fatalf("withdrew while zones are unjudged: %v", d.changes())
+			}
+		}
+		if st := r.Status(); !slices.Equal(st.Kept, []string{"fd00:1122:3344:1::/64"}) || st.InSync {
+			t.Fatalf("status %+v: want the prefix kept, not in sync", st)
+		}
+		z.mu.Lock()
+		z.unmanaged = nil
+		z.mu.Unlock()
+		r.Poke()
+		synctest.Wait()
+		want := []string{underlay, bootstrap}
+		slices.Sort(want)
+		if got := d.originated(); !slices.Equal(got, want) {
+			t.Fatalf("once judged: originated %v, want %v", got, want)
 		}
 	})
 }

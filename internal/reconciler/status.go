@@ -264,6 +264,25 @@ func (r *Reconciler) RunningSpec(name string) (zone.Spec, bool) {
 	return zone.Spec{}, false
 }
 
+// Unmanaged returns the sorted names of the zones that exist but that no
+// config judges (no valid config was loaded: the ledger missing or
+// corrupt). What they hold for the rack (NAT entries, routing prefixes)
+// cannot be told from what no zone wants, so nothing is removed on their
+// account while there are any: not knowing is not knowing a thing is
+// unwanted.
+func (r *Reconciler) Unmanaged() []string {
+	r.store.mu.Lock()
+	var out []string
+	for name, zs := range r.store.zones {
+		if zs.State == StateUnmanaged {
+			out = append(out, name)
+		}
+	}
+	r.store.mu.Unlock()
+	slices.Sort(out)
+	return out
+}
+
 // PresentSpecs returns, sorted by name, the wanted specs of the zones that
 // are present: from the moment the agent starts creating one, or finds it
 // existing (adopted, waited for, half-made), until it is torn down or no

@@ -18,7 +18,7 @@ func TestRegisterCollidingWithAZoneIsRefused(t *testing.T) {
 	zone := "zone oxz_crucible_" + vmmID + " (id " + vmmID + ")"
 	c.Claim("sled config", []claims.Claim{{Key: claims.ID(vmmID), Holder: zone, As: "id"}})
 	dir := t.TempDir()
-	e := newEnv(t, simguest.Options{}, vmm.Options{Claims: c, StateDir: dir})
+	e := newEnv(t, simguest.Options{}, vmm.Options{Claims: c, RecordDirs: recordDirs(dir)})
 	_, err := e.m.Register(vmmID, registration())
 	if !errors.Is(err, vmm.ErrCollision) || !strings.Contains(err.Error(), "is the id of "+zone) {
 		t.Fatalf("registering with a zone's id: %v", err)
@@ -26,8 +26,10 @@ func TestRegisterCollidingWithAZoneIsRefused(t *testing.T) {
 	if _, err := e.m.Get(vmmID); !errors.Is(err, vmm.ErrNotFound) {
 		t.Fatalf("a refused VMM is known: %v", err)
 	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-		t.Fatalf("a refused VMM left %d files", len(ents))
+	for _, d := range recordDirs(dir) {
+		if ents, _ := os.ReadDir(d); len(ents) != 0 {
+			t.Fatalf("a refused VMM left %d files in %s", len(ents), d)
+		}
 	}
 	if _, _, ok := c.Holder(claims.Addr(registration().PropolisAddr.Addr())); ok {
 		t.Fatal("a refused VMM holds its address")
@@ -37,7 +39,7 @@ func TestRegisterCollidingWithAZoneIsRefused(t *testing.T) {
 func TestUnregisterReleasesResumeClaims(t *testing.T) {
 	c := claims.New()
 	dir := t.TempDir()
-	e := newEnv(t, simguest.Options{}, vmm.Options{Claims: c, StateDir: dir})
+	e := newEnv(t, simguest.Options{}, vmm.Options{Claims: c, RecordDirs: recordDirs(dir)})
 	e.register()
 	addr := claims.Addr(registration().PropolisAddr.Addr())
 	if owner, _, ok := c.Holder(addr); !ok || !strings.HasPrefix(owner, "vmm ") {
@@ -49,7 +51,7 @@ func TestUnregisterReleasesResumeClaims(t *testing.T) {
 	// VMM again.
 	e.m.Close()
 	c2 := claims.New()
-	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{Claims: c2, StateDir: dir, Identity: testIdentity})
+	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{Claims: c2, RecordDirs: recordDirs(dir), Identity: testIdentity})
 	t.Cleanup(m2.Close)
 	if n, err := m2.Resume(); n != 1 || err != nil {
 		t.Fatalf("Resume: %d, %v", n, err)
@@ -65,7 +67,7 @@ func TestUnregisterReleasesResumeClaims(t *testing.T) {
 			t.Fatalf("%s still held after unregister", k)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(dir, vmmID+".json")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, "a", vmmID+".json")); !os.IsNotExist(err) {
 		t.Fatalf("record after unregister: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
@@ -44,9 +45,13 @@ func newDiskWorld(t *testing.T) diskWorld {
 func (w diskWorld) manager(t *testing.T, dir string, res *reservoir.Account) *vmm.Manager {
 	t.Helper()
 	rt := sim.New(sim.Options{})
-	m := vmm.New(rt, vmm.InProcessHost{Sled: w.sled}, vmm.Options{
-		PollWait: 100 * time.Millisecond, Identity: testIdentity, Sled: w.sled, StateDir: dir, Reservoir: res,
-	})
+	opts := vmm.Options{
+		PollWait: 100 * time.Millisecond, Identity: testIdentity, Sled: w.sled, Reservoir: res,
+	}
+	if dir != "" {
+		opts.RecordDirs, opts.LegacyDir = recordDirs(dir), filepath.Join(dir, "legacy")
+	}
+	m := vmm.New(rt, vmm.InProcessHost{Sled: w.sled}, opts)
 	rt.SetNotify(m.Poke)
 	t.Cleanup(m.Close)
 	return m
@@ -159,18 +164,28 @@ func TestAdoptedVMMsHoldTheirDisks(t *testing.T) {
 			m.Close()
 			id1, _, _ := vmmN(1)
 			if old {
-				path := filepath.Join(dir, id1+".json")
+				// An earlier agent's plain file, which kept no disks.
+				led, err := ledger.Open(recordDirs(dir), id1+".json", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lr, _, err := led.Read()
 				var rec map[string]json.RawMessage
-				data, err := os.ReadFile(path)
 				if err == nil {
-					err = json.Unmarshal(data, &rec)
+					err = json.Unmarshal(lr.Data, &rec)
 				}
 				if err != nil || rec["disks"] == nil {
-					t.Fatalf("the record keeps no disks: %v %s", err, data)
+					t.Fatalf("the record keeps no disks: %v %s", err, lr.Data)
 				}
 				delete(rec, "disks")
-				data, _ = json.Marshal(rec)
-				if err := os.WriteFile(path, data, 0o600); err != nil {
+				data, _ := json.Marshal(rec)
+				if err := os.MkdirAll(filepath.Join(dir, "legacy"), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, "legacy", id1+".json"), data, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := led.Remove(); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/claims"
+	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
@@ -67,6 +68,10 @@ var (
 	ErrInvalid = errors.New("invalid request for the VMM's state")
 	// ErrCapacity: the sled holds as many VMMs as it takes (MaxVMMs).
 	ErrCapacity = errors.New("the sled takes no more VMMs")
+	// ErrNotKnown: a registration of a VMM whose zone runs with no
+	// readable record of it (unknown.go), or whose unregister is not
+	// finished.
+	ErrNotKnown = errors.New("VMM is not known")
 )
 
 // Options tune the manager. Zero values take the defaults.
@@ -91,9 +96,13 @@ type Options struct {
 	// reservoir would admit: each holds its registration, a monitor and
 	// a zone. A registration beyond it is ErrCapacity.
 	MaxVMMs int
-	// StateDir keeps each VMM's registration and state, so that a restarted
-	// agent adopts them (Resume); "" keeps nothing.
-	StateDir string
+	// RecordDirs each keep a copy of every VMM's record (its registration
+	// and state; store.go), so that a restarted agent adopts them (Resume);
+	// none keeps nothing.
+	RecordDirs []string
+	// LegacyDir is where an earlier agent kept one plain file per VMM:
+	// Resume rewrites those as records and removes them.
+	LegacyDir string
 	// Sled is what a VMM's spec is checked against at registration: the
 	// hardware threads a guest may have, and where its disks' files may
 	// lie (the pools' local_storage datasets and the image directory).
@@ -216,7 +225,10 @@ type LogEntry struct {
 
 // Info is a VMM as the manager reports it.
 type Info struct {
-	ID           string          `json:"propolis_id"`
+	ID string `json:"propolis_id"`
+	// Status is known for a VMM the agent holds a readable record of,
+	// unknown for one it does not (Detail says why; unknown.go).
+	Status       string          `json:"status" enum:"known,unknown" doc:"known: the agent holds a readable record of the VMM and manages it. unknown: its zone runs (or a record of it exists) but no record of it can be read; the agent leaves it as it is, detail says why, its vmm_state is empty, Nexus is answered 404 NO_SUCH_INSTANCE, and only sled-agent vmm remove-unknown removes it."`
 	InstanceID   string          `json:"instance_id"`
 	Zone         string          `json:"zone"`
 	PropolisAddr string          `json:"propolis_addr"`
@@ -224,6 +236,17 @@ type Info struct {
 	Detail       string          `json:"detail,omitempty"`
 	History      []LogEntry      `json:"history"`
 	Registration json.RawMessage `json:"registration"`
+	// RecordCopies are the copies of the VMM's record as last read or
+	// written (none when no record is kept).
+	RecordCopies []RecordCopy `json:"record_copies,omitempty"`
+}
+
+// RecordCopy is one copy of a VMM's record.
+type RecordCopy struct {
+	Path       string `json:"path"`
+	State      string `json:"state" enum:"ok,missing,corrupt,unreadable,stale,write_failed,not_durable" doc:"As the sled config's ledger copies'."`
+	Generation uint64 `json:"generation,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // Manager hosts the VMMs.
@@ -235,19 +258,32 @@ type Manager struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
-	registerMu sync.Mutex   // serialises Register and Unregister
+	registerMu sync.Mutex   // serialises Register, Unregister, adoptions and unknowns' changes
 	owners     atomic.Int64 // numbers each VMM's claims owner
+	refreshMu  sync.Mutex   // one refreshUnknown at a time
+	listErr    atomic.Pointer[error]
 	mu         sync.Mutex
 	vmms       map[string]*vmm // guarded by mu; by propolis id
 	// disks are the files VMMs have as disks: one writer or many readers.
 	disks diskHolds
+	// ending are the unregistered VMMs whose zone is not torn down or
+	// whose record is not removed yet (finish). Guarded by mu.
+	ending map[string]*vmm
+	// unknown are the VMMs of which no record is readable. Guarded by mu.
+	unknown map[string]*unknownVMM
+	// gone numbers the VMMs whose zone and record went (goneLocked), so
+	// that a zone listing made before does not make them unknown.
+	gone    map[string]uint64 // guarded by mu
+	goneSeq uint64            // guarded by mu
+	listed  bool              // guarded by mu; VMM zones were listed once
 }
 
 // New returns a manager. Close stops its monitors (VMMs keep running).
 func New(rt Runtime, host Host, opts Options) *Manager {
 	opts.setDefaults()
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{rt: rt, host: host, opts: opts, ctx: ctx, stop: stop, vmms: map[string]*vmm{}}
+	return &Manager{rt: rt, host: host, opts: opts, ctx: ctx, stop: stop, vmms: map[string]*vmm{},
+		ending: map[string]*vmm{}, unknown: map[string]*unknownVMM{}, gone: map[string]uint64{}}
 }
 
 // Close stops every monitor and waits for them. VMMs and their zones are
@@ -288,11 +324,39 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 	if held >= m.opts.MaxVMMs {
 		return Info{}, fmt.Errorf("%w: it holds %d VMMs, the most it takes; unregister one first", ErrCapacity, held)
 	}
+	m.mu.Lock()
+	u, ending := m.unknown[id], m.ending[id] != nil
+	m.mu.Unlock()
+	switch {
+	case u != nil:
+		// Its zone may run a guest: the agent does not know, so it does
+		// not make it again over what runs.
+		return Info{}, fmt.Errorf("%w: VMM %s has no readable record (%s); remove it with sled-agent vmm remove-unknown first", ErrNotKnown, id, u.why)
+	case ending:
+		return Info{}, fmt.Errorf("%w: VMM %s is unregistered and its zone not yet torn down", ErrNotKnown, id)
+	}
+	led, err := m.openRecord(id)
+	if err != nil {
+		return Info{}, err
+	}
+	var recGen uint64
+	if led != nil {
+		// A record left where none is known (a record directory restored
+		// since the last check): the new one goes above it.
+		lr, _, err := led.Read()
+		switch {
+		case err == nil:
+			recGen = lr.Generation
+		case !errors.Is(err, ledger.ErrNotFound):
+			return Info{}, fmt.Errorf("%w: VMM %s has a record that cannot be read: %w", ErrNotKnown, id, err)
+		}
+	}
 	uses, err := m.admit(id, reg)
 	if err != nil {
 		return Info{}, err
 	}
 	v := newVMM(m, id, reg)
+	v.led, v.recGen = led, recGen
 	v.disks = uses
 	if err := m.disks.take(v.owner, id, uses); err != nil {
 		v.cancel()
@@ -418,40 +482,66 @@ func (m *Manager) Get(id string) (Info, error) {
 	return v.info(), nil
 }
 
-// List returns every VMM, sorted by id.
 // Page returns at most limit VMMs whose ids sort after after, in id
 // order, and whether more follow: our view lists a sled's VMMs in pages,
-// so that no answer holds every registration at once.
+// so that no answer holds every registration at once. As List, it has the
+// registered VMMs, the unregistered ones whose teardown is not finished,
+// and the unknown ones.
 func (m *Manager) Page(after string, limit int) (page []Info, more bool) {
 	m.mu.Lock()
-	ids := make([]string, 0, len(m.vmms))
-	for id := range m.vmms {
+	ids := make([]string, 0, len(m.vmms)+len(m.ending)+len(m.unknown))
+	for _, set := range []map[string]*vmm{m.vmms, m.ending} {
+		for id := range set {
+			if id > after {
+				ids = append(ids, id)
+			}
+		}
+	}
+	for id := range m.unknown {
 		if id > after {
 			ids = append(ids, id)
 		}
 	}
 	slices.Sort(ids)
+	ids = slices.Compact(ids)
 	more = len(ids) > limit
-	vs := make([]*vmm, 0, min(limit, len(ids)))
-	for _, id := range ids[:min(limit, len(ids))] {
-		vs = append(vs, m.vmms[id])
+	ids = ids[:min(limit, len(ids))]
+	vs := make([]*vmm, 0, len(ids))
+	page = make([]Info, 0, len(ids))
+	for _, id := range ids {
+		switch {
+		case m.vmms[id] != nil:
+			vs = append(vs, m.vmms[id])
+		case m.ending[id] != nil:
+			vs = append(vs, m.ending[id])
+		default:
+			page = append(page, m.unknownInfo(m.unknown[id]))
+		}
 	}
 	m.mu.Unlock()
-	page = make([]Info, 0, len(vs))
 	for _, v := range vs {
 		page = append(page, v.info())
 	}
+	slices.SortFunc(page, func(a, b Info) int { return cmp.Compare(a.ID, b.ID) })
 	return page, more
 }
 
+// List returns every VMM, sorted by id: the registered ones, the
+// unregistered ones whose teardown is not finished, and the unknown ones.
 func (m *Manager) List() []Info {
 	m.mu.Lock()
-	vs := make([]*vmm, 0, len(m.vmms))
+	vs := make([]*vmm, 0, len(m.vmms)+len(m.ending))
 	for _, v := range m.vmms {
 		vs = append(vs, v)
 	}
+	for _, v := range m.ending {
+		vs = append(vs, v)
+	}
+	out := make([]Info, 0, len(vs)+len(m.unknown))
+	for _, u := range m.unknown {
+		out = append(out, m.unknownInfo(u))
+	}
 	m.mu.Unlock()
-	out := make([]Info, 0, len(vs))
 	for _, v := range vs {
 		out = append(out, v.info())
 	}
@@ -472,33 +562,32 @@ func (m *Manager) RequestState(ctx context.Context, id string, r Request) (info 
 	return v.request(ctx, r)
 }
 
-// Unregister forgets VMM id, stops its monitor and tears its zone down. A
-// zone whose teardown a crash interrupts is removed by the next Resume.
-// Forgetting wins over a state request or monitor update in flight: once
-// the VMM's record is removed nothing writes it again, so a restart never
-// brings an unregistered VMM back.
+// Unregister forgets VMM id, stops its monitor and tears its zone down.
+// First it writes the record that says the VMM is unregistered and its zone
+// to be torn down: a crash from then on leaves the next agent that record,
+// and it finishes the teardown. The record is removed once the zone is
+// gone. Forgetting wins over a state request or monitor update in flight:
+// once that record is written nothing writes the VMM's record again, so a
+// restart never brings an unregistered VMM back.
 func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 	m.registerMu.Lock()
 	m.mu.Lock()
 	v, ok := m.vmms[id]
-	delete(m.vmms, id)
 	m.mu.Unlock()
-	var err error
-	if ok {
-		if err = v.forget(); err != nil {
-			// Still on disk: still registered, as a restart would find it.
-			m.mu.Lock()
-			m.vmms[id] = v
-			m.mu.Unlock()
-		}
-	}
-	m.registerMu.Unlock()
 	if !ok {
+		m.registerMu.Unlock()
 		return Info{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
-	if err != nil {
+	if err := v.markUnregistered(); err != nil {
+		// Nothing written: still registered, as a restart would find it.
+		m.registerMu.Unlock()
 		return v.info(), fmt.Errorf("forgetting VMM %s: %w", id, err)
 	}
+	m.mu.Lock()
+	delete(m.vmms, id)
+	m.ending[id] = v
+	m.mu.Unlock()
+	m.registerMu.Unlock()
 	v.cancel()
 	<-v.done
 	tellForgotten := func() { // with v.mu held, as States asks
@@ -506,17 +595,12 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 			st.VMMForgotten(id)
 		}
 	}
-	if err := v.teardown(ctx); err != nil {
-		// The zone may still be there, with the links and route of the
-		// VMM's id and address: they stay claimed (until the next agent's
-		// Resume removes the zone).
+	if err := m.finish(ctx, v, true); err != nil {
 		v.mu.Lock()
 		tellForgotten()
 		v.mu.Unlock()
 		return v.info(), err
 	}
-	v.release()
-	m.unreserve(id)
 	v.mu.Lock()
 	v.setLocked(StateDestroyed, "unregistered; zone torn down", "unregistered")
 	tellForgotten()

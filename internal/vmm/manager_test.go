@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -287,4 +288,10 @@ func TestRequestToAServiceThatIsUpChangesTheState(t *testing.T) {
 	if err != nil || !changed || info.State.Gen <= before.State.Gen || info.State.State != "starting" {
 		t.Fatalf("running asked of a service that is up: %+v changed %v (%v); before gen %d", info.State, changed, err, before.State.Gen)
 	}
+}
+
+// recordDirs are the two record directories of a test, under dir: "a" and
+// "b", as the agent's ledger-a and ledger-b.
+func recordDirs(dir string) []string {
+	return []string{filepath.Join(dir, "a"), filepath.Join(dir, "b")}
 }

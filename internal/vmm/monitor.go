@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/vmm/service"
@@ -39,9 +40,23 @@ type vmm struct {
 	ctx    context.Context // the monitor's
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the monitor returns
-	saveMu sync.Mutex    // orders writes of the VMM's file
-	// forgotten is set, under saveMu, once the file is removed for good.
+	saveMu sync.Mutex    // orders writes of the VMM's record
+	// The VMM's record (store.go), guarded by saveMu: its ledger (nil:
+	// none kept), the generation and record last written, and what was
+	// last logged about its copies.
+	led            *ledger.Ledger
+	recGen         uint64
+	last           ledger.Record
+	repairReported string
+	// forgotten is set, under saveMu, once the record says the VMM is
+	// unregistered: nothing writes it again.
 	forgotten bool
+	// finishSlot is held (capacity 1) while finish runs; tornDown, set
+	// in it, once finish has torn the zone down (and given up what the
+	// VMM held), finished once it has removed the record too.
+	finishSlot chan struct{}
+	tornDown   bool
+	finished   bool
 
 	mu       sync.Mutex
 	state    RuntimeState        // guarded by mu
@@ -57,7 +72,7 @@ type vmm struct {
 func newVMM(m *Manager, id string, reg Registration) *vmm {
 	ctx, cancel := context.WithCancel(m.ctx)
 	owner := fmt.Sprintf("vmm %s #%d", id, m.owners.Add(1))
-	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, shown: shownRegistration(reg.Body), pokec: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	v := &vmm{m: m, id: id, name: zone.VMMNamePrefix + id, owner: owner, reg: reg, shown: shownRegistration(reg.Body), pokec: make(chan struct{}, 1), finishSlot: make(chan struct{}, 1), ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	v.state = RuntimeState{Gen: min(max(reg.Initial.Gen, 1), MaxGen), State: StateStarting, TimeUpdated: time.Now()}
 	v.detail = "zone being created"
 	v.record("registered", fmt.Sprintf("service at %s", reg.PropolisAddr))
@@ -79,10 +94,18 @@ func (v *vmm) spec() zone.Spec {
 }
 
 func (v *vmm) info() Info {
+	// v.led is set before v is known to anyone, and never changes; its
+	// Status does no I/O.
+	var copies []RecordCopy
+	if v.led != nil {
+		for _, c := range v.led.Status() {
+			copies = append(copies, RecordCopy{Path: c.Path, State: string(c.State), Generation: c.Generation, Error: c.Err})
+		}
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return Info{ID: v.id, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(),
-		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.shown}
+	return Info{ID: v.id, Status: StatusKnown, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(),
+		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.shown, RecordCopies: copies}
 }
 
 // set moves the VMM to state with detail, recording event; the generation

@@ -1,7 +1,6 @@
 package vmm
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,18 +13,27 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sled-agent/sled-agent/internal/atomicfile"
+	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/vmm/diskfile"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
-	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
 // A VMM outlives the agent: its registration and last reported state are
-// kept in Options.StateDir, one file per VMM, written durably at every
-// change, so that a restarted agent adopts the VMM (Resume) instead of
-// forgetting or destroying it, and its generation only ever goes up.
+// its record, kept like the sled config (internal/ledger) with a copy in
+// each of Options.RecordDirs: checksummed, replaced atomically at every
+// change, the valid copy with the highest generation read, a bad or
+// missing copy rewritten from the good one (at start and every
+// CheckRecords). A restarted agent adopts the VMM of every readable record
+// (Resume) instead of forgetting or destroying it, and its generation only
+// ever goes up.
+//
+// Losing a record destroys nothing: a VMM zone is torn down only when a
+// readable record says it is not wanted (an unregister writes that record
+// before it tears the zone down, and removes the record once the zone is
+// gone). A zone with no readable record is left running and reported
+// unknown (unknown.go) until an operator removes it on purpose.
 
-// record is a VMM's file.
+// record is a VMM's record.
 type record struct {
 	ID           string       `json:"propolis_id"`
 	InstanceID   string       `json:"instance_id"`
@@ -44,60 +52,240 @@ type record struct {
 	// not be mounted yet when it starts).
 	Disks        []diskUse       `json:"disks,omitempty"`
 	Registration json.RawMessage `json:"registration"`
+	// Unregistered says the VMM was unregistered and its zone is to be
+	// torn down: the only record that makes an agent tear a VMM zone
+	// down. It is removed once the zone is gone.
+	Unregistered bool `json:"unregistered,omitempty"`
 }
 
-func (v *vmm) path() string { return filepath.Join(v.m.opts.StateDir, v.id+".json") }
+// recordName is the file of VMM id's record in each record directory.
+func recordName(id string) string { return id + ".json" }
 
-// save writes the VMM's file. v.mu is not held while writing; saveMu keeps
-// writes in order, and once forget has removed the file no save writes it
-// again (a state request or the monitor racing the unregister would
-// otherwise bring the VMM back at the next start).
-func (v *vmm) save() error {
-	if v.m.opts.StateDir == "" {
-		return nil
+// openRecord opens the ledger of VMM id's record; nil when no record is
+// kept.
+func (m *Manager) openRecord(id string) (*ledger.Ledger, error) {
+	if len(m.opts.RecordDirs) == 0 {
+		return nil, nil
 	}
-	v.saveMu.Lock()
-	defer v.saveMu.Unlock()
-	if v.forgotten {
-		return nil
-	}
+	return ledger.Open(m.opts.RecordDirs, recordName(id), m.opts.Log)
+}
+
+// snapshot is the VMM's record as of now.
+func (v *vmm) snapshot() record {
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	rec := record{ID: v.id, InstanceID: v.reg.InstanceID, PropolisAddr: v.reg.PropolisAddr.String(), Initial: v.reg.Initial,
 		State: v.state, Detail: v.detail, Pending: v.pending, Disks: v.disks, Registration: v.reg.Body}
 	if !v.stopAt.IsZero() {
 		at := v.stopAt
 		rec.StopAsked = &at
 	}
-	v.mu.Unlock()
-	data, err := json.MarshalIndent(rec, "", "  ")
+	return rec
+}
+
+// save writes the VMM's record. v.mu is not held while writing; saveMu
+// keeps writes in order, and once the VMM is unregistered no save writes
+// its record again (a state request or the monitor racing the unregister
+// would otherwise bring the VMM back at the next start).
+func (v *vmm) save() error {
+	v.saveMu.Lock()
+	defer v.saveMu.Unlock()
+	if v.led == nil || v.forgotten {
+		return nil
+	}
+	return v.writeLocked(v.snapshot())
+}
+
+// writeLocked commits rec as the record's next generation; saveMu held.
+// An error means no copy was written: a restart reads what it read before.
+func (v *vmm) writeLocked(rec record) error {
+	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(v.path(), data, atomicfile.Options{Perm: 0o600, Durable: true}); err != nil {
+	lr := ledger.Record{Generation: v.recGen + 1, Data: data, Checked: true}
+	if _, err := v.led.Commit(lr); err != nil {
 		return fmt.Errorf("keeping VMM %s: %w", v.id, err)
 	}
+	v.recGen, v.last = lr.Generation, lr
 	return nil
 }
 
-// forget removes the VMM's file, durably, for good: no later save writes
-// it. On an error the file may still be there, and the VMM is not
-// forgotten.
-func (v *vmm) forget() error {
+// markUnregistered writes the record that says the VMM is unregistered and
+// its zone is to be torn down; from then on no save writes the record. On
+// an error nothing was written, and the VMM is still registered.
+func (v *vmm) markUnregistered() error {
 	v.saveMu.Lock()
 	defer v.saveMu.Unlock()
-	if v.m.opts.StateDir == "" {
-		v.forgotten = true
-		return nil
-	}
-	if err := os.Remove(v.path()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	// The removal must outlive a crash as surely as the writes did.
-	if err := syncDir(v.m.opts.StateDir); err != nil {
-		return err
+	if v.led != nil {
+		rec := v.snapshot()
+		rec.Unregistered = true
+		if err := v.writeLocked(rec); err != nil {
+			return err
+		}
 	}
 	v.forgotten = true
 	return nil
+}
+
+// removeRecord removes every copy of the VMM's record, once its zone is
+// gone.
+func (v *vmm) removeRecord() error {
+	v.saveMu.Lock()
+	defer v.saveMu.Unlock()
+	if v.led == nil {
+		return nil
+	}
+	_, err := v.led.Remove()
+	return err
+}
+
+// repair rewrites the copies of the VMM's record that do not hold the last
+// one written (missing, corrupt, stale), as the sled config's are.
+func (v *vmm) repair() {
+	v.saveMu.Lock()
+	defer v.saveMu.Unlock()
+	if v.led == nil || v.recGen == 0 {
+		return
+	}
+	found, now, err := v.led.Repair(v.last)
+	var bad []string
+	for i, c := range now {
+		if f := found[i]; f.State != ledger.StateOK && c.State == ledger.StateOK {
+			v.m.opts.Log.Warn("a copy of a VMM's record was not current; rewrote it", "vmm", v.id, "path", c.Path, "was", f.State, "err", f.Err)
+		}
+		if c.State != ledger.StateOK {
+			bad = append(bad, string(c.State)+": "+c.Err)
+		}
+	}
+	// Logged when it changes, not every round.
+	if what := strings.Join(bad, "; "); what != v.repairReported {
+		v.repairReported = what
+		if what != "" {
+			v.m.opts.Log.Error("a copy of a VMM's record is degraded and could not be rewritten", "vmm", v.id, "copies", what, "err", err)
+		}
+	}
+}
+
+// decodeRecord reads a record's document; one this agent cannot act on is
+// an error saying why.
+func decodeRecord(id string, data []byte) (record, error) {
+	var rec record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return rec, err
+	}
+	if rec.ID != id {
+		return rec, fmt.Errorf("it is the record of VMM %q", rec.ID)
+	}
+	if _, err := netip.ParseAddrPort(rec.PropolisAddr); err != nil {
+		return rec, fmt.Errorf("propolis_addr: %w", err)
+	}
+	return rec, nil
+}
+
+// recordID is the VMM id a record file is named after, if name is one.
+func recordID(name string) (string, bool) {
+	id, ok := strings.CutSuffix(name, ".json")
+	if !ok {
+		return "", false
+	}
+	u, err := uuid.Parse(id)
+	if err != nil || u.String() != id {
+		return "", false
+	}
+	return id, true
+}
+
+// recordIDs names the VMMs that have a record file in any record
+// directory. A directory that cannot be listed is an error naming it (a
+// missing one is not: a record dir is made at the first write).
+func (m *Manager) recordIDs() (map[string]bool, error) {
+	ids := map[string]bool{}
+	var errs []error
+	for _, dir := range m.opts.RecordDirs {
+		ents, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		for _, e := range ents {
+			if id, ok := recordID(e.Name()); ok {
+				ids[id] = true
+			}
+		}
+	}
+	return ids, errors.Join(errs...)
+}
+
+// migrate rewrites the records an earlier agent kept in LegacyDir (one
+// plain JSON file per VMM) as records in RecordDirs, and removes each old
+// file once its record is written: upgrading loses no VMM. A VMM that has
+// a record already is left to it (a migration cut short after the write);
+// an old file that cannot be read is left where it is, and its VMM is
+// unknown (see unknown.go). It returns the records it could read but not
+// write, to be adopted all the same (their old files stay, and are
+// migrated at the next start).
+func (m *Manager) migrate() (unwritten map[string]record, unreadable map[string]string) {
+	dir := m.opts.LegacyDir
+	if dir == "" || len(m.opts.RecordDirs) == 0 {
+		return nil, nil
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			m.opts.Log.Error("listing the VMM records of an earlier agent", "dir", dir, "err", err)
+		}
+		return nil, nil
+	}
+	unwritten, unreadable = map[string]record{}, map[string]string{}
+	for _, e := range ents {
+		id, ok := recordID(e.Name())
+		if !ok {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		led, err := m.openRecord(id)
+		if err != nil {
+			unreadable[id] = err.Error()
+			continue
+		}
+		if _, _, err := led.Read(); !errors.Is(err, ledger.ErrNotFound) {
+			// Migrated already (err nil: the old file is the older), or
+			// a record exists that cannot be read: it, not the older
+			// file, says what the VMM is.
+			if err == nil {
+				m.removeOld(path)
+			}
+			continue
+		}
+		rec, err := readOldRecord(id, path)
+		if err != nil {
+			unreadable[id] = err.Error()
+			continue
+		}
+		data, err := json.Marshal(rec)
+		if err == nil {
+			_, err = led.Commit(ledger.Record{Generation: 1, Data: data, Checked: true})
+		}
+		if err != nil {
+			m.opts.Log.Error("rewriting an earlier agent's VMM record", "vmm", id, "err", err)
+			unwritten[id] = rec
+			continue
+		}
+		m.opts.Log.Info("rewrote an earlier agent's VMM record", "vmm", id, "from", path)
+		m.removeOld(path)
+	}
+	return unwritten, unreadable
+}
+
+// removeOld removes an old record file whose record is written, durably.
+func (m *Manager) removeOld(path string) {
+	err := os.Remove(path)
+	if err == nil {
+		err = syncDir(filepath.Dir(path))
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.opts.Log.Error("removing an earlier agent's VMM record after rewriting it", "path", path, "err", err)
+	}
 }
 
 func syncDir(dir string) error {
@@ -109,101 +297,15 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// Resume adopts the VMMs an earlier agent left: each is known again with
-// its registration, its generation continues above the last one reported,
-// and a monitor looks at its zone: still there, it follows the guest as
-// before (nothing is restarted); gone, the VMM fails. VMM zones of no known
-// VMM (an unregister cut short) are torn down, in the background. It
-// returns how many VMMs it adopted. A file it cannot read is an error naming it; the others are
-// adopted all the same, and the zone of a VMM whose file is unreadable is
-// left alone.
-func (m *Manager) Resume() (int, error) {
-	if m.opts.StateDir == "" {
-		return 0, nil
-	}
-	ents, err := os.ReadDir(m.opts.StateDir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return 0, err
-	}
-	var errs []error
-	n := 0
-	known := map[string]bool{}
-	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || uuid.Validate(id) != nil {
-			continue
-		}
-		known[id] = true
-		rec, err := readRecord(filepath.Join(m.opts.StateDir, e.Name()))
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		m.adopt(id, rec)
-		n++
-	}
-	// Listing every zone takes a while with many: in the background, so
-	// that the agent answers at once.
-	m.wg.Go(func() { m.removeUnknown(known) })
-	return n, errors.Join(errs...)
-}
-
-// removeUnknown tears down the VMM zones of no VMM in known.
-func (m *Manager) removeUnknown(known map[string]bool) {
-	ctx := m.ctx
-	lctx, cancel := context.WithTimeout(ctx, time.Minute)
-	names, err := m.vmmZoneNames(lctx)
-	cancel()
-	if err != nil {
-		m.opts.Log.Error("listing zones for VMM leftovers", "err", err)
-		return
-	}
-	for _, name := range names {
-		if id, ok := strings.CutPrefix(name, zone.VMMNamePrefix); ok && !known[id] {
-			m.opts.Log.Warn("tearing down the zone of a VMM nobody knows", "zone", name)
-			dctx, cancel := context.WithTimeout(ctx, time.Minute)
-			if err := m.rt.Destroy(dctx, name); err != nil {
-				m.opts.Log.Error("tearing down the zone of a VMM nobody knows", "zone", name, "err", err)
-			}
-			cancel()
-		}
-	}
-}
-
-// Namer is a Runtime that can name its zones without inspecting them.
-type Namer interface {
-	Names(ctx context.Context, prefix string) ([]string, error)
-}
-
-// vmmZoneNames names the VMM zones that exist.
-func (m *Manager) vmmZoneNames(ctx context.Context) ([]string, error) {
-	if n, ok := m.rt.(Namer); ok {
-		return n.Names(ctx, zone.VMMNamePrefix)
-	}
-	obs, err := m.rt.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, o := range obs {
-		if zone.IsVMM(o.Name) {
-			out = append(out, o.Name)
-		}
-	}
-	return out, nil
-}
-
-func readRecord(path string) (record, error) {
-	var rec record
+// readOldRecord reads a record an earlier agent kept as plain JSON.
+func readOldRecord(id, path string) (record, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return rec, err
+		return record{}, err
 	}
-	if err := json.Unmarshal(data, &rec); err != nil {
+	rec, err := decodeRecord(id, data)
+	if err != nil {
 		return rec, fmt.Errorf("%s: %w", path, err)
-	}
-	if _, err := netip.ParseAddrPort(rec.PropolisAddr); err != nil {
-		return rec, fmt.Errorf("%s: propolis_addr: %w", path, err)
 	}
 	return rec, nil
 }
@@ -230,59 +332,4 @@ func (m *Manager) findDisks(g *Guest) []diskUse {
 		files[key] = f
 	}
 	return usesOf(g.Spec, files)
-}
-
-func (m *Manager) adopt(id string, rec record) {
-	reg := Registration{InstanceID: rec.InstanceID, PropolisAddr: netip.MustParseAddrPort(rec.PropolisAddr), Initial: rec.Initial, Body: rec.Registration}
-	g, gerr := ParseGuest(rec.Registration)
-	if gerr == nil {
-		reg.Guest = g
-	}
-	v := newVMM(m, id, reg)
-	if gerr != nil {
-		v.record("no instance spec", "its registration's spec cannot be read: "+gerr.Error())
-	}
-	if r := m.opts.Reservoir; r != nil && g != nil {
-		// What runs holds its memory, whether or not it fits what the
-		// reservoir is now.
-		if err := r.Reserve(id, g.MemoryBytes()); err != nil {
-			m.opts.Log.Error("an adopted VMM does not fit the reservoir", "vmm", id, "err", err)
-			v.record("over the reservoir", err.Error())
-		}
-	}
-	v.mu.Lock()
-	v.history = nil
-	v.state = rec.State
-	v.state.Gen = min(v.state.Gen, MaxGen) // a file from before the bound
-	v.detail = rec.Detail
-	v.pending = rec.Pending
-	switch {
-	case rec.StopAsked != nil:
-		v.stopAt = *rec.StopAsked
-	case rec.State.State == StateStopping:
-		// Stopping, with no record of when the stop was asked: its grace
-		// starts now.
-		v.stopAt = time.Now()
-	}
-	v.setLocked(rec.State.State, "adopted after an agent restart", "adopted")
-	v.mu.Unlock()
-	v.claimFree()
-	v.disks = rec.Disks
-	if v.disks == nil && g != nil {
-		v.disks = m.findDisks(g)
-	}
-	for _, p := range m.disks.takeFree(v.owner, id, v.disks) {
-		m.opts.Log.Error("a VMM found at start shares a disk's file", "vmm", id, "err", p)
-		v.record("disk shared", p)
-	}
-	m.mu.Lock()
-	m.vmms[id] = v
-	m.mu.Unlock()
-	terminal := rec.State.State == StateFailed || rec.State.State == StateDestroyed
-	if terminal {
-		close(v.done) // nothing to follow
-		return
-	}
-	v.save()
-	m.wg.Go(func() { v.monitor(v.ctx, true) })
 }

@@ -23,7 +23,7 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 	dir := t.TempDir()
 	rt := sim.New(sim.Options{})
 	m := vmm.New(rt, vmm.InProcessHost{Options: simguest.Options{BootTime: time.Millisecond, StopTime: time.Millisecond}},
-		vmm.Options{StateDir: dir, PollWait: 20 * time.Millisecond, Identity: testIdentity})
+		vmm.Options{RecordDirs: recordDirs(dir), PollWait: 20 * time.Millisecond, Identity: testIdentity})
 	rt.SetNotify(m.Poke)
 	defer m.Close()
 	const tries = 60
@@ -62,7 +62,7 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 		// Unregister has answered: from now on nothing writes the record.
 		wg.Wait()
 		time.Sleep(5 * time.Millisecond) // what a late write would need to land
-		if _, err := os.Stat(filepath.Join(dir, id+".json")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "a", id+".json")); err == nil {
 			resurrected++
 		}
 	}
@@ -70,7 +70,7 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 	if resurrected > 0 {
 		t.Errorf("%d of %d unregistered VMMs have a record again", resurrected, tries)
 	}
-	fresh := vmm.New(rt, vmm.InProcessHost{}, vmm.Options{StateDir: dir, Identity: testIdentity})
+	fresh := vmm.New(rt, vmm.InProcessHost{}, vmm.Options{RecordDirs: recordDirs(dir), Identity: testIdentity})
 	defer fresh.Close()
 	if n, err := fresh.Resume(); n != 0 || err != nil {
 		t.Errorf("a restarted manager resumed %d unregistered VMMs (%v): %+v", n, err, fresh.List())
@@ -82,7 +82,7 @@ func TestUnregisteredVMMStaysGone(t *testing.T) {
 // of passing it, and its history says why.
 func TestGenerationStopsAtItsMaximum(t *testing.T) {
 	dir := t.TempDir()
-	e := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{StateDir: dir, Identity: testIdentity})
+	e := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{RecordDirs: recordDirs(dir), Identity: testIdentity})
 	reg := registration()
 	reg.Initial.Gen = vmm.MaxGen
 	if _, err := e.m.Register(vmmID, reg); err != nil {
@@ -102,7 +102,7 @@ func TestGenerationStopsAtItsMaximum(t *testing.T) {
 	}
 	// Kept as it is, and adopted as it is.
 	e.m.Close()
-	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{StateDir: dir, Identity: testIdentity})
+	m2 := vmm.New(e.rt, vmm.InProcessHost{}, vmm.Options{RecordDirs: recordDirs(dir), Identity: testIdentity})
 	defer m2.Close()
 	if _, err := m2.Resume(); err != nil {
 		t.Fatal(err)
@@ -117,18 +117,18 @@ func TestGenerationStopsAtItsMaximum(t *testing.T) {
 // answered; once handed over it is no longer kept.
 func TestPendingRequestIsKept(t *testing.T) {
 	dir := t.TempDir()
-	e := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{StateDir: dir})
+	e := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{RecordDirs: recordDirs(dir)})
 	if err := e.rt.SetFaults(sim.Faults{Zones: map[string]sim.ZoneFaults{vmmID: {Start: "hang"}}}); err != nil {
 		t.Fatal(err)
 	}
 	e.register()
 	e.request(vmm.RequestRunning)
-	rec, err := os.ReadFile(filepath.Join(dir, vmmID+".json"))
-	if err != nil || !strings.Contains(string(rec), `"pending": "running"`) {
+	rec, err := os.ReadFile(filepath.Join(dir, "a", vmmID+".json"))
+	if err != nil || !strings.Contains(string(rec), `"pending":"running"`) {
 		t.Fatalf("the VMM's record after a request it could not hand over yet: %s (%v)", rec, err)
 	}
 	dir2 := t.TempDir()
-	e2 := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{StateDir: dir2})
+	e2 := newEnv(t, simguest.Options{BootTime: time.Millisecond}, vmm.Options{RecordDirs: recordDirs(dir2)})
 	e2.register()
 	e2.request(vmm.RequestRunning)
 	e2.waitState("running")
@@ -136,7 +136,7 @@ func TestPendingRequestIsKept(t *testing.T) {
 	// the service took it: the wait is only a hang detector).
 	deadline := time.Now().Add(waitDeadline)
 	for {
-		rec, err := os.ReadFile(filepath.Join(dir2, vmmID+".json"))
+		rec, err := os.ReadFile(filepath.Join(dir2, "a", vmmID+".json"))
 		if err == nil && !strings.Contains(string(rec), `"pending"`) {
 			return
 		}
@@ -151,7 +151,7 @@ func TestPendingRequestIsKept(t *testing.T) {
 // was restarted meanwhile: the grace is kept with the VMM.
 func TestStopOutlivesARestart(t *testing.T) {
 	dir := t.TempDir()
-	e := newEnv(t, simguest.Options{BootTime: time.Millisecond, StopTime: time.Hour}, vmm.Options{StateDir: dir, StopGrace: 300 * time.Millisecond})
+	e := newEnv(t, simguest.Options{BootTime: time.Millisecond, StopTime: time.Hour}, vmm.Options{RecordDirs: recordDirs(dir), StopGrace: 300 * time.Millisecond})
 	e.register()
 	e.request(vmm.RequestRunning)
 	e.waitState("running")
@@ -159,7 +159,7 @@ func TestStopOutlivesARestart(t *testing.T) {
 	e.waitState("stopping")
 	e.m.Close()
 	m2 := vmm.New(e.rt, vmm.InProcessHost{Options: simguest.Options{StopTime: time.Hour}},
-		vmm.Options{StateDir: dir, Identity: testIdentity, StopGrace: 300 * time.Millisecond, PollWait: 50 * time.Millisecond})
+		vmm.Options{RecordDirs: recordDirs(dir), Identity: testIdentity, StopGrace: 300 * time.Millisecond, PollWait: 50 * time.Millisecond})
 	defer m2.Close()
 	if _, err := m2.Resume(); err != nil {
 		t.Fatal(err)

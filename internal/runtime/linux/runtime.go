@@ -692,11 +692,15 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (zone.Observed, bool
 	if err != nil {
 		return zone.Observed{}, false, err
 	}
+	var unreadable error
 	for _, root := range roots {
 		if err := ctx.Err(); err != nil {
 			return zone.Observed{}, false, err
 		}
 		o, err := readOwner(root)
+		if err != nil && unreadable == nil && (transient(err) || r.livesUnmarked(root)) {
+			unreadable = fmt.Errorf("zone %s: the mark of its root %s cannot be read, but its parts exist: %w", name, root, err)
+		}
 		if err != nil || !r.ourMark(o) {
 			continue
 		}
@@ -704,7 +708,10 @@ func (r *Runtime) Inspect(ctx context.Context, name string) (zone.Observed, bool
 		obs.Running, obs.Detail = r.inspect(o, nil)
 		return obs, true, nil
 	}
-	return zone.Observed{}, false, nil
+	// A zone whose mark is lost while it runs is not known to be gone
+	// (a VMM's monitor would fail the VMM and tear its zone down): it
+	// cannot be told.
+	return zone.Observed{}, false, unreadable
 }
 
 // inspect says whether a zone is whole and its service up, and if not, why.

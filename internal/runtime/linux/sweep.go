@@ -114,6 +114,17 @@ func (r *Runtime) knownZones(ctx context.Context) (zoneSet, []string, error) {
 			// Another agent's, or no one's: not ours to judge.
 		case transient(err):
 			return zs, nil, fmt.Errorf("reading the mark of %s: %w", root, err)
+		case r.livesUnmarked(root):
+			// Its mark is lost or damaged, but the zone's parts exist:
+			// a crash while the root was made leaves none (the mark is
+			// renamed into place before anything else of the zone is
+			// made). Not knowing what it is, is not knowing that it is
+			// unwanted: it is left alone, parts and root.
+			name := filepath.Base(root)
+			r.opts.Log.Warn("sweep: leaving alone a zone whose root's mark cannot be read but whose parts exist", "root", root, "err", err)
+			zs.names[name] = true
+			zs.ids[idFromName(name)] = true
+			zs.netns[r.netnsName(name)] = true
 		default:
 			unmarked = append(unmarked, root)
 		}
@@ -138,6 +149,16 @@ func (r *Runtime) knownZones(ctx context.Context) (zoneSet, []string, error) {
 		}
 	}
 	return zs, unmarked, nil
+}
+
+// livesUnmarked reports whether the zone of root, whose mark cannot be
+// read, has parts: its namespace or its service directory.
+func (r *Runtime) livesUnmarked(root string) bool {
+	name := filepath.Base(root)
+	if !zoneShaped(name) {
+		return false
+	}
+	return !missing(r.serviceDir(name)) || zonenet.NetnsExists(r.netnsName(name))
 }
 
 // transient reports whether err is a failure of the reader, not of the file.

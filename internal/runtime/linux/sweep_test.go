@@ -285,3 +285,56 @@ func cgroupOf(t *testing.T, pid int) string {
 	}
 	return ""
 }
+
+// A zone whose root's mark is lost or damaged while its parts live is not
+// known to be unwanted: Sweep leaves it, parts and root, as they are.
+func TestSweepLeavesALiveZoneWhoseMarkIsLostAlone(t *testing.T) {
+	e := newEnv(t, nil)
+	lost, damaged := spec(0x61), spec(0x62)
+	e.ensure(lost)
+	e.ensure(damaged)
+	pids := map[string]int{}
+	marks := map[string][]byte{}
+	for _, s := range []zone.Spec{lost, damaged} {
+		pids[s.Name] = status(t, serviceDir(t, e, s)).PID
+		b, err := os.ReadFile(filepath.Join(rootOf(e, s), "zone.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		marks[s.Name] = b
+	}
+	// Put the marks back for the cleanup, which goes by them.
+	t.Cleanup(func() {
+		for _, s := range []zone.Spec{lost, damaged} {
+			os.WriteFile(filepath.Join(rootOf(e, s), "zone.json"), marks[s.Name], 0o644)
+		}
+	})
+	if err := os.Remove(filepath.Join(rootOf(e, lost), "zone.json")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(rootOf(e, damaged), "zone.json"), `{"tag": "`+e.tag+`", "id": "`)
+	lines, err := e.rt.Sweep(context.Background())
+	if err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	for _, l := range lines {
+		if strings.Contains(l, lost.Name) || strings.Contains(l, lost.ID) || strings.Contains(l, damaged.Name) || strings.Contains(l, damaged.ID) {
+			t.Errorf("Sweep removed a part of a live zone whose mark is unreadable: %q", l)
+		}
+	}
+	for _, s := range []zone.Spec{lost, damaged} {
+		if st := status(t, serviceDir(t, e, s)); st.PID != pids[s.Name] {
+			t.Errorf("zone %s: its service is now pid %d, was %d", s.Name, st.PID, pids[s.Name])
+		}
+		if !zonenet.NetnsExists(e.prefix + s.Name) {
+			t.Errorf("zone %s: namespace removed", s.Name)
+		}
+		if _, err := os.Stat(rootOf(e, s)); err != nil {
+			t.Errorf("zone %s: root removed: %v", s.Name, err)
+		}
+		// Nor is it reported gone (a VMM's monitor would tear it down).
+		if o, exists, err := e.rt.Inspect(context.Background(), s.Name); err == nil && !exists {
+			t.Errorf("zone %s: Inspect says it does not exist: %+v", s.Name, o)
+		}
+	}
+}
