@@ -117,13 +117,15 @@ func TestLostVMMRecordsDestroyNothing(t *testing.T) {
 					}
 				}
 				_, b := call(t, second, http.MethodGet, "/agent/vmms", "")
-				var l []struct {
-					PropolisID     string `json:"propolis_id"`
-					Status, Detail string
+				var page struct {
+					Items []struct {
+						PropolisID     string `json:"propolis_id"`
+						Status, Detail string
+					}
 				}
-				json.Unmarshal(b, &l)
+				json.Unmarshal(b, &page)
 				n := 0
-				for _, v := range l {
+				for _, v := range page.Items {
 					if v.Status == "unknown" && strings.Contains(v.Detail, "zone "+zone.VMMNamePrefix+v.PropolisID+" runs but no readable record of it: ") {
 						n++
 					}
