@@ -22,7 +22,19 @@ import (
 // An address outside what upstream allocates to this sled is another
 // sled's, or another service's, or not the rack's at all: a zone or VMM
 // there would take this sled's traffic to it (the Linux runtime routes a
-// zone's address into the zone), so it is refused.
+// zone's address into the zone), so it is refused. So is an internal DNS
+// zone's gz_address outside the internal DNS /64s: the sled advertises
+// that address's /64 (internal/prefix), which would draw another sled's
+// traffic here.
+//
+// Where this agent differs: upstream's allocators give zones ::3 to ::ffff
+// of the sled's /64 (CP_SERVICES_RESERVED_ADDRESSES) and VMMs the
+// addresses above; the agent takes either anywhere in the /64 past the
+// reserved first addresses, since both are this sled's to route and a
+// zone and a VMM never share an address (internal/claims). The rack's /56
+// is not known to the agent (nor needed: the sled's /64 is in it, and the
+// internal DNS /64s follow from the AZ), so a sled /64 in the reserved
+// /56 is not refused here.
 const (
 	// azBytes is the AZ prefix (/48), in bytes.
 	azBytes = 48 / 8
