@@ -475,7 +475,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.nat != nil {
 		deps.NAT = a.nat
 	}
-	deps.VMMs = a.vmms
+	deps.VMMs, deps.SledUnderlay = a.vmms, underlay
 	if a.nexus != nil {
 		deps.Nexus = a.nexus
 	}

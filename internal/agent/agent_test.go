@@ -37,6 +37,11 @@ const (
 	stopDeadline = 20 * time.Second
 )
 
+// exampleSled is the underlay address of the example config's sled: its
+// zones are in that /64 (sledconfig's subnet rule), so an agent that runs
+// the example is given it.
+const exampleSled = "fd00:1122:3344:103::1"
+
 // example is the built-in real sled config, parsed.
 func example(t *testing.T) *sledconfig.Config {
 	t.Helper()
@@ -200,7 +205,7 @@ func allRunning(cfg *sledconfig.Config) map[string]string {
 
 func TestPutExampleConfigAllZonesRun(t *testing.T) {
 	cfg := example(t)
-	_, c := start(t, agent.Config{DataDir: t.TempDir()})
+	_, c := start(t, agent.Config{DataDir: t.TempDir(), UnderlayIP: exampleSled})
 
 	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {
 		t.Fatalf("PUT /omicron-config: %v", err)
@@ -231,7 +236,7 @@ func TestRestartKeepsSledIDAndLedgeredConfig(t *testing.T) {
 	cfg := example(t)
 	dir := t.TempDir()
 
-	first := newAgent(t, agent.Config{DataDir: dir})
+	first := newAgent(t, agent.Config{DataDir: dir, UnderlayIP: exampleSled})
 	stop := run(t, first)
 	c := newClient(t, first)
 	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {
@@ -250,7 +255,7 @@ func TestRestartKeepsSledIDAndLedgeredConfig(t *testing.T) {
 		t.Errorf("kept sled id %q, agent reported %q", got, first.SledID())
 	}
 
-	second := newAgent(t, agent.Config{DataDir: dir})
+	second := newAgent(t, agent.Config{DataDir: dir, UnderlayIP: exampleSled})
 	if second.SledID() != first.SledID() {
 		t.Errorf("sled id after restart = %s, want %s", second.SledID(), first.SledID())
 	}
@@ -394,7 +399,7 @@ func TestCorruptLedgerLeavesZonesAlone(t *testing.T) {
 		}
 	}
 
-	a := newAgent(t, agent.Config{DataDir: dir, RelistPeriod: 50 * time.Millisecond})
+	a := newAgent(t, agent.Config{DataDir: dir, RelistPeriod: 50 * time.Millisecond, UnderlayIP: exampleSled})
 	if cur := a.Store().Current(); cur != nil {
 		t.Fatalf("a corrupt ledger loaded generation %d", cur.Generation)
 	}
@@ -511,7 +516,7 @@ func TestHangingZoneStartDoesNotBlockOthers(t *testing.T) {
 	if err := os.WriteFile(faults, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, c := start(t, agent.Config{DataDir: t.TempDir(), SimFaults: faults})
+	_, c := start(t, agent.Config{DataDir: t.TempDir(), SimFaults: faults, UnderlayIP: exampleSled})
 
 	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {
 		t.Fatalf("PUT /omicron-config: %v", err)

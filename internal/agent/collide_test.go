@@ -62,8 +62,6 @@ func TestVMMCollidingWithAZoneOrTheSledIsRefused(t *testing.T) {
 	}{
 		{"the id of a zone", crucible.ID, "[fd00:1122:3344:101::1:5]:12400", []string{crucibleName, "id " + crucible.ID + " is the id of"}},
 		{"a zone's underlay address", testVMM, "[fd00:1122:3344:101::10]:12400", []string{crucibleName, "propolis_addr fd00:1122:3344:101::10 is the underlay address of"}},
-		{"an internal DNS zone's underlay address", testVMM, "[fd00:1122:3344:1::1]:12400", []string{dnsName, "is the underlay address of"}},
-		{"an internal DNS zone's gz_address", testVMM, "[fd00:1122:3344:1::2]:12400", []string{dnsName, "propolis_addr fd00:1122:3344:1::2 is the gz_address of"}},
 		{"the sled's underlay address", testVMM, "[" + agent.DefaultUnderlayIP + "]:12400", []string{"is the underlay address of the sled"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -90,12 +88,24 @@ func TestVMMCollidingWithAZoneOrTheSledIsRefused(t *testing.T) {
 			}
 		})
 	}
+	// An internal DNS zone's addresses are in the internal DNS subnets, off
+	// the sled's subnet, where no VMM may be: refused before any claim is
+	// looked at.
+	for _, addr := range []string{"fd00:1122:3344:1::1", "fd00:1122:3344:1::2"} {
+		code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("["+addr+"]:12400"))
+		if code != http.StatusBadRequest || !strings.Contains(string(b), addr+" is outside the sled's subnet") {
+			t.Errorf("PUT /vmms/%s at %s (%s's): %d %s, want 400", testVMM, addr, dnsName, code, b)
+		}
+	}
+	if n := vmmCount(t, a); n != 0 {
+		t.Errorf("%d VMMs after a refusal", n)
+	}
 	// Once the zones are gone from the config, their ids and addresses are
 	// free.
 	if code, b := call(t, a, http.MethodPut, "/omicron-config", configDoc(t, 3)); code != http.StatusNoContent {
 		t.Fatalf("PUT config: %d %s", code, b)
 	}
-	if code, b := call(t, a, http.MethodPut, "/vmms/"+crucible.ID, ensureBody("[fd00:1122:3344:1::2]:12400")); code != http.StatusOK {
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+crucible.ID, ensureBody("[fd00:1122:3344:101::10]:12400")); code != http.StatusOK {
 		t.Fatalf("registering at what the removed zones held: %d %s", code, b)
 	}
 }
@@ -105,11 +115,12 @@ func TestConfigCollidingWithAVMMOrTheSledIsRefused(t *testing.T) {
 	if code, b := call(t, a, http.MethodPut, "/omicron-config", configDoc(t, 2, sledconfigtest.Crucible(1))); code != http.StatusNoContent {
 		t.Fatalf("PUT config: %d %s", code, b)
 	}
-	const vmmAddr = "fd00:1122:3344:1::2"
+	const vmmAddr = "fd00:1122:3344:101::1:9"
 	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("["+vmmAddr+"]:12400")); code != http.StatusOK {
 		t.Fatalf("register: %d %s", code, b)
 	}
-	dnsAtVMM := sledconfigtest.InternalDNS(0) // its gz_address is vmmAddr
+	dnsAtVMM := sledconfigtest.InternalDNS(0)
+	dnsAtVMM.ZoneType.GZAddress = vmmAddr
 	dnsOnSled := sledconfigtest.InternalDNS(1)
 	dnsOnSled.ZoneType.GZAddress = agent.DefaultUnderlayIP
 	withID, atVMM := crucibleAt(0, testVMM, ""), crucibleAt(0, "", "["+vmmAddr+"]:32345")
@@ -122,7 +133,9 @@ func TestConfigCollidingWithAVMMOrTheSledIsRefused(t *testing.T) {
 	}{
 		{"a zone with the VMM's id", withID, []string{withID.Name(), "id " + testVMM + " is the id of " + vmmName}},
 		{"a zone at the VMM's address", atVMM, []string{atVMM.Name(), "underlay address " + vmmAddr + " is the propolis_addr of " + vmmName}},
-		{"an internal DNS zone whose gz_address is the VMM's", dnsAtVMM, []string{dnsAtVMM.Name(), "gz_address " + vmmAddr + " is the propolis_addr of " + vmmName}},
+		// A gz_address is in the internal DNS subnets, never the sled's,
+		// where VMMs are: refused by validation, before any claim.
+		{"an internal DNS zone whose gz_address is the VMM's", dnsAtVMM, []string{dnsAtVMM.ID, "zone_type.gz_address: " + vmmAddr + " is outside the internal DNS subnets"}},
 		// The sled's own address is refused by validation, which knows it,
 		// before any claim is looked at.
 		{"a zone at the sled's underlay address", onSled, []string{onSled.ID, "zone_type.address: underlay address " + agent.DefaultUnderlayIP + " is the sled's own underlay address"}},
@@ -155,7 +168,7 @@ func TestConfigCollidingWithAVMMOrTheSledIsRefused(t *testing.T) {
 	if code, b := call(t, a, http.MethodDelete, "/vmms/"+testVMM, ""); code != http.StatusOK {
 		t.Fatalf("unregister: %d %s", code, b)
 	}
-	if code, b := call(t, a, http.MethodPut, "/omicron-config", configDoc(t, 4, withID, dnsAtVMM)); code != http.StatusNoContent {
+	if code, b := call(t, a, http.MethodPut, "/omicron-config", configDoc(t, 4, withID, crucibleAt(1, "", "["+vmmAddr+"]:32345"))); code != http.StatusNoContent {
 		t.Fatalf("PUT a config with what the VMM held: %d %s", code, b)
 	}
 }

@@ -46,7 +46,7 @@ func linuxGuestAgent(t *testing.T) (*agent.Agent, string) {
 		t.Fatal(err)
 	}
 	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
-		VMMImageDir: images, VMMAccel: "tcg", VMMQEMUIDs: testQEMUIDs})
+		VMMImageDir: images, VMMAccel: "tcg", VMMQEMUIDs: testQEMUIDs, UnderlayIP: "fd00:1122:3344:1d0::1"})
 	run(t, a)
 	return a, disk
 }

@@ -18,7 +18,7 @@ import (
 // is written again.
 func TestDeletedLedgerCopyIsRewritten(t *testing.T) {
 	dir := t.TempDir()
-	a := newAgent(t, agent.Config{DataDir: dir, LedgerCheckPeriod: 20 * time.Millisecond})
+	a := newAgent(t, agent.Config{DataDir: dir, LedgerCheckPeriod: 20 * time.Millisecond, UnderlayIP: exampleSled})
 	run(t, a)
 	c := newClient(t, a)
 	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {

@@ -58,6 +58,10 @@ func serveVMMIfAsked() {
 	}
 }
 
+// linuxZonesSled is the underlay address of the linux agents of this file:
+// their zones and VMMs are in its /64, at addresses no other test uses.
+const linuxZonesSled = "fd00:1122:3344:1e0::1"
+
 // linuxZones is a config of three zones on addresses no other test uses: two
 // crucibles and a nexus with a NIC.
 func linuxZones(t *testing.T, dir, tag string, gen uint64) ([]byte, []sledconfig.Zone) {
@@ -77,7 +81,7 @@ func linuxZones(t *testing.T, dir, tag string, gen uint64) ([]byte, []sledconfig
 func TestLinuxZonesComeUpAndComeBack(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
 
-	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second})
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second, UnderlayIP: linuxZonesSled})
 	stop := run(t, a)
 	c := newClient(t, a)
 	doc, zones := linuxZones(t, dir, tag, 1)
@@ -274,7 +278,7 @@ func destroyAll(t *testing.T, dir, runDir, tag, prefix string) {
 // it was down restarts only the zone it changed.
 func TestLinuxRestartAdoptsZones(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second}
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, RelistPeriod: time.Second, UnderlayIP: linuxZonesSled}
 
 	first := newAgent(t, cfg)
 	stop := run(t, first)
@@ -413,9 +417,9 @@ func servicePIDs(t *testing.T, runDir, tag string, zones []sledconfig.Zone) map[
 // hang detector).
 func TestLinuxVMMFailsWhenItsZoneIsDeleted(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix})
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, UnderlayIP: linuxZonesSled})
 	run(t, a)
-	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:1d0::5]:12400")); code != http.StatusOK {
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:1e0::1:5]:12400")); code != http.StatusOK {
 		t.Fatalf("register: %d %s", code, b)
 	}
 	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
@@ -450,10 +454,10 @@ func TestLinuxVMMFailsWhenItsZoneIsDeleted(t *testing.T) {
 // with a higher generation.
 func TestLinuxRestartAdoptsARunningVMM(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix}
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, UnderlayIP: linuxZonesSled}
 	first := newAgent(t, cfg)
 	stop := run(t, first)
-	call(t, first, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:1d0::6]:12400"))
+	call(t, first, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:1e0::1:6]:12400"))
 	call(t, first, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`)
 	before := waitVMM(t, first, "running")
 	svc := filepath.Join(runDir, tag, zone.VMMNamePrefix+testVMM)
@@ -488,11 +492,11 @@ func TestLinuxRestartAdoptsARunningVMM(t *testing.T) {
 // health period and threshold.
 func TestLinuxStoppedServiceIsNotOK(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix})
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, UnderlayIP: linuxZonesSled})
 	run(t, a)
 	c := newClient(t, a)
 	z := sledconfigtest.OwnPools(tag, sledconfigtest.Crucible(0))[0]
-	z.ZoneType.Address = "[fd00:1122:3344:1e1::5]:32345"
+	z.ZoneType.Address = "[fd00:1122:3344:1e0::1:7]:32345"
 	if err := c.PutConfig(t.Context(), linuxDoc(t, dir, tag, 1, z)); err != nil {
 		t.Fatal(err)
 	}

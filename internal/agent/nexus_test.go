@@ -205,11 +205,11 @@ func TestAHangingNexusHoldsNothingBack(t *testing.T) {
 	if err := n.SetFault(nexussim.FaultHang); err != nil {
 		t.Fatal(err)
 	}
-	a, c := start(t, agent.Config{DataDir: t.TempDir(), Nexus: []string{n.Addr()}})
+	a, c := start(t, agent.Config{DataDir: t.TempDir(), Nexus: []string{n.Addr()}, UnderlayIP: exampleSled})
 	if err := c.PutConfig(t.Context(), withGeneration(t, agent.Example(), 2)); err != nil {
 		t.Fatal(err)
 	}
-	callWithin(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:101::1:5]:12400"))
+	callWithin(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBody("[fd00:1122:3344:103::1:5]:12400"))
 	callWithin(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"running"}}`)
 	waitVMM(t, a, "running")
 	callWithin(t, a, http.MethodPut, "/vmms/"+testVMM+"/state", `{"state":{"type":"stopped"}}`)

@@ -19,7 +19,7 @@ import (
 // and dataset of that config too, and a reconciler reported idle has an
 // answer of the storage reconciler for all of them.
 func TestInventoryIsOnePictureFromTheFirstPut(t *testing.T) {
-	a := newAgent(t, agent.Config{DataDir: t.TempDir()})
+	a := newAgent(t, agent.Config{DataDir: t.TempDir(), UnderlayIP: exampleSled})
 	run(t, a)
 	c := newClient(t, a)
 	doc := sledconfig.Example()

@@ -13,7 +13,7 @@ import (
 func TestRestartAdoptsZonesWithoutRestartingThem(t *testing.T) {
 	cfg := example(t)
 	dir := t.TempDir()
-	first := newAgent(t, agent.Config{DataDir: dir})
+	first := newAgent(t, agent.Config{DataDir: dir, UnderlayIP: exampleSled})
 	stop := run(t, first)
 	c := newClient(t, first)
 	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {
@@ -32,7 +32,7 @@ func TestRestartAdoptsZonesWithoutRestartingThem(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	second := newAgent(t, agent.Config{DataDir: dir})
+	second := newAgent(t, agent.Config{DataDir: dir, UnderlayIP: exampleSled})
 	run(t, second)
 	c = newClient(t, second)
 	waitFor(t, "restore done", func() (bool, string) {
@@ -79,7 +79,7 @@ func TestOneAgentPerDataDir(t *testing.T) {
 func TestTeardownEmptiesTheSledAndKeepsTheLedger(t *testing.T) {
 	cfg := example(t)
 	dir := t.TempDir()
-	a := newAgent(t, agent.Config{DataDir: dir})
+	a := newAgent(t, agent.Config{DataDir: dir, UnderlayIP: exampleSled})
 	stop := run(t, a)
 	c := newClient(t, a)
 	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {
@@ -96,7 +96,7 @@ func TestTeardownEmptiesTheSledAndKeepsTheLedger(t *testing.T) {
 	if err != nil || len(removed) != len(cfg.Zones) {
 		t.Fatalf("teardown removed %d (%v), want %d zones", len(removed), err, len(cfg.Zones))
 	}
-	again := newAgent(t, agent.Config{DataDir: dir})
+	again := newAgent(t, agent.Config{DataDir: dir, UnderlayIP: exampleSled})
 	if cur := again.Store().Current(); cur == nil || cur.Generation != cfg.Generation {
 		t.Fatalf("ledger after teardown: %v", cur)
 	}

@@ -46,7 +46,7 @@ func putHostZones(t *testing.T, c *client.Client, dir, tag string, gen uint64, z
 // the first's running: same service processes, namespaces and links.
 func TestLinuxAgentOfAnotherDataDirLeavesTheZonesAlone(t *testing.T) {
 	tag, prefix, dirA, runDir := linuxEnv(t)
-	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dirA), ZoneTag: tag, NetnsPrefix: prefix}
+	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dirA), ZoneTag: tag, NetnsPrefix: prefix, UnderlayIP: "fd00:1122:3344:1f1::1"}
 	cfgB := cfgA
 	cfgB.DataDir = linuxDataDir(t)
 	cfgB.VdevDir = vdevDir(cfgB.DataDir)

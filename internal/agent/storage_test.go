@@ -38,7 +38,7 @@ func storageDone(st storage.Status) (bool, string) {
 // adopts them as they are.
 func TestSimRealisesTheExampleStorage(t *testing.T) {
 	dir := t.TempDir()
-	a := newAgent(t, agent.Config{DataDir: dir})
+	a := newAgent(t, agent.Config{DataDir: dir, UnderlayIP: exampleSled})
 	stop := run(t, a)
 	c := newClient(t, a)
 	if err := c.PutConfig(t.Context(), sledconfig.Example()); err != nil {
@@ -83,7 +83,7 @@ func TestSimRealisesTheExampleStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	again := newAgent(t, agent.Config{DataDir: dir})
+	again := newAgent(t, agent.Config{DataDir: dir, UnderlayIP: exampleSled})
 	run(t, again)
 	waitFor(t, "the restarted agent's storage", func() (bool, string) { return storageDone(again.Storage().Status()) })
 	for _, d := range again.Storage().Status().Observed.Datasets {

@@ -35,7 +35,7 @@ func TestLinuxCrucibleWaitsForTheBoundaryNTPZone(t *testing.T) {
 	refAddr := netip.MustParseAddr("fd00:1122:3344:1f8::1")
 	ntpzonetest.StartReference(t, bins, tag, refAddr, 7)
 
-	a := newTimedAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix})
+	a := newTimedAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, UnderlayIP: "fd00:1122:3344:1f7::1"})
 	run(t, a)
 	c := newClient(t, a)
 	crucible := sledconfigtest.Crucible(0)
@@ -143,7 +143,7 @@ func TestLinuxInternalNTPFollowsTheBoundaryNTPInDNS(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	a := newTimedAgent(t, agent.Config{DataDir: dirA, RunDir: runDirA, Runtime: "linux", VdevDir: vdevDir(dirA), ZoneTag: tagA, NetnsPrefix: prefixA})
+	a := newTimedAgent(t, agent.Config{DataDir: dirA, RunDir: runDirA, Runtime: "linux", VdevDir: vdevDir(dirA), ZoneTag: tagA, NetnsPrefix: prefixA, UnderlayIP: "fd00:1122:3344:1f5::1"})
 	run(t, a)
 	if err := newClient(t, a).PutConfig(t.Context(), linuxDoc(t, dirA, tagA, 1, boundary)); err != nil {
 		t.Fatal(err)

@@ -139,6 +139,12 @@ func TestVMMBadRequestsChangeNothing(t *testing.T) {
 		{http.MethodPut, "/vmms/not-a-uuid", ensureBody("[fd00::1]:1"), 400, "propolis_id"},
 		{http.MethodPut, "/vmms/" + testVMM, `{"instance_id":"0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e"}`, 400, "local_config, metadata, propolis_addr, vmm_runtime, vmm_spec"},
 		{http.MethodPut, "/vmms/" + testVMM, ensureBody("192.0.2.1:12400"), 400, "propolis_addr"},
+		// Off the sled's subnet: the runtime would route this sled's
+		// traffic for it into the VMM's zone.
+		{http.MethodPut, "/vmms/" + testVMM, ensureBody("[2001:4860:4860::8888]:12400"), 400,
+			`propolis_addr \"[2001:4860:4860::8888]:12400\": 2001:4860:4860::8888 is outside the sled's subnet fd00:1122:3344:101::/64`},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBody("[fd00:1122:3344:102::1:5]:12400"), 400, "fd00:1122:3344:102::1:5 is outside the sled's subnet"},
+		{http.MethodPut, "/vmms/" + testVMM, ensureBody("[fd00:1122:3344:101::2]:12400"), 400, "fd00:1122:3344:101::2 is one of the first addresses of the sled's subnet"},
 		{http.MethodPut, "/vmms/" + testVMM, strings.Replace(ensureBody("[fd00::1]:1"), `"gen":1`, `"gen":9223372036854775808`, 1), 400, "vmm_runtime.gen 9223372036854775808: want an integer between 0 and 9223372036854775807"},
 		// What the document says upstream's types are: objects, and one of
 		// VmmState's values.

@@ -73,15 +73,19 @@ func TestWireSledAgentIsUpstreams(t *testing.T) {
 		t.Errorf("GET /zones before any config: %s, want []", x.Body)
 	}
 
+	// The example, on a sled of its own: its zones are in another /64 than
+	// the test configs'.
+	exampleAgent, _ := start(t, agent.Config{DataDir: t.TempDir(), UnderlayIP: exampleSled})
+	we := newWire(t, exampleAgent)
 	exampleDoc, err := os.ReadFile(openapitest.UpstreamPath(t, "example-sled-config-v14.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.do(http.MethodPut, "/omicron-config", exampleDoc, http.StatusNoContent)
-	w.do(http.MethodPut, "/omicron-config", exampleDoc, http.StatusNoContent) // same generation, same content
+	we.do(http.MethodPut, "/omicron-config", exampleDoc, http.StatusNoContent)
+	we.do(http.MethodPut, "/omicron-config", exampleDoc, http.StatusNoContent) // same generation, same content
 	exampleGen := example(t).Generation
 	waitFor(t, "the example's zones running", func() (bool, string) {
-		x := w.do(http.MethodGet, "/zones", nil, http.StatusOK)
+		x := we.do(http.MethodGet, "/zones", nil, http.StatusOK)
 		var names []string
 		json.Unmarshal(x.Body, &names)
 		return len(names) == len(example(t).Zones), string(x.Body)
@@ -90,7 +94,7 @@ func TestWireSledAgentIsUpstreams(t *testing.T) {
 	// Refused: an older generation, and the same generation with other
 	// content. Both requests are upstream's shape; the answers are Errors.
 	for _, doc := range [][]byte{withGeneration(t, exampleDoc, exampleGen-1), withGeneration(t, []byte(configDoc(t, exampleGen)), exampleGen)} {
-		x := w.do(http.MethodPut, "/omicron-config", doc, http.StatusBadRequest)
+		x := we.do(http.MethodPut, "/omicron-config", doc, http.StatusBadRequest)
 		if !strings.Contains(string(x.Body), `"message"`) {
 			t.Errorf("a refused config: %s", x.Body)
 		}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"reflect"
 	"strings"
 	"time"
@@ -101,6 +102,10 @@ type Deps struct {
 	NAT NAT
 	// VMMs, if set, is the VMM manager, behind /vmms.
 	VMMs VMMs
+	// SledUnderlay is the sled's underlay address: a VMM's propolis_addr
+	// must lie in its subnet (sledconfig.SledAddrProblem). Zero: not
+	// checked.
+	SledUnderlay netip.Addr
 	// Reservoir, if set, is the VMM reservoir (inventory's reservoir_size);
 	// Accel and AccelWhy how guests run, for people.
 	Reservoir       Reservoir

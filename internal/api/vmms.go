@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
@@ -121,7 +122,7 @@ func (s *Server) registerVMMs() {
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}",
 		Summary:          "Register a VMM and start bringing its zone up",
-		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address, and a VMM one of whose disks' files is another VMM's writable disk, or that would write a file another VMM reads (409, naming that VMM). A vmm_spec this sled cannot realise (a component it does not offer, more CPUs than its hardware threads, two devices on one PCI path, a boot entry or backend_id naming nothing, a file backend outside the sled's guest storage, reached through a symbolic link or a mount point, or with another hard link) or whose memory is more than what is left of the VMM reservoir is refused (400, naming the problem) and changes nothing.",
+		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address, and a VMM one of whose disks' files is another VMM's writable disk, or that would write a file another VMM reads (409, naming that VMM). A propolis_addr outside the sled's subnet (the /64 of its underlay address, where upstream allocates VMMs' addresses), or one of its first three addresses, is refused (400). A vmm_spec this sled cannot realise (a component it does not offer, more CPUs than its hardware threads, two devices on one PCI path, a boot entry or backend_id naming nothing, a file backend outside the sled's guest storage, reached through a symbolic link or a mount point, or with another hard link) or whose memory is more than what is left of the VMM reservoir is refused (400, naming the problem) and changes nothing.",
 		MaxBodyBytes:     MaxVMMBodyBytes,
 		SkipValidateBody: true,
 		Errors:           []int{400, 409, 413, 507},
@@ -188,8 +189,11 @@ type vmmUnregisterOutput struct {
 }
 
 // parseRegistration checks a registration body and returns what the
-// manager needs; an error names the problem.
-func parseRegistration(raw []byte) (vmm.Registration, error) {
+// manager needs; an error names the problem. The propolis_addr must be in
+// the subnet of sled, the sled's underlay address (if valid): upstream's
+// Nexus allocates it there, and the runtime routes it into the VMM's zone,
+// so an address elsewhere would take this sled's traffic to it.
+func parseRegistration(raw []byte, sled netip.Addr) (vmm.Registration, error) {
 	var b InstanceEnsureBody
 	if err := json.Unmarshal(raw, &b); err != nil {
 		return vmm.Registration{}, fmt.Errorf("body is not an InstanceEnsureBody: %v", err)
@@ -232,6 +236,13 @@ func parseRegistration(raw []byte) (vmm.Registration, error) {
 	g, err := vmm.ParseGuest(raw)
 	if err != nil {
 		return vmm.Registration{}, err
+	}
+	// Last: a body that is wrong in itself says so whatever sled it is
+	// sent to.
+	if sled.IsValid() {
+		if msg := sledconfig.SledAddrProblem(sled, addr.Addr()); msg != "" {
+			return vmm.Registration{}, fmt.Errorf("propolis_addr %q: %s", *b.PropolisAddr, msg)
+		}
 	}
 	// A copy: the server reuses the buffer raw lies in.
 	return vmm.Registration{InstanceID: id.String(), PropolisAddr: addr, Initial: *b.VmmRuntime, Body: json.RawMessage(bytes.Clone(raw)), Guest: g}, nil
@@ -284,7 +295,7 @@ func (s *Server) vmmRegister(ctx context.Context, in *vmmRegisterInput) (*sledVm
 	if err != nil {
 		return nil, err
 	}
-	reg, err := parseRegistration(in.RawBody)
+	reg, err := parseRegistration(in.RawBody, s.deps.SledUnderlay)
 	if err != nil {
 		return nil, apiError(ctx, http.StatusBadRequest, err.Error())
 	}

@@ -57,7 +57,8 @@ type guestAgent struct {
 
 // agentConfig is the agent's config as `sled-agent teardown` would read it.
 func (b *guestBench) agentConfig() agent.Config {
-	return agent.Config{DataDir: filepath.Join(b.dir, "data"), RunDir: b.runDir, Runtime: "linux", ZoneTag: b.tag, NetnsPrefix: b.prefix}
+	return agent.Config{DataDir: filepath.Join(b.dir, "data"), RunDir: b.runDir, Runtime: "linux", ZoneTag: b.tag, NetnsPrefix: b.prefix,
+		UnderlayIP: guestPrefix + "1"} // its VMMs are in that /64
 }
 
 // startAgent runs the agent binary and waits until it answers. b.agent is

@@ -68,8 +68,10 @@ func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
 	if err := publish(first); err != nil {
 		return nil, err
 	}
+	// The example config's sled: its zones are in that /64.
+	const exampleSled = "fd00:1122:3344:103::1"
 	cfg := agent.Config{DataDir: dir, Listen: "127.0.0.1:0", DNSServers: []string{server.Addr().String()}, NATPeriod: opts.Period,
-		SkipTimesync: true} // its zones do not wait for an NTP zone: it has none
+		SkipTimesync: true, UnderlayIP: exampleSled} // its zones do not wait for an NTP zone: it has none
 	_, c, stop, err := startAgent(ctx, cfg, nil)
 	if err != nil {
 		return nil, err
@@ -80,7 +82,7 @@ func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
 	if err := c.PutConfig(ctx, doc); err != nil {
 		return nil, err
 	}
-	underlay := netip.MustParseAddr(agent.DefaultUnderlayIP)
+	underlay := netip.MustParseAddr(exampleSled)
 	ours := func(d *dpdsim.Server) int {
 		n := 0
 		for _, e := range d.Entries() {

@@ -157,7 +157,7 @@ func putRound(ctx context.Context, opts *PutOptions, round *PutRound, datasets *
 	}
 	cfg := agent.Config{DataDir: filepath.Join(dir, "data"), Runtime: "linux", Listen: "127.0.0.1:0", ZoneTag: tag, NetnsPrefix: tag + "-",
 		SkipTimesync: true, // its zones do not wait for an NTP zone: it has none
-		VdevDir:      filepath.Join(dir, "vdev")}
+		VdevDir:      filepath.Join(dir, "vdev"), UnderlayIP: zoneSled}
 	if cfg.RunDir, err = os.MkdirTemp("/dev/shm", "sled-agent-bench-put-"); err != nil {
 		os.RemoveAll(dir)
 		return err

@@ -91,7 +91,7 @@ func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err 
 		return nil, err
 	}
 	cfg := agent.Config{DataDir: filepath.Join(dir, "data"), Runtime: opts.Runtime, Listen: "127.0.0.1:0", ZoneTag: tag, NetnsPrefix: tag + "-",
-		SkipTimesync: true} // its zones do not wait for an NTP zone: it has none
+		SkipTimesync: true, UnderlayIP: zoneSled} // its zones do not wait for an NTP zone: it has none
 	switch opts.Runtime {
 	case "linux":
 		if os.Geteuid() != 0 {

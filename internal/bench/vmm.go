@@ -64,7 +64,7 @@ func VMM(ctx context.Context, opts VMMOptions) (res *VMMResult, err error) {
 	rand.Read(b[:])
 	tag := "bv" + hex.EncodeToString(b[:])
 	cfg := agent.Config{DataDir: filepath.Join(dir, "data"), Runtime: opts.Runtime, Listen: "127.0.0.1:0", ZoneTag: tag, NetnsPrefix: tag + "-",
-		SkipTimesync: true} // its zones do not wait for an NTP zone: it has none
+		SkipTimesync: true, UnderlayIP: "fd00:1122:3344:1d1::1"} // its zones do not wait for an NTP zone: it has none
 	switch opts.Runtime {
 	case "sim":
 	case "linux":
@@ -99,8 +99,9 @@ func VMM(ctx context.Context, opts VMMOptions) (res *VMMResult, err error) {
 	for i, phase := range vmmPhases {
 		var took []time.Duration
 		for j := range opts.Rounds {
-			// Each VMM on its own address, so no zone waits for another's.
-			addr := fmt.Sprintf("[fd00:1122:3344:1d%x::%x]:12400", i+1, j+5)
+			// Each VMM on its own address, so no zone waits for another's
+			// (in the sled's /64, as every VMM's).
+			addr := fmt.Sprintf("[fd00:1122:3344:1d1::%x:%x]:12400", i+1, j+5)
 			dt, err := r.round(ctx, phase, uuid.NewString(), addr)
 			if err != nil {
 				return nil, fmt.Errorf("%s, round %d: %w", phase, j+1, err)

@@ -132,7 +132,10 @@ type phaseTimes struct {
 const (
 	// zonePrefix is the /64 the zones' addresses come from (host 0x10+i,
 	// salted: zoneAddr).
-	zonePrefix  = "fd00:1122:3344:1f0::"
+	zonePrefix = "fd00:1122:3344:1f0::"
+	// zoneSled is the underlay address of the agents whose zones are
+	// there: a zone's address is in its sled's /64.
+	zoneSled    = zonePrefix + "1"
 	servicePort = 32345
 	// zoneIfName is the zone end of a floor zone's veth pair.
 	zoneIfName = "underlay0"

@@ -39,6 +39,10 @@ type testAgent struct {
 	url string
 }
 
+// exampleSled is the underlay address of the example config's sled, as
+// dev's.
+const exampleSled = "fd00:1122:3344:103::1"
+
 // startAgent runs an agent until the test ends.
 func startAgent(t *testing.T) *testAgent {
 	t.Helper()
@@ -51,6 +55,9 @@ func startAgentWith(t *testing.T, cfg agent.Config) *testAgent {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.DataDir = t.TempDir()
+	if cfg.UnderlayIP == "" {
+		cfg.UnderlayIP = exampleSled // the example config's zones are in its /64
+	}
 	a, err := agent.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)))
 	if err != nil {
 		t.Fatalf("agent.New: %v", err)

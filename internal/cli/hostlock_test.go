@@ -61,9 +61,9 @@ func TestSecondLinuxAgentOnTheHostExits(t *testing.T) {
 	tag := "zt" + hex.EncodeToString(b)
 	dirA, dirB, runDir := t.TempDir(), t.TempDir(), t.TempDir()
 	flags := func(dataDir string) []string {
-		return []string{"--runtime", "linux", "--data-dir", dataDir, "--run-dir", runDir, "--zone-tag", tag, "--netns-prefix", tag + "-", "--vdev-dir", filepath.Join(dataDir, "vdev"), "--skip-timesync"}
+		return []string{"--runtime", "linux", "--data-dir", dataDir, "--run-dir", runDir, "--zone-tag", tag, "--netns-prefix", tag + "-", "--vdev-dir", filepath.Join(dataDir, "vdev"), "--skip-timesync", "--underlay-ip", "fd00:1122:3344:1f2::1"}
 	}
-	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: tag + "-", VdevDir: filepath.Join(dirA, "vdev")}
+	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: tag + "-", VdevDir: filepath.Join(dirA, "vdev"), UnderlayIP: "fd00:1122:3344:1f2::1"}
 	// Registered first, run last: the first agent is gone by then.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

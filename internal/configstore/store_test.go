@@ -89,6 +89,7 @@ func docWith(gen uint64, change func(z *sledconfig.Zone)) []byte {
 func TestOpen(t *testing.T) {
 	loopback := docWith(7, func(z *sledconfig.Zone) { z.ZoneType.Address = "[::1]:32345" })
 	onSled := docWith(7, func(z *sledconfig.Zone) { z.ZoneType.Address = "[fd00:1122:3344:101::1]:32345" })
+	offSled := docWith(7, func(z *sledconfig.Zone) { z.ZoneType.Address = "[2001:4860:4860::8888]:32345" })
 	cases := []struct {
 		name        string
 		l           *fakeLedger
@@ -101,6 +102,11 @@ func TestOpen(t *testing.T) {
 			"generation 7 was loaded, but fails validation: the zones it names keep failing until a config that passes is put: invalid sled config: 1 problem: zones[\"" + sledconfigtest.ZoneID(0) + "\"].zone_type.address", 0},
 		{"zone on the sled's own address: loaded, reported", &fakeLedger{rec: ledger.Record{Generation: 7, Data: onSled},
 			copies: []ledger.CopyStatus{{State: ledger.StateOK}, {State: ledger.StateOK}}}, 7, "the sled's own underlay address", 0},
+		// Ledgered by an agent that did not know the rule: the sled's
+		// zones stay managed, none is torn down on its account.
+		{"zone off the sled's subnet: loaded, reported", &fakeLedger{rec: ledger.Record{Generation: 7, Data: offSled},
+			copies: []ledger.CopyStatus{{State: ledger.StateOK}, {State: ledger.StateOK}}}, 7,
+			"generation 7 was loaded, but fails validation: the zones it names keep failing until a config that passes is put: invalid sled config: 1 problem: zones[\"" + sledconfigtest.ZoneID(0) + "\"].zone_type.address: underlay address 2001:4860:4860::8888 is outside the sled's subnet", 0},
 		{"generation upstream cannot hold: not loaded", &fakeLedger{rec: ledger.Record{Generation: 1 << 63, Data: doc(1<<63, 2)},
 			copies: []ledger.CopyStatus{{State: ledger.StateOK}, {State: ledger.StateOK}}}, 0, "is not usable", 0},
 		{"fresh", &fakeLedger{readErr: ledger.ErrNotFound}, 0, "", 0},
@@ -186,6 +192,8 @@ func TestPutRefusesWhatCannotBeRealised(t *testing.T) {
 		{"port 0", docWith(6, func(z *sledconfig.Zone) { z.ZoneType.Address = "[fd00:1122:3344:101::10]:0" }), zone + ".zone_type.address: \"[fd00:1122:3344:101::10]:0\" has port 0"},
 		{"the sled's address", docWith(6, func(z *sledconfig.Zone) { z.ZoneType.Address = "[fd00:1122:3344:101::1]:32345" }),
 			zone + ".zone_type.address: underlay address fd00:1122:3344:101::1 is the sled's own underlay address"},
+		{"off the sled's subnet", docWith(6, func(z *sledconfig.Zone) { z.ZoneType.Address = "[2001:4860:4860::8888]:32345" }),
+			zone + ".zone_type.address: underlay address 2001:4860:4860::8888 is outside the sled's subnet fd00:1122:3344:101::/64"},
 		{"generation", doc(1<<63, 2), "generation: 9223372036854775808 is larger than the largest generation"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -209,7 +209,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 		return nil, err
 	}
 	r.cfg = agent.Config{DataDir: filepath.Join(r.dir, "data"), RunDir: r.runDir, Runtime: "linux", ZoneTag: r.tag, NetnsPrefix: r.prefix, SledID: uuid.NewString(),
-		VdevDir: filepath.Join(r.dir, "vdev")}
+		VdevDir: filepath.Join(r.dir, "vdev"), UnderlayIP: "fd00:1122:3344:1cf::1"} // its zones' and VMMs' /64
 	if err := os.MkdirAll(r.cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}

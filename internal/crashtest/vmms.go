@@ -82,7 +82,7 @@ func (r *run) vmmMutate(ctx context.Context) (string, error) {
 // runVMM registers a new VMM and asks it to run.
 func (r *run) runVMM(ctx context.Context) error {
 	r.vmmSeq++
-	v := &ctVMM{id: uuid.NewString(), addr: fmt.Sprintf("[fd00:1122:3344:1ce::%x]:12400", r.vmmSeq+0x10), want: vmm.StateRunning}
+	v := &ctVMM{id: uuid.NewString(), addr: fmt.Sprintf("[fd00:1122:3344:1cf::1:%x]:12400", r.vmmSeq+0x10), want: vmm.StateRunning}
 	r.vmms[v.id] = v
 	if err := r.vmmCall(ctx, http.MethodPut, "/vmms/"+v.id, string(vmmtest.Body(uuid.NewString(), v.addr, nil, nil))); err != nil {
 		return err

@@ -18,7 +18,10 @@ func TestValidateWithSledUnderlay(t *testing.T) {
 	}{
 		{"a zone on the sled's address", "fd00:1122:3344:103::5", zp(crucibleID) + ".zone_type.address", "underlay address fd00:1122:3344:103::5 is the sled's own underlay address", fullDoc},
 		{"nexus on the sled's address", "fd00:1122:3344:103::47", zp(nexusID) + ".zone_type.internal_address", "is the sled's own underlay address", fullDoc},
-		{"gz_address is the sled's address", "fd00:1122:3344:1::2", zp(internalDNSID) + ".zone_type.gz_address", "fd00:1122:3344:1::2 is the sled's own underlay address", fullDoc},
+		// Only the internal DNS zone: every other zone would be outside a
+		// sled there (which no sled of upstream's can be: the internal DNS
+		// /64s are no rack's).
+		{"gz_address is the sled's address", "fd00:1122:3344:1::2", zp(internalDNSID) + ".zone_type.gz_address", "fd00:1122:3344:1::2 is the sled's own underlay address", internalDNSDoc},
 		{"every zone type, another sled address", "fd00:1122:3344:103::1", "", "", fullDoc},
 		{"the example, on its own sled", "fd00:1122:3344:103::1", "", "", exampleDoc},
 	} {
@@ -49,6 +52,14 @@ func TestValidateWithSledUnderlay(t *testing.T) {
 			}
 		})
 	}
+}
+
+// internalDNSDoc is fullDoc with its internal DNS zone alone.
+func internalDNSDoc(t testing.TB) map[string]any {
+	doc := fullDoc(t)
+	zones := doc["zones"].(map[string]any)
+	doc["zones"] = map[string]any{internalDNSID: zones[internalDNSID]}
+	return doc
 }
 
 // WellFormed tells a config that only holds values no runtime can realise

@@ -75,7 +75,8 @@ func (e *ValidationError) Error() string {
 type ValidateOptions struct {
 	// SledUnderlay is the sled's own underlay address, which no zone may
 	// hold and no internal DNS zone may take as its gz_address (the agent
-	// would take it off the sled with the zone). Zero: not checked.
+	// would take it off the sled with the zone); zones' addresses must be
+	// ones upstream allocates to this sled (subnet.go). Zero: not checked.
 	SledUnderlay netip.Addr
 }
 
@@ -84,8 +85,9 @@ func Validate(c *Config) error { return ValidateWith(c, ValidateOptions{}) }
 
 // ValidateWith checks what a config means, as far as this agent can tell
 // without looking at the sled beyond opts: ids, the generation, zone types
-// and their fields, addresses (which must be ones a zone can hold, not shared
-// and not the sled's), NICs, pool names, image sources, disks and datasets
+// and their fields, addresses (which must be ones a zone can hold, not shared,
+// not the sled's, and in the sled's subnet or, for internal DNS, the
+// internal DNS subnets), NICs, pool names, image sources, disks and datasets
 // (see validate_storage.go). It returns nil or a
 // *ValidationError listing every problem found, in a stable order.
 func ValidateWith(c *Config, opts ValidateOptions) error {
@@ -116,6 +118,7 @@ func ValidateWith(c *Config, opts ValidateOptions) error {
 	v.gzAddresses(c.Zones, addrs, owner)
 	if opts.SledUnderlay.IsValid() {
 		v.sledUnderlay(c.Zones, addrs, opts.SledUnderlay)
+		v.sledSubnet(c.Zones, addrs, opts.SledUnderlay)
 	}
 	return v.err()
 }

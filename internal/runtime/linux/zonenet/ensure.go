@@ -65,6 +65,13 @@ func (p *Pending) Wait(ctx context.Context) error {
 func (p *Pending) Close() { p.s.close() }
 
 func ensure(ctx context.Context, c Config) (_ *Pending, err error) {
+	up, np := pairs(c.Tag, c.ZoneID)
+	// Before anything is made: a route to the zone's address that is not
+	// ours leads somewhere else (another host's address, a service's), and
+	// the zone must not take its traffic.
+	if err := checkHostRoute(ctx, c.Underlay, up); err != nil {
+		return nil, err
+	}
 	fresh, err := createNetns(c.Netns)
 	if err != nil {
 		return nil, err
@@ -89,7 +96,6 @@ func ensure(ctx context.Context, c Config) (_ *Pending, err error) {
 		return nil, fmt.Errorf("setting lo up: %w", err)
 	}
 
-	up, np := pairs(c.Tag, c.ZoneID)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -105,7 +111,7 @@ func ensure(ctx context.Context, c Config) (_ *Pending, err error) {
 		// clean up: add what it needs without listing anything (the
 		// host's routing table grows with every zone).
 		zoneAddr = func() error { return addAddr(s.zone, zl, underlayPrefix(c.Underlay)) }
-		hostRoute = func() error { return replaceRoute(s.host, hl, hostRouteTo(hl, c.Underlay)) }
+		hostRoute = func() error { return addHostRoute(s.host, hl, hostRouteTo(hl, c.Underlay)) }
 		zoneRoute = func() error { return replaceRoute(s.zone, zl, defaultRoute(zl)) }
 	}
 	for _, step := range []func() error{

@@ -409,18 +409,21 @@ func hasNeigh(ns []netlink.Neigh, ip netip.Addr, mac net.HardwareAddr) bool {
 	return false
 }
 
-// hostRoute is the route to the zone's underlay address through the host end.
+// hostRoute is the route to the zone's underlay address through the host
+// end, marked as ours.
 func hostRouteTo(hl netlink.Link, underlay netip.Addr) *netlink.Route {
-	return &netlink.Route{LinkIndex: hl.Attrs().Index, Dst: &net.IPNet{IP: underlay.AsSlice(), Mask: net.CIDRMask(128, 128)}}
+	return &netlink.Route{LinkIndex: hl.Attrs().Index, Dst: &net.IPNet{IP: underlay.AsSlice(), Mask: net.CIDRMask(128, 128)}, Protocol: RouteProtocol}
 }
 
-// defaultRoute is the zone's default route: via the host end's fe80::1.
+// defaultRoute is the zone's default route: via the host end's fe80::1,
+// marked as ours.
 func defaultRoute(zl netlink.Link) *netlink.Route {
-	return &netlink.Route{LinkIndex: zl.Attrs().Index, Gw: hostLinkLocal.Addr().AsSlice(), Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}
+	return &netlink.Route{LinkIndex: zl.Attrs().Index, Gw: hostLinkLocal.Addr().AsSlice(), Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Protocol: RouteProtocol}
 }
 
 // hasRoute reports whether rs holds a route to want's destination through
-// want's link and gateway.
+// want's link and gateway. (Of any protocol: a zone adopted from an earlier
+// version keeps its unmarked routes, which ours recognises.)
 func hasRoute(rs []netlink.Route, want *netlink.Route) bool {
 	wdst := toPrefix(want.Dst)
 	return slices.ContainsFunc(rs, func(r netlink.Route) bool {
@@ -447,18 +450,22 @@ func replaceRoute(h *netlink.Handle, l netlink.Link, want *netlink.Route) error 
 	return nil
 }
 
-// syncHostRoute makes want the only /128 route through the host end hl: a
-// zone whose underlay address changed leaves no route to its old one.
+// syncHostRoute makes want the only /128 route of ours through the host end
+// hl: a zone whose underlay address changed leaves no route to its old
+// one. A route through hl that is not ours is left alone.
 func syncHostRoute(h *netlink.Handle, hl netlink.Link, want *netlink.Route) error {
-	if err := ensureRoute(h, hl, want); err != nil {
-		return err
-	}
 	rs, err := routes(h, hl)
 	if err != nil {
 		return err
 	}
+	if !hasRoute(rs, want) {
+		if err := addHostRoute(h, hl, want); err != nil {
+			return err
+		}
+	}
+	ourLink := func(index int) bool { return index == hl.Attrs().Index }
 	for _, r := range rs {
-		if r.Dst == nil || toPrefix(r.Dst).Bits() != 128 || hasRoute([]netlink.Route{r}, want) {
+		if r.Dst == nil || toPrefix(r.Dst).Bits() != 128 || hasRoute([]netlink.Route{r}, want) || !ours(&r, ourLink) {
 			continue
 		}
 		if err := h.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
@@ -466,4 +473,27 @@ func syncHostRoute(h *netlink.Handle, hl netlink.Link, want *netlink.Route) erro
 		}
 	}
 	return nil
+}
+
+// addHostRoute adds want, the route to a zone's underlay address through
+// its host end hl. A route to that address already there is replaced if it
+// is ours (a zone that held the address before, or this zone's own from an
+// earlier version), and otherwise refused with ErrForeignRoute: one may
+// have appeared since checkHostRoute looked.
+func addHostRoute(h *netlink.Handle, hl netlink.Link, want *netlink.Route) error {
+	err := h.RouteAdd(want) // NLM_F_EXCL: never replaces
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("adding route to %v via %s: %w", want.Dst, hl.Attrs().Name, err)
+	}
+	r, err := foreignRoute(h, toPrefix(want.Dst).Addr(), func(index int) bool { return index == hl.Attrs().Index })
+	if err != nil {
+		return err
+	}
+	if r != nil {
+		return fmt.Errorf("%s; left alone: %w", describeRoute(h, r), ErrForeignRoute)
+	}
+	return replaceRoute(h, hl, want)
 }

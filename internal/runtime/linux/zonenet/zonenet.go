@@ -12,6 +12,10 @@
 //   - optionally a NIC veth pair (the OPTE-port analog): host end up, zone end
 //     "opte0" holding the NIC's private addresses and MAC.
 //
+// Routes carry the protocol RouteProtocol, theirs. A route to a zone's
+// underlay address that is not ours is never replaced or removed: Ensure
+// refuses the zone (ErrForeignRoute) and changes nothing.
+//
 // Host ends carry the alias "<tag>:<zoneID>:<role>", the ownership mark that
 // survives an agent restart. Nothing without the mark is ever deleted, with one
 // exception written down at owns: a host end that has our exact name, no alias
