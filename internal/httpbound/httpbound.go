@@ -1,0 +1,165 @@
+// Package httpbound bounds what an HTTP server holds for a client: header and idle time, each route's body size and read time, and the number of connections.
+package httpbound
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+)
+
+// Server defaults. There is no ReadTimeout or WriteTimeout: both last the
+// whole request, so they would cut long polls (the propolis state monitor)
+// and upgraded connections (serial consoles); bodies get their deadline per
+// route instead (Route).
+const (
+	// ReadHeaderTimeout bounds reading a request's line and headers.
+	ReadHeaderTimeout = 10 * time.Second
+	// IdleTimeout bounds how long a kept-alive connection waits for its
+	// next request.
+	IdleTimeout = 2 * time.Minute
+	// MaxHeaderBytes bounds a request's line and headers (net/http's
+	// default is 1 MiB; no client of ours sends more than a few hundred
+	// bytes).
+	MaxHeaderBytes = 64 << 10
+)
+
+// Body sizes and read times for routes.
+const (
+	// SmallBody bounds the body of an operation that takes none (GET,
+	// DELETE), as dropshot's default request_body_max_bytes does.
+	SmallBody = 1 << 10
+	// ReadTimeout bounds reading a small body: enough for a megabyte at
+	// a slow link's speed.
+	ReadTimeout = 10 * time.Second
+)
+
+// NewServer returns a server for h with the bounds above. Callers set the
+// fields of their own (ErrorLog, BaseContext, ConnState) on the result.
+func NewServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		IdleTimeout:       IdleTimeout,
+		MaxHeaderBytes:    MaxHeaderBytes,
+	}
+}
+
+// Route is what one route may be sent: at most MaxBodyBytes of body, read
+// within ReadTimeout of the handler starting.
+type Route struct {
+	MaxBodyBytes int64
+	ReadTimeout  time.Duration
+}
+
+// Small is the Route of an operation that takes no body.
+var Small = Sized(SmallBody)
+
+// Sized is the Route of a body of at most n bytes: ReadTimeout, and two
+// more seconds for each MiB (half a megabyte a second, a slow link's pace).
+func Sized(n int64) Route {
+	return Route{MaxBodyBytes: n, ReadTimeout: ReadTimeout + time.Duration(n>>20)*2*time.Second}
+}
+
+// Valid reports whether rt bounds both size and time.
+func (rt Route) Valid() bool { return rt.MaxBodyBytes >= 0 && rt.ReadTimeout > 0 }
+
+// Doc is the sentence that documents rt in an operation's description.
+func (rt Route) Doc() string {
+	return fmt.Sprintf("A request body over %d bytes is refused with 413; the body must arrive within %s.", rt.MaxBodyBytes, rt.ReadTimeout)
+}
+
+// TooLargeMessage is the message of a 413 for a body over limit (dropshot's
+// words).
+func TooLargeMessage(limit int64) string {
+	return fmt.Sprintf("request body exceeded maximum size of %d bytes", limit)
+}
+
+// TimeoutMessage is the message of a 408 for a body that did not arrive in
+// time.
+const TimeoutMessage = "request body not received in time"
+
+// ErrTooLarge is the error Apply returns for a request whose Content-Length
+// is over the route's limit; its message names the limit.
+type ErrTooLarge struct{ Limit int64 }
+
+func (e *ErrTooLarge) Error() string { return TooLargeMessage(e.Limit) }
+
+// Apply bounds r's body by rt. A Content-Length over the limit is refused
+// before anything of the body is read: Apply returns *ErrTooLarge, and the
+// caller answers 413 (Error says how); nothing more is read from the
+// connection, which closes after the answer. Otherwise the body must arrive
+// within rt.ReadTimeout, and reading past the limit (a body of unknown
+// length, chunked) fails with *http.MaxBytesError. A request without a body
+// gets no deadline, so that an upgraded connection (a websocket) starts
+// without one.
+func (rt Route) Apply(w http.ResponseWriter, r *http.Request) error {
+	if r.ContentLength > rt.MaxBodyBytes {
+		StopReading(w)
+		return &ErrTooLarge{Limit: rt.MaxBodyBytes}
+	}
+	if r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	rc := http.NewResponseController(w)
+	// A writer without deadlines (a test's recorder) reads without one.
+	_ = rc.SetReadDeadline(time.Now().Add(rt.ReadTimeout))
+	r.Body = &body{rc: rc, rd: http.MaxBytesReader(w, r.Body, rt.MaxBodyBytes)}
+	return nil
+}
+
+// StopReading makes sure nothing more is read from w's connection after an
+// answer written without reading the request's body: net/http would
+// otherwise read up to 256 KiB of it, at whatever pace the client sends.
+func StopReading(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(longAgo)
+}
+
+var longAgo = time.Unix(1, 0)
+
+// body is a request body under a Route's bounds.
+type body struct {
+	rc   *http.ResponseController
+	rd   io.ReadCloser
+	done bool
+}
+
+func (b *body) Read(p []byte) (int, error) {
+	n, err := b.rd.Read(p)
+	if err != nil && err != io.EOF && !b.done {
+		// Over the limit or past the deadline: nothing more is read from
+		// this connection, not even what net/http would read after the
+		// answer to reuse it. (At EOF net/http lifts the deadline itself,
+		// before its background read, so long handlers are not cut.)
+		b.done = true
+		_ = b.rc.SetReadDeadline(longAgo)
+	}
+	return n, err
+}
+
+func (b *body) Close() error { return b.rd.Close() }
+
+// Status is the answer to err, an error reading a bounded body: 413 over the
+// limit, 408 past the deadline, with a message naming which; 0 for any other
+// error.
+func Status(err error) (int, string) {
+	var tl *http.MaxBytesError
+	var ttl *ErrTooLarge
+	switch {
+	case errors.As(err, &tl):
+		return http.StatusRequestEntityTooLarge, TooLargeMessage(tl.Limit)
+	case errors.As(err, &ttl):
+		return http.StatusRequestEntityTooLarge, ttl.Error()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return http.StatusRequestTimeout, TimeoutMessage
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return http.StatusRequestTimeout, TimeoutMessage
+	}
+	return 0, ""
+}
