@@ -16,6 +16,7 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/google/uuid"
 
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 )
@@ -104,24 +105,23 @@ func (keptObject) Schema(huma.Registry) *huma.Schema {
 func sledVmmState(i vmm.Info) SledVmmState { return SledVmmState{VmmState: i.State} }
 
 func (s *Server) registerVMMs() {
-	huma.Register(s.api, huma.Operation{
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID:      "vmm_register",
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}",
 		Summary:          "Register a VMM and start bringing its zone up",
 		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address (409). A vmm_spec this sled cannot realise (a component it does not offer, more CPUs than its hardware threads, two devices on one PCI path, a boot entry or backend_id naming nothing, a file backend outside the sled's guest storage) or whose memory is more than what is left of the VMM reservoir is refused (400, naming the problem) and changes nothing.",
-		MaxBodyBytes:     MaxVMMBodyBytes,
 		SkipValidateBody: true,
 		Errors:           []int{400, 409},
-	}, s.vmmRegister)
-	huma.Register(s.api, huma.Operation{
+	}, vmmRegisterRoute), s.vmmRegister)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "vmm_unregister",
 		Method:      http.MethodDelete,
 		Path:        "/vmms/{propolis_id}",
 		Summary:     "Unregister a VMM and tear its zone down",
 		Errors:      []int{404},
-	}, s.vmmUnregister)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.vmmUnregister)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID:      "vmm_put_state",
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}/state",
@@ -129,20 +129,20 @@ func (s *Server) registerVMMs() {
 		Description:      `Body {"state": {"type": "running" | "stopped" | "reboot"}}. Answers once the VMM's service took the request; updated_runtime is null when it changed nothing. Live migration ("migration_target") is not supported.`,
 		SkipValidateBody: true,
 		Errors:           []int{400, 404, 503},
-	}, s.vmmPutState)
-	huma.Register(s.api, huma.Operation{
+	}, vmmStateRoute), s.vmmPutState)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "vmm_get_state",
 		Method:      http.MethodGet,
 		Path:        "/vmms/{propolis_id}/state",
 		Summary:     "A VMM's state; vmm_state.gen increases with every change",
 		Errors:      []int{404},
-	}, s.vmmGetState)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.vmmGetState)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "agent_vmms",
 		Method:      http.MethodGet,
 		Path:        "/agent/vmms",
 		Summary:     "Every VMM: state, what happened to it, its registration",
-	}, s.agentVMMs)
+	}, httpbound.Small), s.agentVMMs)
 }
 
 type vmmPath struct {
