@@ -11,10 +11,11 @@ import (
 	"time"
 )
 
-// Server defaults. There is no ReadTimeout or WriteTimeout: both last the
-// whole request, so they would cut long polls (the propolis state monitor)
-// and upgraded connections (serial consoles); bodies get their deadline per
-// route instead (Route).
+// Server defaults. There is no ReadTimeout or WriteTimeout: ReadTimeout is
+// one deadline for every route (a 16 MiB config and a 30-byte request
+// alike), so bodies get theirs per route instead (Route); WriteTimeout
+// counts from the request, so it would cut the answer of a long poll (the
+// propolis state monitor) that waits longer.
 const (
 	// ReadHeaderTimeout bounds reading a request's line and headers.
 	ReadHeaderTimeout = 10 * time.Second
@@ -109,6 +110,19 @@ func (rt Route) Apply(w http.ResponseWriter, r *http.Request) error {
 	_ = rc.SetReadDeadline(time.Now().Add(rt.ReadTimeout))
 	r.Body = &body{rc: rc, rd: http.MaxBytesReader(w, r.Body, rt.MaxBodyBytes)}
 	return nil
+}
+
+// Handler is h behind rt: Apply, with a refusal answered by fail (413 and a
+// message naming the limit) in the server's own error shape.
+func (rt Route) Handler(h http.Handler, fail func(w http.ResponseWriter, status int, msg string)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := rt.Apply(w, r); err != nil {
+			st, msg := Status(err)
+			fail(w, st, msg)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // StopReading makes sure nothing more is read from w's connection after an
