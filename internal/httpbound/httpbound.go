@@ -137,25 +137,35 @@ var longAgo = time.Unix(1, 0)
 
 // body is a request body under a Route's bounds.
 type body struct {
-	rc   *http.ResponseController
-	rd   io.ReadCloser
-	done bool
+	rc  *http.ResponseController
+	rd  io.ReadCloser
+	err error // the first failure, EOF aside
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	n, err := b.rd.Read(p)
-	if err != nil && err != io.EOF && !b.done {
+	if err != nil && err != io.EOF && b.err == nil {
 		// Over the limit or past the deadline: nothing more is read from
 		// this connection, not even what net/http would read after the
 		// answer to reuse it. (At EOF net/http lifts the deadline itself,
 		// before its background read, so long handlers are not cut.)
-		b.done = true
+		b.err = err
 		_ = b.rc.SetReadDeadline(longAgo)
 	}
 	return n, err
 }
 
 func (b *body) Close() error { return b.rd.Close() }
+
+// Failure is what cut r's body, bounded by Apply: *http.MaxBytesError, a
+// timeout, or another read error; nil if nothing did. It lets a server
+// whose handlers answer any body failure 400 answer Status's instead.
+func Failure(r *http.Request) error {
+	if b, ok := r.Body.(*body); ok {
+		return b.err
+	}
+	return nil
+}
 
 // Status is the answer to err, an error reading a bounded body: 413 over the
 // limit, 408 past the deadline, with a message naming which; 0 for any other
