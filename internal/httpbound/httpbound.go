@@ -38,14 +38,18 @@ const (
 	ReadTimeout = 10 * time.Second
 )
 
-// NewServer returns a server for h with the bounds above. Callers set the
-// fields of their own (ErrorLog, BaseContext, ConnState) on the result.
+// NewServer returns a server for h with the bounds above, which tells a
+// Listener which connections are being served. Callers set the fields of
+// their own (ErrorLog, BaseContext) on the result, and chain ConnState and
+// ConnContext to the ones set here.
 func NewServer(h http.Handler) *http.Server {
 	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: ReadHeaderTimeout,
 		IdleTimeout:       IdleTimeout,
 		MaxHeaderBytes:    MaxHeaderBytes,
+		ConnState:         connState,
+		ConnContext:       connContext,
 	}
 }
 
@@ -103,12 +107,13 @@ func (rt Route) Apply(w http.ResponseWriter, r *http.Request) error {
 		return &ErrTooLarge{Limit: rt.MaxBodyBytes}
 	}
 	if r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody {
+		served(r)
 		return nil
 	}
 	rc := http.NewResponseController(w)
 	// A writer without deadlines (a test's recorder) reads without one.
 	_ = rc.SetReadDeadline(time.Now().Add(rt.ReadTimeout))
-	r.Body = &body{rc: rc, rd: http.MaxBytesReader(w, r.Body, rt.MaxBodyBytes)}
+	r.Body = &body{rc: rc, rd: http.MaxBytesReader(w, r.Body, rt.MaxBodyBytes), r: r}
 	return nil
 }
 
@@ -139,11 +144,17 @@ var longAgo = time.Unix(1, 0)
 type body struct {
 	rc  *http.ResponseController
 	rd  io.ReadCloser
+	r   *http.Request
 	err error // the first failure, EOF aside
+	eof bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
 	n, err := b.rd.Read(p)
+	if err == io.EOF && !b.eof {
+		b.eof = true
+		served(b.r) // the request is in
+	}
 	if err != nil && err != io.EOF && b.err == nil {
 		// Over the limit or past the deadline: nothing more is read from
 		// this connection, not even what net/http would read after the

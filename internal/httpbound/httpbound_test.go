@@ -3,10 +3,12 @@ package httpbound
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -192,38 +194,76 @@ func TestNoBodyNoDeadline(t *testing.T) {
 	}
 }
 
-func TestListenerRefusesOverCap(t *testing.T) {
+// At the cap, a new connection takes the place of the one that has waited
+// longest without being served: slow clients cannot keep others out.
+func TestListenerClosesLongestWaitingAtCap(t *testing.T) {
 	addr, cl := serve(t, Small, 2, nil)
-	// Two slow clients hold the cap.
-	slow := []net.Conn{dial(t, addr), dial(t, addr)}
-	for _, c := range slow {
+	// Two slow clients hold the cap: headers, then one byte of ten.
+	var slow []net.Conn
+	for range 2 {
+		c := dial(t, addr)
 		fmt.Fprint(c, "PUT /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\na")
+		slow = append(slow, c)
+		waitOpen(t, cl, len(slow))
 	}
-	waitOpen(t, cl, 2)
-	// A third is closed at once.
+	// A third is served, and the first slow one is closed for it.
 	c := dial(t, addr)
-	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
-		t.Fatalf("over the cap: %v, want EOF", err)
-	}
-	// One slow client leaves: there is room again.
-	slow[0].Close()
-	waitOpen(t, cl, 1)
-	c = dial(t, addr)
 	fmt.Fprint(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
 	if st, _ := status(t, c); st != 200 {
-		t.Fatalf("below the cap: %d, want 200", st)
+		t.Fatalf("at the cap: %d, want 200", st)
+	}
+	// Closed: EOF, or a reset for the byte it sent that was never read;
+	// not the test's own deadline.
+	if _, err := slow[0].Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the longest waiting connection: %v, want it closed", err)
+	}
+	if cl.Open() != 2 {
+		t.Fatalf("%d connections open, want the cap, 2", cl.Open())
+	}
+}
+
+// When every connection is being served, one more is refused: closed at
+// once.
+func TestListenerRefusesWhenAllServed(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	addr, cl := serve(t, Small, 2, func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		<-release // a long poll
+	})
+	for i := range 2 {
+		c := dial(t, addr)
+		fmt.Fprint(c, "GET /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+		waitOpen(t, cl, i+1)
+	}
+	waitFor(t, "both served", func() bool {
+		cl.mu.Lock()
+		defer cl.mu.Unlock()
+		return cl.waiting.Len() == 0
+	})
+	c := dial(t, addr)
+	fmt.Fprint(c, "GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+	_, err := bufio.NewReader(c).ReadByte()
+	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("over the cap with every connection served: %v, want closed", err)
 	}
 }
 
 // waitOpen waits (boundedly) for the listener to hold n connections.
 func waitOpen(t *testing.T, cl *CappedListener, n int) {
 	t.Helper()
+	waitFor(t, fmt.Sprintf("%d connections open", n), func() bool { return cl.Open() == n })
+}
+
+// waitFor waits (boundedly) for ok.
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for cl.Open() != n {
+	for !ok() {
 		select {
 		case <-ctx.Done():
-			t.Fatalf("open connections %d, want %d", cl.Open(), n)
+			t.Fatalf("waiting for %s: gave up", what)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

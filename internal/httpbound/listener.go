@@ -1,10 +1,12 @@
 package httpbound
 
 import (
+	"container/list"
+	"context"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -21,37 +23,52 @@ func MaxConns() int {
 	return int(min(4096, max(lim.Cur/4, 16)))
 }
 
-// refuseLogEvery bounds how often a listener logs that it refuses
-// connections.
-const refuseLogEvery = 10 * time.Second
+// overCapLogEvery bounds how often a listener logs what it does over its
+// cap.
+const overCapLogEvery = 10 * time.Second
 
-// Listener is ln holding at most max connections at once. A connection
-// beyond the cap is accepted and closed at once, so that the excess never
-// takes the process to its file descriptor limit (where accept fails with
-// EMFILE and every client waits) and is told at once to go away. Refusals
-// are logged at most every 10 seconds, with their count.
+// Listener is ln holding at most max connections at once, so that clients
+// never take the process to its file descriptor limit (where accept fails
+// with EMFILE and every client waits).
+//
+// At the cap, a new connection takes the place of the one that has waited
+// longest without being served: a connection is served from when its
+// request is in (headers, and the body if any, read by a server made by
+// NewServer whose routes Apply a Route) until its answer is written, and
+// for good once upgraded. So clients that send slowly, or hold idle
+// connections, cannot keep others out; they lose their place to the next
+// one. Only when every connection is being served is a new one refused:
+// accepted and closed at once. Both are logged at most every 10 seconds,
+// with their counts.
 func Listener(ln net.Listener, max int, log *slog.Logger) *CappedListener {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &CappedListener{Listener: ln, max: int64(max), log: log}
+	return &CappedListener{Listener: ln, max: max, log: log}
 }
 
 // CappedListener is a listener with a cap on the connections it holds.
 type CappedListener struct {
 	net.Listener
-	max  int64
-	log  *slog.Logger
-	open atomic.Int64
+	max int
+	log *slog.Logger
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
-	refused int // since the last log line
-	lastLog time.Time
+	open int
+	// waiting are the open connections not being served, the one waiting
+	// longest first.
+	waiting          list.List
+	evicted, refused int // since the last log line
+	lastLog          time.Time
 }
 
 // Open is the number of connections held.
-func (l *CappedListener) Open() int { return int(l.open.Load()) }
+func (l *CappedListener) Open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open
+}
 
 // Accept returns the next connection under the cap.
 func (l *CappedListener) Accept() (net.Conn, error) {
@@ -60,34 +77,116 @@ func (l *CappedListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) <= l.max {
-			return &conn{Conn: c, l: l}, nil
+		l.mu.Lock()
+		var victim *conn
+		if l.open >= l.max {
+			if e := l.waiting.Front(); e != nil {
+				victim = e.Value.(*conn)
+				victim.dropLocked()
+				l.evicted++
+			}
 		}
-		l.open.Add(-1)
-		c.Close()
-		l.refusedOne()
+		if l.open >= l.max {
+			l.refused++
+			l.logLocked()
+			l.mu.Unlock()
+			c.Close()
+			continue
+		}
+		nc := &conn{Conn: c, l: l}
+		l.open++
+		nc.elem = l.waiting.PushBack(nc)
+		if victim != nil {
+			l.logLocked()
+		}
+		l.mu.Unlock()
+		if victim != nil {
+			victim.Conn.Close()
+		}
+		return nc, nil
 	}
 }
 
-func (l *CappedListener) refusedOne() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.refused++
-	if now := time.Now(); now.Sub(l.lastLog) >= refuseLogEvery {
-		l.log.Warn("refusing connections over the cap", "addr", l.Addr().String(), "cap", l.max, "refused", l.refused)
-		l.refused, l.lastLog = 0, now
+func (l *CappedListener) logLocked() {
+	if now := time.Now(); now.Sub(l.lastLog) >= overCapLogEvery {
+		l.log.Warn("connections over the cap: the longest waiting ones closed, or new ones refused when every one is being served",
+			"addr", l.Addr().String(), "cap", l.max, "closed_waiting", l.evicted, "refused", l.refused)
+		l.evicted, l.refused, l.lastLog = 0, 0, now
 	}
 }
 
 // conn gives back its place under the cap when closed.
 type conn struct {
 	net.Conn
-	l    *CappedListener
-	once sync.Once
+	l *CappedListener
+	// The fields below are guarded by l.mu.
+	closed bool
+	elem   *list.Element // in l.waiting while not being served
 }
 
 func (c *conn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(func() { c.l.open.Add(-1) })
-	return err
+	c.l.mu.Lock()
+	c.dropLocked()
+	c.l.mu.Unlock()
+	return c.Conn.Close()
+}
+
+// dropLocked gives back c's place.
+func (c *conn) dropLocked() {
+	if c.closed {
+		return
+	}
+	c.closed = true
+	c.l.open--
+	if c.elem != nil {
+		c.l.waiting.Remove(c.elem)
+		c.elem = nil
+	}
+}
+
+// setServed records whether c is being served.
+func (c *conn) setServed(served bool) {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	switch {
+	case c.closed:
+	case served && c.elem != nil:
+		c.l.waiting.Remove(c.elem)
+		c.elem = nil
+	case !served && c.elem == nil:
+		c.elem = c.l.waiting.PushBack(c)
+	}
+}
+
+// connKey is the request context key of a capped connection.
+type connKey struct{}
+
+// connContext keeps a capped connection in its requests' context.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if cc, ok := c.(*conn); ok {
+		return context.WithValue(ctx, connKey{}, cc)
+	}
+	return ctx
+}
+
+// connState follows the server's view of a capped connection: idle is
+// waiting again, upgraded is served for good.
+func connState(c net.Conn, st http.ConnState) {
+	cc, ok := c.(*conn)
+	if !ok {
+		return
+	}
+	switch st {
+	case http.StateIdle:
+		cc.setServed(false)
+	case http.StateHijacked:
+		cc.setServed(true)
+	}
+}
+
+// served marks r's connection as being served (its request is in).
+func served(r *http.Request) {
+	if cc, ok := r.Context().Value(connKey{}).(*conn); ok {
+		cc.setServed(true)
+	}
 }

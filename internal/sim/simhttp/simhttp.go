@@ -141,9 +141,13 @@ func New(cfg Config) *Server {
 		requests: map[string]int{},
 	}
 	s.http = httpbound.NewServer(http.HandlerFunc(s.serveHTTP))
-	s.http.ConnState = s.connState
+	boundState, boundContext := s.http.ConnState, s.http.ConnContext
+	s.http.ConnState = func(c net.Conn, st http.ConnState) {
+		boundState(c, st)
+		s.connState(c, st)
+	}
 	s.http.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
-		return context.WithValue(ctx, connKey{}, c)
+		return context.WithValue(boundContext(ctx, c), connKey{}, c)
 	}
 	s.http.ErrorLog = slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug)
 	return s
