@@ -87,24 +87,24 @@ func TooLargeMessage(limit int64) string {
 // time.
 const TimeoutMessage = "request body not received in time"
 
-// ErrTooLarge is the error Apply returns for a request whose Content-Length
+// TooLargeError is the error Apply returns for a request whose Content-Length
 // is over the route's limit; its message names the limit.
-type ErrTooLarge struct{ Limit int64 }
+type TooLargeError struct{ Limit int64 }
 
-func (e *ErrTooLarge) Error() string { return TooLargeMessage(e.Limit) }
+func (e *TooLargeError) Error() string { return TooLargeMessage(e.Limit) }
 
 // Apply bounds r's body by rt. A Content-Length over the limit is refused
-// before anything of the body is read: Apply returns *ErrTooLarge, and the
-// caller answers 413 (Error says how); nothing more is read from the
+// before anything of the body is read: Apply returns *TooLargeError, and the
+// caller answers 413 (Status says with what); nothing more is read from the
 // connection, which closes after the answer. Otherwise the body must arrive
 // within rt.ReadTimeout, and reading past the limit (a body of unknown
 // length, chunked) fails with *http.MaxBytesError. A request without a body
-// gets no deadline, so that an upgraded connection (a websocket) starts
-// without one.
+// gets no deadline: there is nothing to read. The connection counts as
+// served (Listener) once the request is in.
 func (rt Route) Apply(w http.ResponseWriter, r *http.Request) error {
 	if r.ContentLength > rt.MaxBodyBytes {
 		StopReading(w)
-		return &ErrTooLarge{Limit: rt.MaxBodyBytes}
+		return &TooLargeError{Limit: rt.MaxBodyBytes}
 	}
 	if r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody {
 		served(r)
@@ -183,7 +183,7 @@ func Failure(r *http.Request) error {
 // error.
 func Status(err error) (int, string) {
 	var tl *http.MaxBytesError
-	var ttl *ErrTooLarge
+	var ttl *TooLargeError
 	switch {
 	case errors.As(err, &tl):
 		return http.StatusRequestEntityTooLarge, TooLargeMessage(tl.Limit)
