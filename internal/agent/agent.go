@@ -31,6 +31,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/ddm"
 	"github.com/sled-agent/sled-agent/internal/dns"
 	"github.com/sled-agent/sled-agent/internal/hardware"
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
@@ -71,6 +72,13 @@ const PrefixStateFile = "prefixes.json"
 type Config struct {
 	Listen  string `json:"listen"`
 	DataDir string `json:"data-dir"`
+	// MaxConnections caps the API's open connections; those beyond are
+	// closed at once (0: httpbound.MaxConns, a quarter of the file
+	// descriptor limit, at most 4096).
+	MaxConnections int `json:"max-connections"`
+	// BodyReadTimeout, if set, replaces every API operation's body read
+	// deadline (tests).
+	BodyReadTimeout time.Duration `json:"-"`
 	// RunDir holds per-boot state of the linux runtime (default
 	// /run/sled-agent, on a tmpfs).
 	RunDir     string   `json:"run-dir"`
@@ -267,6 +275,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	if cfg.HealthPeriod < 0 || cfg.HealthFailures < 0 {
 		return nil, fmt.Errorf("health-period %s and health-failures %d: must not be negative", cfg.HealthPeriod, cfg.HealthFailures)
+	}
+	if cfg.MaxConnections < 0 {
+		return nil, fmt.Errorf("max-connections %d: must not be negative", cfg.MaxConnections)
 	}
 	natOpts, err := natOptions(cfg, underlay)
 	if err != nil {
@@ -465,6 +476,8 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		Reconciler: a.rec,
 		Log:        a.log.With("component", "api"),
 		Registry:   reg,
+
+		BodyReadTimeout: cfg.BodyReadTimeout,
 	}
 	if a.sim != nil {
 		deps.Faults = a.sim
@@ -554,11 +567,12 @@ func (a *Agent) Close() error { return errors.Join(a.ln.Close(), a.lock.Close())
 func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	srv := &http.Server{
-		Handler:           a.server.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-	}
+	// Headers, bodies (per operation, in the API) and idle connections
+	// have deadlines, and the connections a cap: no client can hold the
+	// agent's memory or file descriptors.
+	srv := httpbound.NewServer(a.server.Handler())
+	srv.ErrorLog = slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)
+	ln := httpbound.Listener(a.ln, cmp.Or(a.cfg.MaxConnections, httpbound.MaxConns()), a.log.With("component", "api"))
 	// VMMs outlive the agent: take back the ones the last agent left
 	// (their states go to Nexus once its link runs, below).
 	if n, err := a.vmms.Resume(); err != nil {
@@ -600,7 +614,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		})
 	}
 	wg.Go(func() {
-		if err := srv.Serve(a.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("api server: %w", err)
 			cancel()
 		}

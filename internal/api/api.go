@@ -21,6 +21,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/configstore"
 	"github.com/sled-agent/sled-agent/internal/hardware"
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/nexus"
@@ -122,6 +123,9 @@ type Deps struct {
 	Log   *slog.Logger
 	// Registry receives API metrics and is served on /metrics (nil: a new one).
 	Registry *prometheus.Registry
+	// BodyReadTimeout, if set, replaces every operation's body read
+	// deadline (tests use a short one).
+	BodyReadTimeout time.Duration
 }
 
 // Server is the HTTP API.
@@ -134,6 +138,9 @@ type Server struct {
 	metrics *httpMetrics
 	// inv holds the parts of /inventory encoded once.
 	inv inventoryCache
+	// bounds are the operations' body bounds, by mux pattern
+	// ("PUT /omicron-config"); written only while building.
+	bounds map[string]httpbound.Route
 }
 
 // New builds the API.
@@ -153,11 +160,11 @@ func build(deps Deps, every bool) *Server {
 	cfg.DocsPath = ""
 	cfg.Components.Schemas = huma.NewMapRegistry("#/components/schemas/", schemaName)
 	api := humago.New(mux, cfg)
-	s := &Server{deps: deps, every: every, api: api, metrics: newHTTPMetrics(deps.Registry)}
+	s := &Server{deps: deps, every: every, api: api, metrics: newHTTPMetrics(deps.Registry), bounds: map[string]httpbound.Route{}}
 	s.register()
 	s.document()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Registry, promhttp.HandlerOpts{}))
-	s.handler = s.middleware(dropshotErrors(mux))
+	s.handler = s.middleware(dropshotErrors(mux, s.route))
 	return s
 }
 
@@ -168,68 +175,67 @@ func (s *Server) Handler() http.Handler { return s.handler }
 func (s *Server) OpenAPI() *huma.OpenAPI { return s.api.OpenAPI() }
 
 func (s *Server) register() {
-	huma.Register(s.api, huma.Operation{
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID:      "omicron_config_put",
 		Method:           http.MethodPut,
 		Path:             "/omicron-config",
 		Summary:          "Ledger a new sled config",
 		Description:      "Validates the config, writes it durably to the ledger and answers 204 without waiting for any zone work. An older generation, or the same generation with a different meaning, is refused with 400; the same generation with the same meaning (absent optional members and upstream defaults count as equal) is a no-op 204.",
 		DefaultStatus:    http.StatusNoContent,
-		MaxBodyBytes:     MaxConfigBytes,
 		SkipValidateBody: true, // validated by sledconfig.Validate, which keeps unknown fields
 		Errors:           []int{400, 413, 503},
-	}, s.putConfig) // the body is read raw (to keep it lossless); document() says its schema
+	}, configRoute), s.putConfig) // the body is read raw (to keep it lossless); document() says its schema
 
-	huma.Register(s.api, huma.Operation{
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "inventory",
 		Method:      http.MethodGet,
 		Path:        "/inventory",
 		Summary:     "Fetch basic information about this sled",
 		Description: "Exactly upstream's Inventory, served from published snapshots: never waits for reconciliation. Our own richer view is GET /agent/inventory.",
-	}, s.inventory)
+	}, httpbound.Small), s.inventory)
 	// The body is encoded by hand from cached parts; document its schema.
 	s.api.OpenAPI().Paths["/inventory"].Get.Responses["200"].Content = map[string]*huma.MediaType{"application/json": {
 		Schema: s.api.OpenAPI().Components.Schemas.Schema(reflect.TypeFor[Inventory](), true, ""),
 	}}
-	huma.Register(s.api, huma.Operation{
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "sled_identifiers",
 		Method:      http.MethodGet,
 		Path:        "/sled-identifiers",
 		Summary:     "Fetch sled identifiers",
 		Description: "503 until the agent knows its rack id.",
 		Errors:      []int{503},
-	}, s.sledIdentifiers)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.sledIdentifiers)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "agent_inventory",
 		Method:      http.MethodGet,
 		Path:        "/agent/inventory",
 		Summary:     "This agent's own view: ledger copies, every zone's state, VMMs, NAT, DDM, restore, and when the last reconciliation completed",
-	}, s.agentInventory)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.agentInventory)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "zones_list",
 		Method:      http.MethodGet,
 		Path:        "/zones",
 		Summary:     "List the zones that are currently running",
-	}, s.zonesList)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.zonesList)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "agent_zones",
 		Method:      http.MethodGet,
 		Path:        "/agent/zones",
 		Summary:     "Status of every zone the agent manages",
-	}, s.agentZones)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.agentZones)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "agent_zone",
 		Method:      http.MethodGet,
 		Path:        "/agent/zones/{zone}",
 		Summary:     "Status and history of one zone, by name or id",
 		Errors:      []int{404},
-	}, s.agentZone)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.agentZone)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "agent_restore",
 		Method:      http.MethodGet,
 		Path:        "/agent/restore",
 		Summary:     "What the agent found at start-up and did about it: zones adopted, repaired, removed; leftovers swept",
-	}, s.agentRestore)
+	}, httpbound.Small), s.agentRestore)
 	if s.deps.VMMs != nil || s.every {
 		s.registerVMMs()
 	}
@@ -247,7 +253,7 @@ func (s *Server) register() {
 }
 
 func (s *Server) registerFaults() {
-	huma.Register(s.api, huma.Operation{
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "debug_sim_faults_put",
 		Method:      http.MethodPut,
 		Path:        "/debug/sim/faults",
@@ -259,7 +265,7 @@ func (s *Server) registerFaults() {
 			`An unknown member or a bad value is a 400 naming it, and changes nothing.`,
 		DefaultStatus: http.StatusNoContent,
 		Errors:        []int{400},
-	}, s.putFaults)
+	}, faultsRoute), s.putFaults)
 }
 
 // upstreamNames names our types after the upstream schemas they match.
@@ -378,6 +384,11 @@ func newError(status int, msg string, errs ...error) *Error {
 		if err == nil {
 			continue
 		}
+		if st, m := httpbound.Status(err); st != 0 {
+			// huma answers 500 for a body cut by its bounds
+			// (httpbound.Route, applied by dropshotErrors).
+			return &Error{Message: m, ErrorCode: errorCode(st), status: st}
+		}
 		var d *huma.ErrorDetail
 		if errors.As(err, &d) && d.Location != "" {
 			details = append(details, d.Location+": "+d.Message)
@@ -421,6 +432,9 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 		r = r.WithContext(context.WithValue(r.Context(), requestIDKey{}, id))
 		rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		if err := checkVersionHeader(r.Header); err != nil {
+			if hasBody(r) {
+				httpbound.StopReading(rw) // answered without reading it
+			}
 			writeDropshotError(rw, r, http.StatusBadRequest, err.Error())
 			s.metrics.observe(r, "version-check", rw.status, time.Since(t0))
 			return

@@ -7,6 +7,8 @@ import (
 
 	"github.com/danielgtaylor/huma/v2"
 
+	"github.com/sled-agent/sled-agent/internal/httpbound"
+
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 )
 
@@ -53,7 +55,7 @@ func (s *Server) document() {
 	}
 	nullablePointers(reg)
 	if item := doc.Paths["/metrics"]; item == nil {
-		doc.AddOperation(&huma.Operation{
+		op := s.bounded(huma.Operation{
 			OperationID: "metrics",
 			Method:      http.MethodGet,
 			Path:        "/metrics",
@@ -62,7 +64,8 @@ func (s *Server) document() {
 				Description: "The Prometheus text exposition format.",
 				Content:     map[string]*huma.MediaType{"text/plain": {Schema: &huma.Schema{Type: huma.TypeString}}},
 			}},
-		})
+		}, httpbound.Small)
+		doc.AddOperation(&op)
 	}
 }
 

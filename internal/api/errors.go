@@ -4,22 +4,34 @@ import (
 	"fmt"
 	"mime"
 	"net/http"
+
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 )
 
 // dropshotErrors answers what the mux would answer in text/plain as
 // dropshot does, with its JSON Error body: a path no route serves is a 404,
 // a method the path does not serve a 405 (with the mux's Allow header), and
-// a request whose body is not JSON a 400. Requests it passes on reach the
-// mux unchanged.
+// a request whose body is not JSON a 400. Before any of that, it bounds the
+// request's body by its route (httpbound.Route): a body over the limit is a
+// 413 naming it. Requests it passes on reach the mux unchanged but for their
+// bounded body.
 //
 // Like dropshot, a body without a Content-Type header is read as JSON (its
 // TypedBody takes a missing header for application/json), and media type
 // parameters (charset) are ignored. Unlike dropshot, whose router-level
 // messages are the bare reason phrases ("Not Found"), the messages name the
 // method and path.
-func dropshotErrors(mux *http.ServeMux) http.Handler {
+func dropshotErrors(mux *http.ServeMux, route func(pattern string) httpbound.Route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
+		// The body is bounded before anything reads it; a Content-Length
+		// over the limit is refused without reading a byte.
+		if err := route(pattern).Apply(w, r); err != nil {
+			r.Pattern = pattern // for the metrics
+			st, msg := httpbound.Status(err)
+			writeHandlerError(w, r, st, msg)
+			return
+		}
 		if pattern == "" {
 			// No route: h is the mux's 404 or 405 handler. Run it into a
 			// recorder to learn which, and the methods it allows.
@@ -84,6 +96,16 @@ func writeDropshotError(w http.ResponseWriter, r *http.Request, status int, msg 
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	b, _ := jsonMarshal(&Error{RequestID: id, Message: msg})
+	w.Write(b)
+}
+
+// writeHandlerError writes an error as a handler would: upstream's Error
+// body with its error_code.
+func writeHandlerError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	id, _ := r.Context().Value(requestIDKey{}).(string)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	b, _ := jsonMarshal(&Error{RequestID: id, ErrorCode: errorCode(status), Message: msg})
 	w.Write(b)
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/danielgtaylor/huma/v2"
 	"github.com/google/uuid"
 
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/vmm"
@@ -117,24 +118,23 @@ func (keptObject) Schema(huma.Registry) *huma.Schema {
 func sledVmmState(i vmm.Info) SledVmmState { return SledVmmState{VmmState: i.State} }
 
 func (s *Server) registerVMMs() {
-	huma.Register(s.api, huma.Operation{
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID:      "vmm_register",
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}",
 		Summary:          "Register a VMM and start bringing its zone up",
 		Description:      "Answers at once with the VMM's state. The body is upstream's InstanceEnsureBody; fields this agent does not act on are kept and reported (GET /agent/vmms). Registering the same VMM again returns its state; with another propolis_addr or instance_id it is refused, and so is a VMM whose id is a zone's or whose propolis_addr is a zone's underlay address or gz_address or the sled's underlay address, and a VMM one of whose disks' files is another VMM's writable disk, or that would write a file another VMM reads (409, naming that VMM). A propolis_addr outside the sled's subnet (the /64 of its underlay address, where upstream allocates VMMs' addresses), or one of its first three addresses, is refused (400). A vmm_spec this sled cannot realise (a component it does not offer, more CPUs than its hardware threads, two devices on one PCI path, a boot entry or backend_id naming nothing, a file backend outside the sled's guest storage, reached through a symbolic link or a mount point, or with another hard link) or whose memory is more than what is left of the VMM reservoir is refused (400, naming the problem) and changes nothing.",
-		MaxBodyBytes:     MaxVMMBodyBytes,
 		SkipValidateBody: true,
-		Errors:           []int{400, 409, 413, 507},
-	}, s.vmmRegister)
-	huma.Register(s.api, huma.Operation{
+		Errors:           []int{400, 409, 507},
+	}, vmmRegisterRoute), s.vmmRegister)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "vmm_unregister",
 		Method:      http.MethodDelete,
 		Path:        "/vmms/{propolis_id}",
 		Summary:     "Unregister a VMM and tear its zone down",
 		Errors:      []int{404},
-	}, s.vmmUnregister)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.vmmUnregister)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID:      "vmm_put_state",
 		Method:           http.MethodPut,
 		Path:             "/vmms/{propolis_id}/state",
@@ -142,29 +142,29 @@ func (s *Server) registerVMMs() {
 		Description:      `Body {"state": {"type": "running" | "stopped" | "reboot"}}. Answers once the VMM's service took the request; updated_runtime is null when it changed nothing. Live migration ("migration_target") is not supported.`,
 		SkipValidateBody: true,
 		Errors:           []int{400, 404, 503},
-	}, s.vmmPutState)
-	huma.Register(s.api, huma.Operation{
+	}, vmmStateRoute), s.vmmPutState)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "vmm_get_state",
 		Method:      http.MethodGet,
 		Path:        "/vmms/{propolis_id}/state",
 		Summary:     "A VMM's state; vmm_state.gen increases with every change",
 		Errors:      []int{404},
-	}, s.vmmGetState)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.vmmGetState)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "agent_vmms",
 		Method:      http.MethodGet,
 		Path:        "/agent/vmms",
 		Summary:     "The VMMs, a page at a time: state, what happened to each, its registration (blob contents withheld)",
 		Description: "Also the VMMs of which the agent has no readable record (status unknown, detail says why): their zones are left running until removed with POST /agent/vmms/{propolis_id}/remove-unknown.",
-	}, s.agentVMMs)
-	huma.Register(s.api, huma.Operation{
+	}, httpbound.Small), s.agentVMMs)
+	huma.Register(s.api, s.bounded(huma.Operation{
 		OperationID: "agent_vmm_remove_unknown",
 		Method:      http.MethodPost,
 		Path:        "/agent/vmms/{propolis_id}/remove-unknown",
 		Summary:     "Tear down the zone of a VMM of which no record is readable, and what is left of its record",
 		Description: "The agent never tears down a VMM zone it has no readable record of; this is the operator's decision. A VMM with a readable record is refused (409: unregister it with DELETE /vmms/{propolis_id}); one that is not unknown is 404.",
 		Errors:      []int{400, 404, 409},
-	}, s.vmmRemoveUnknown)
+	}, httpbound.Small), s.vmmRemoveUnknown)
 }
 
 type vmmPath struct {

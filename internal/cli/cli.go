@@ -91,6 +91,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f := cmd.Flags()
 	f.StringVar(configFile, "config", "", "agent config file: JSON with these flags' names as keys; flags override it")
 	f.StringVar(&c.Listen, "listen", agent.DefaultListen, "address the API listens on")
+	f.IntVar(&c.MaxConnections, "max-connections", 0, "most connections the API holds open; more are closed at once (default: a quarter of the file descriptor limit, at most 4096)")
 	f.StringVar(&c.DataDir, "data-dir", defaultDataDir(), "where the agent keeps its state")
 	f.StringVar(&c.RunDir, "run-dir", agent.DefaultRunDir, "where the linux runtime keeps per-boot state (a tmpfs is mounted there if it is not on one)")
 	f.StringArrayVar(&c.LedgerDirs, "ledger-dir", nil, "directory for a copy of the config ledger (repeatable; default: two under --data-dir)")
@@ -161,6 +162,9 @@ func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (a
 	set("sim-faults", &c.SimFaults, flags.SimFaults)
 	set("ddm-url", &c.DDMURL, flags.DDMURL)
 	set("bootstrap-prefix", &c.BootstrapPrefix, flags.BootstrapPrefix)
+	if cmd.Flags().Changed("max-connections") || c.MaxConnections == 0 {
+		c.MaxConnections = flags.MaxConnections
+	}
 	c.PrefixPeriod = flags.PrefixPeriod
 	c.NATPeriod = flags.NATPeriod
 	c.HealthPeriod = flags.HealthPeriod

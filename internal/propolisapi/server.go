@@ -13,8 +13,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 )
 
 // The API, as upstream's propolis-server answers it (bin/propolis-server/
@@ -41,63 +44,132 @@ import (
 // NoInstance, as upstream does.
 
 const (
-	// maxBodyBytes caps a request body, as upstream's server config does.
+	// maxBodyBytes caps PUT /instance's body (an instance spec), as
+	// upstream's server config caps every body; the other operations take
+	// small bodies or none (httpbound.Small).
 	maxBodyBytes = 1 << 20
 	// requestIDHeader carries the request's id, as dropshot sends it.
 	requestIDHeader = "x-request-id"
+)
+
+// Body bounds of the operations (httpbound.Route).
+var (
+	instanceRoute = httpbound.Sized(maxBodyBytes)
+	// vcrRoute is a volume construction request's: a JSON document
+	// within a JSON string.
+	vcrRoute = httpbound.Sized(maxBodyBytes)
 )
 
 type handler struct {
 	b   Backend
 	log *slog.Logger
 	mux *http.ServeMux
+	// small bounds requests no operation serves, and ones refused
+	// before routing.
+	small httpbound.Route
+}
+
+// operation is one route's method: its handler and body bounds.
+type operation struct {
+	method string
+	f      http.HandlerFunc
+	bounds httpbound.Route
+}
+
+// routes are the API's paths and their operations.
+func (h *handler) routes() []struct {
+	path string
+	ops  []operation
+} {
+	small := httpbound.Small
+	return []struct {
+		path string
+		ops  []operation
+	}{
+		{"/instance", []operation{{"PUT", h.ensure, instanceRoute}, {"GET", h.get, small}}},
+		{"/instance/spec", []operation{{"GET", h.spec, small}}},
+		{"/instance/state-monitor", []operation{{"GET", h.stateMonitor, small}}},
+		{"/instance/state", []operation{{"PUT", h.putState, small}}},
+		{"/instance/serial/history", []operation{{"GET", h.serialHistory, small}}},
+		{"/instance/serial", []operation{{"GET", h.serial, small}}},
+		{"/instance/nmi", []operation{{"POST", h.nmi, small}}},
+		{"/instance/migration-status", []operation{{"GET", h.migrationStatus, small}}},
+		{"/instance/migrate/{migration_id}/start", []operation{{"GET", h.migrateStart, small}}},
+		{"/instance/disk/{id}/snapshot/{snapshot_id}", []operation{{"POST", h.diskSnapshot, small}}},
+		{"/instance/disk/{id}/status", []operation{{"GET", h.diskStatus, small}}},
+		{"/instance/disk/{id}/vcr", []operation{{"PUT", h.diskVCR, vcrRoute}}},
+	}
+}
+
+// Operation is one operation the handler serves.
+type Operation struct {
+	Method, Path string
+	Bounds       httpbound.Route
+}
+
+// Operations lists every operation NewHandler serves, with its body
+// bounds.
+func Operations() []Operation {
+	var ops []Operation
+	for _, rt := range (&handler{}).routes() {
+		for _, op := range rt.ops {
+			ops = append(ops, Operation{op.method, rt.path, op.bounds})
+		}
+	}
+	return ops
 }
 
 // NewHandler returns the API over b. Long polls and serial consoles end
 // when their request's context does: serve it with a BaseContext that ends
 // at shutdown, since http.Server.Shutdown does not wait for upgraded
-// connections. A nil log discards.
-func NewHandler(b Backend, log *slog.Logger) http.Handler {
+// connections. A nil log discards. Every operation's body is bounded in
+// size and read time (httpbound.Route): a body over the limit is answered
+// 413, one that does not arrive in time 408.
+func NewHandler(b Backend, log *slog.Logger) http.Handler { return newHandler(b, log, 0) }
+
+// newHandler is NewHandler with every body read deadline readTimeout (0:
+// each operation's own).
+func newHandler(b Backend, log *slog.Logger, readTimeout time.Duration) *handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &handler{b: b, log: log, mux: http.NewServeMux()}
-	routes := []struct {
-		path    string
-		methods map[string]http.HandlerFunc
-	}{
-		{"/instance", map[string]http.HandlerFunc{"PUT": h.ensure, "GET": h.get}},
-		{"/instance/spec", map[string]http.HandlerFunc{"GET": h.spec}},
-		{"/instance/state-monitor", map[string]http.HandlerFunc{"GET": h.stateMonitor}},
-		{"/instance/state", map[string]http.HandlerFunc{"PUT": h.putState}},
-		{"/instance/serial/history", map[string]http.HandlerFunc{"GET": h.serialHistory}},
-		{"/instance/serial", map[string]http.HandlerFunc{"GET": h.serial}},
-		{"/instance/nmi", map[string]http.HandlerFunc{"POST": h.nmi}},
-		{"/instance/migration-status", map[string]http.HandlerFunc{"GET": h.migrationStatus}},
-		{"/instance/migrate/{migration_id}/start", map[string]http.HandlerFunc{"GET": h.migrateStart}},
-		{"/instance/disk/{id}/snapshot/{snapshot_id}", map[string]http.HandlerFunc{"POST": h.diskSnapshot}},
-		{"/instance/disk/{id}/status", map[string]http.HandlerFunc{"GET": h.diskStatus}},
-		{"/instance/disk/{id}/vcr", map[string]http.HandlerFunc{"PUT": h.diskVCR}},
+	h := &handler{b: b, log: log, mux: http.NewServeMux(), small: httpbound.Small}
+	if readTimeout > 0 {
+		h.small.ReadTimeout = readTimeout
 	}
-	for _, rt := range routes {
+	for _, rt := range h.routes() {
 		var allow []string
-		for m, f := range rt.methods {
-			h.mux.HandleFunc(m+" "+rt.path, f)
-			allow = append(allow, m)
+		for _, op := range rt.ops {
+			if readTimeout > 0 {
+				op.bounds.ReadTimeout = readTimeout
+			}
+			h.mux.HandleFunc(op.method+" "+rt.path, bounded(op.bounds, op.f))
+			allow = append(allow, op.method)
 		}
 		slices.Sort(allow)
-		h.mux.HandleFunc(rt.path, methodNotAllowed(strings.Join(allow, ", ")))
+		h.mux.HandleFunc(rt.path, bounded(h.small, methodNotAllowed(strings.Join(allow, ", "))))
 	}
-	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	h.mux.HandleFunc("/", bounded(h.small, func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "", "Not Found")
-	})
+	}))
 	return h
+}
+
+// bounded is f behind the body bounds rt, answering a Content-Length over
+// the limit at once.
+func bounded(rt httpbound.Route, f http.HandlerFunc) http.HandlerFunc {
+	return rt.Handler(f, func(w http.ResponseWriter, status int, msg string) {
+		writeError(w, status, "", msg)
+	}).ServeHTTP
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(requestIDHeader, uuid.NewString())
 	// Dropshot checks the version before it routes.
 	if msg := checkVersion(r.Header.Values(versionHeader)); msg != "" {
+		if r.ContentLength != 0 {
+			httpbound.StopReading(w) // answered without reading it
+		}
 		writeError(w, http.StatusBadRequest, "", msg)
 		return
 	}
@@ -445,9 +517,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 			return false
 		}
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		writeError(w, http.StatusBadRequest, "", fmt.Sprintf("request body exceeded maximum size of %d bytes", maxBodyBytes))
+	data, err := io.ReadAll(r.Body) // bounded by the operation's httpbound.Route
+	if st, msg := httpbound.Status(err); st != 0 {
+		writeError(w, st, "", msg)
 		return false
 	}
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 )
 
 // AdminPort is ntp-admin's port on an NTP zone's underlay address
@@ -78,6 +80,9 @@ type HandlerOptions struct {
 	// (DefaultTrackingTimeout).
 	Timeout time.Duration
 	Log     *slog.Logger
+	// BodyReadTimeout bounds reading a request's body (httpbound.Small's;
+	// tests shorten it).
+	BodyReadTimeout time.Duration
 }
 
 // NewHandler returns ntp-admin's HTTP API: GET /timesync answers the
@@ -91,6 +96,9 @@ type HandlerOptions struct {
 // without last_offset, rms_offset, root_delay, root_dispersion and
 // max_error); this one answers them 400, as our sled-agent API answers
 // versions other than its own: the agent is its only client.
+//
+// No operation takes a body: one over httpbound.SmallBody is a 413, and a
+// body must arrive within its deadline.
 func NewHandler(tr Tracker, opts HandlerOptions) http.Handler {
 	h := &handler{tracker: tr, timeout: cmp.Or(opts.Timeout, DefaultTrackingTimeout), log: opts.Log}
 	if h.log == nil {
@@ -106,7 +114,11 @@ func NewHandler(tr Tracker, opts HandlerOptions) http.Handler {
 		}
 		writeError(w, http.StatusNotFound, fmt.Sprintf("Not Found: no operation at %s", r.URL.Path))
 	})
-	return mux
+	rt := httpbound.Small
+	if opts.BodyReadTimeout > 0 {
+		rt.ReadTimeout = opts.BodyReadTimeout
+	}
+	return rt.Handler(mux, writeError)
 }
 
 type handler struct {
@@ -184,6 +196,8 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 		code = "InvalidRequest"
 	case status == http.StatusNotFound:
 		code = "ObjectNotFound"
+	case status == http.StatusRequestEntityTooLarge:
+		code = "PayloadTooLarge"
 	case status >= 500:
 		code = "Internal"
 	}

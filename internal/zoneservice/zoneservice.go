@@ -14,6 +14,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 )
 
 // Info names the zone the service runs for.
@@ -59,23 +61,21 @@ func ServeListener(ctx context.Context, ln net.Listener, info Info) error {
 		ln.Close()
 		return fmt.Errorf("zone service: %w", err)
 	}
-	return ServeHandler(ctx, ln, handler(body), "zone service")
+	return ServeHandler(ctx, ln, handler(body, httpbound.Small), "zone service")
 }
 
 // ServeHandler serves h on ln (which it closes) until ctx ends, then shuts
-// down gracefully within a deadline, with the timeouts every server in a
-// zone has. It returns nil after a shutdown caused by ctx; what names the
-// server in errors.
+// down gracefully within a deadline, with the bounds every server in a
+// zone has (httpbound: header and idle deadlines, a connection cap; h
+// bounds its bodies). It returns nil after a shutdown caused by ctx; what
+// names the server in errors.
 func ServeHandler(ctx context.Context, ln net.Listener, h http.Handler, what string) error {
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       60 * time.Second,
-	}
+	srv := httpbound.NewServer(h)
+	// The answers are small and never wait: a write that takes longer
+	// is a client not reading.
+	srv.WriteTimeout = 10 * time.Second
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(httpbound.Listener(ln, httpbound.MaxConns(), nil)) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("%s on %s: %w", what, ln.Addr(), err)
@@ -91,13 +91,15 @@ func ServeHandler(ctx context.Context, ln net.Listener, h http.Handler, what str
 	return err
 }
 
-func handler(health []byte) http.Handler {
+// handler answers GET /health with health; no request takes a body (rt
+// bounds it).
+func handler(health []byte, rt httpbound.Route) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(health)
 	})
-	return mux
+	return rt.Handler(mux, func(w http.ResponseWriter, status int, msg string) { http.Error(w, msg, status) })
 }
 
 // client does not keep connections: a health check every few seconds to each

@@ -2,15 +2,19 @@ package simhttp
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
 
 	"github.com/google/uuid"
+
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 )
 
-// MaxBodyBytes bounds request bodies; bigger ones are refused with 400.
+// MaxBodyBytes bounds request bodies but GET's (BodyBounds); bigger ones
+// are refused with 413.
 const MaxBodyBytes = 1 << 20
 
 // ErrorBody is the upstream (dropshot) error body.
@@ -27,6 +31,8 @@ type Reply struct {
 	w      http.ResponseWriter
 	id     string
 	status int
+	// req is the request answered, once its body is bounded.
+	req *http.Request
 }
 
 func newReply(w http.ResponseWriter) *Reply {
@@ -57,9 +63,28 @@ func (r *Reply) NoContent() {
 	r.w.WriteHeader(http.StatusNoContent)
 }
 
-// Error answers status with the upstream error body; code may be empty.
+// Error answers status with the upstream error body; code may be empty. A
+// 400 for a body its bounds cut (httpbound) is their 413 or 408, so that
+// handlers need not tell a body cut short from a bad one.
 func (r *Reply) Error(status int, code, msg string) {
+	if status == http.StatusBadRequest && r.req != nil {
+		if st, m := httpbound.Status(httpbound.Failure(r.req)); st != 0 {
+			status, code, msg = st, "", m
+		}
+	}
 	r.JSON(status, ErrorBody{RequestID: r.id, ErrorCode: code, Message: msg})
+}
+
+// bound bounds req's body by rt, and answers a Content-Length over the
+// limit: it reports whether the request may be served.
+func (r *Reply) bound(req *http.Request, rt httpbound.Route) bool {
+	if err := rt.Apply(r.w, req); err != nil {
+		st, msg := httpbound.Status(err)
+		r.Error(st, "", msg)
+		return false
+	}
+	r.req = req
+	return true
 }
 
 // ReadBody reads a request body that must be JSON: a Content-Type other
@@ -72,12 +97,14 @@ func ReadBody(r *http.Request) ([]byte, error) {
 			return nil, fmt.Errorf("expected content type \"application/json\", got %q", ct)
 		}
 	}
+	// Under a Server the body is bounded already (BodyBounds); the limit
+	// here is for a handler served some other way.
 	data, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading body: %w", err)
 	}
 	if len(data) > MaxBodyBytes {
-		return nil, fmt.Errorf("request body exceeded maximum size of %d bytes", MaxBodyBytes)
+		return nil, errors.New(httpbound.TooLargeMessage(MaxBodyBytes))
 	}
 	return data, nil
 }

@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 )
 
 // HandlerFunc serves one request; path parameters are in r.PathValue.
@@ -23,24 +25,56 @@ type route struct {
 	method, path string
 	segs         []string
 	h            HandlerFunc
+	bounds       httpbound.Route
 }
 
-// Handle registers h for pattern; it panics on a malformed pattern.
+// Handle registers h for pattern; it panics on a malformed pattern. Its
+// body is bounded by BodyBounds(method).
 func (rt *Router) Handle(pattern string, h HandlerFunc) {
 	method, path, ok := strings.Cut(pattern, " ")
 	if !ok || method == "" || !strings.HasPrefix(path, "/") {
 		panic("simhttp: bad pattern " + pattern)
 	}
-	rt.routes = append(rt.routes, route{method, path, strings.Split(path[1:], "/"), h})
+	rt.routes = append(rt.routes, route{method, path, strings.Split(path[1:], "/"), h, BodyBounds(method)})
+}
+
+// BodyBounds bounds the body of a request with method: none is taken by
+// GET or HEAD (httpbound.Small), MaxBodyBytes by the others (ddm's
+// DELETE /prefix takes a body).
+func BodyBounds(method string) httpbound.Route {
+	if method == http.MethodGet || method == http.MethodHead {
+		return httpbound.Small
+	}
+	return httpbound.Sized(MaxBodyBytes)
+}
+
+// Operation is a registered route.
+type Operation struct {
+	Method, Path string // Path as registered, "/nat/ipv4/{ip}"
+	Bounds       httpbound.Route
+}
+
+// Operations lists the routes registered.
+func (rt *Router) Operations() []Operation {
+	if rt == nil {
+		return nil
+	}
+	ops := make([]Operation, len(rt.routes))
+	for i, r := range rt.routes {
+		ops[i] = Operation{r.method, r.path, r.bounds}
+	}
+	return ops
 }
 
 // match finds r's route. key is the route's path pattern, or the request
 // path when no pattern matches the path. h is nil when no route matches
 // both method and path; allow then lists the methods the path accepts (nil
-// for an unknown path). The path parameters are set on r.
-func (rt *Router) match(r *http.Request) (key string, h HandlerFunc, allow []string) {
+// for an unknown path). The path parameters are set on r. bounds is the
+// route's body bounds (httpbound.Small when none matched).
+func (rt *Router) match(r *http.Request) (key string, h HandlerFunc, allow []string, bounds httpbound.Route) {
+	bounds = httpbound.Small
 	if rt == nil {
-		return r.URL.Path, nil, nil
+		return r.URL.Path, nil, nil, bounds
 	}
 	segs := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/"), "/")
 	key = r.URL.Path
@@ -61,9 +95,9 @@ func (rt *Router) match(r *http.Request) (key string, h HandlerFunc, allow []str
 		for name, v := range params {
 			r.SetPathValue(name, v)
 		}
-		return rte.path, rte.h, nil
+		return rte.path, rte.h, nil, rte.bounds
 	}
-	return key, nil, allow
+	return key, nil, allow, bounds
 }
 
 func (rte route) matchPath(segs []string) (map[string]string, bool) {

@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -24,6 +23,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 )
 
 // Fault is a failure the simulator is told to show.
@@ -71,6 +72,9 @@ type Config struct {
 	// Forget drops the daemon's state when it restarts empty; nil for a
 	// daemon without state. It is called with no lock of the Server held.
 	Forget func()
+	// BodyReadTimeout, if set, replaces every route's body read deadline
+	// (tests).
+	BodyReadTimeout time.Duration
 }
 
 // Server is the HTTP side of a simulator. It is safe for concurrent use; no
@@ -136,16 +140,37 @@ func New(cfg Config) *Server {
 		fault:    FaultNone,
 		requests: map[string]int{},
 	}
-	s.http = &http.Server{
-		Handler:           http.HandlerFunc(s.serveHTTP),
-		ReadHeaderTimeout: 10 * time.Second,
-		ConnState:         s.connState,
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, connKey{}, c)
-		},
-		ErrorLog: slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug),
+	s.http = httpbound.NewServer(http.HandlerFunc(s.serveHTTP))
+	boundState, boundContext := s.http.ConnState, s.http.ConnContext
+	s.http.ConnState = func(c net.Conn, st http.ConnState) {
+		boundState(c, st)
+		s.connState(c, st)
 	}
+	s.http.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(boundContext(ctx, c), connKey{}, c)
+	}
+	s.http.ErrorLog = slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug)
 	return s
+}
+
+// builtins are the control routes simhttp serves itself.
+var builtins = []Operation{
+	{http.MethodPut, "/__sim/fault", BodyBounds(http.MethodPut)},
+	{http.MethodPost, "/__sim/restart-empty", BodyBounds(http.MethodPost)},
+}
+
+// Operations lists every route served: the API's, then the control ones.
+func (s *Server) Operations() []Operation {
+	ops := append(s.cfg.API.Operations(), builtins...)
+	return append(ops, s.cfg.Control.Operations()...)
+}
+
+// bounds is rt with the configured read deadline.
+func (s *Server) bounds(rt httpbound.Route) httpbound.Route {
+	if s.cfg.BodyReadTimeout > 0 {
+		rt.ReadTimeout = s.cfg.BodyReadTimeout
+	}
+	return rt
 }
 
 // Start listens on addr (e.g. "127.0.0.1:0" or "[::1]:8000") and serves in
@@ -180,7 +205,7 @@ func (s *Server) serveLocked(ln net.Listener) {
 	s.running.Add(1)
 	go func() {
 		defer s.running.Done()
-		err := s.http.Serve(ln)
+		err := s.http.Serve(httpbound.Listener(ln, httpbound.MaxConns(), s.log))
 		if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 			s.log.Error(s.cfg.Name+" simulator stopped serving", "err", err)
 		}
@@ -348,7 +373,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rp := newReply(w)
-	route, h, allow := s.cfg.API.match(r)
+	route, h, allow, bounds := s.cfg.API.match(r)
 
 	s.mu.Lock()
 	if s.closed {
@@ -371,6 +396,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
 		s.log.Debug(s.cfg.Name+" request", "method", r.Method, "path", r.URL.Path, "status", rp.status, "request_id", rp.id)
 	}()
+	if !rp.bound(r, s.bounds(bounds)) {
+		return
+	}
 	// The version is checked before the path, as in dropshot.
 	if err := CheckVersion(r.Header.Get("api-version"), s.cfg.APIVersion); err != nil {
 		rp.Error(http.StatusBadRequest, "", err.Error())
@@ -424,6 +452,15 @@ func (s *Server) waitOutFault(ctx context.Context, rp *Reply) faultOutcome {
 // serveControl serves the simulator-only /__sim/ endpoints.
 func (s *Server) serveControl(w http.ResponseWriter, r *http.Request) {
 	rp := newReply(w)
+	_, h, _, bounds := s.cfg.Control.match(r)
+	for _, b := range builtins {
+		if r.Method == b.Method && r.URL.Path == b.Path {
+			bounds = b.Bounds
+		}
+	}
+	if !rp.bound(r, s.bounds(bounds)) {
+		return
+	}
 	switch {
 	case r.Method == http.MethodPut && r.URL.Path == "/__sim/fault":
 		s.serveFault(rp, r)
@@ -433,7 +470,7 @@ func (s *Server) serveControl(w http.ResponseWriter, r *http.Request) {
 		rp.NoContent()
 		return
 	}
-	if _, h, _ := s.cfg.Control.match(r); h != nil {
+	if h != nil {
 		h(rp, r)
 		return
 	}
@@ -446,7 +483,7 @@ func (s *Server) serveFault(rp *Reply, r *http.Request) {
 		Fault     Fault  `json:"fault"`
 		RefuseFor string `json:"refuse_for"`
 	}
-	if err := DecodeStrict(io.LimitReader(r.Body, MaxBodyBytes), &req); err != nil {
+	if err := DecodeStrict(r.Body, &req); err != nil { // bounded by BodyBounds
 		rp.Error(http.StatusBadRequest, "", "fault body: "+err.Error())
 		return
 	}

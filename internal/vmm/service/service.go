@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sled-agent/sled-agent/internal/httpbound"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
@@ -68,22 +69,20 @@ func Serve(ctx context.Context, ln net.Listener, backend propolisapi.Backend, he
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	srv := &http.Server{
-		Handler: handler(backend, health, log),
-		// Requests live in ctx: when it ends, state monitors answer and
-		// serial consoles close at once (Shutdown does not wait for an
-		// upgraded connection), and Shutdown has only short requests to
-		// wait for.
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      propolisapi.MonitorWait + 10*time.Second,
-		IdleTimeout:       60 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	// Headers, bodies (per operation) and idle connections have deadlines
+	// and the connections a cap, but there is no WriteTimeout: it would
+	// have to outlast the longest long poll.
+	srv := httpbound.NewServer(handler(backend, health, log))
+	// Requests live in ctx: when it ends, state monitors answer and
+	// serial consoles close at once (Shutdown does not wait for an
+	// upgraded connection), and Shutdown has only short requests to wait
+	// for.
+	srv.BaseContext = func(net.Listener) context.Context { return ctx }
+	srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	capped := httpbound.Listener(ln, httpbound.MaxConns(), log)
 	log.Info("vmm service serving", "addr", ln.Addr().String())
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(capped) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("vmm service on %s: %w", ln.Addr(), err)
@@ -100,14 +99,24 @@ func Serve(ctx context.Context, ln net.Listener, backend propolisapi.Backend, he
 	return err
 }
 
+// bounded is a /health handler behind httpbound.Small: it takes no body.
+func bounded(h http.HandlerFunc) http.Handler {
+	return httpbound.Small.Handler(h, func(w http.ResponseWriter, status int, msg string) {
+		body, _ := json.Marshal(map[string]string{"request_id": uuid.NewString(), "message": msg})
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		w.Write(body)
+	})
+}
+
 // handler is GET /health beside the API, which answers everything else.
 func handler(backend propolisapi.Backend, health []byte, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("GET /health", bounded(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write(health)
-	})
-	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.Handle("/health", bounded(func(w http.ResponseWriter, r *http.Request) {
 		id := uuid.NewString()
 		body, _ := json.Marshal(map[string]string{"request_id": id, "message": "Method Not Allowed"})
 		w.Header().Set("x-request-id", id)
@@ -115,7 +124,7 @@ func handler(backend propolisapi.Backend, health []byte, log *slog.Logger) http.
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusMethodNotAllowed)
 		w.Write(body)
-	})
+	}))
 	mux.Handle("/", propolisapi.NewHandler(backend, log))
 	return mux
 }

@@ -8,11 +8,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/sled-agent/sled-agent/internal/httpbound/httpboundtest"
+	"github.com/sled-agent/sled-agent/internal/sim/simhttp"
 )
 
 // Deadline bounds every request Do sends; nothing asserts how fast
@@ -92,4 +96,38 @@ func CheckErrorBody(t testing.TB, a Answer) string {
 	}
 	code, _ := body["error_code"].(string)
 	return code
+}
+
+// Operations is what CheckBounds needs of a simulator (a simhttp.Server).
+type Operations interface {
+	Operations() []simhttp.Operation
+	Addr() string
+}
+
+// CheckBounds walks every route of the started simulator s: each has body
+// bounds, and a Content-Length over its limit is answered 413 at once,
+// naming it, with none of the body sent; with slow, a body that stops
+// coming is also cut at its deadline (s must have a short
+// BodyReadTimeout). version is the api-version sent.
+func CheckBounds(t *testing.T, s Operations, version string, slow bool) {
+	t.Helper()
+	ops := s.Operations()
+	if len(ops) == 0 {
+		t.Fatal("no operations")
+	}
+	fill := regexp.MustCompile(`\{[^}]+\}`)
+	for _, op := range ops {
+		t.Run(op.Method+" "+op.Path, func(t *testing.T) {
+			o := httpboundtest.Op{
+				Method: op.Method,
+				Path:   fill.ReplaceAllString(op.Path, "1"),
+				Route:  op.Bounds,
+				Header: map[string]string{"api-version": version},
+			}
+			httpboundtest.CheckTooLarge(t, s.Addr(), o)
+			if slow {
+				httpboundtest.CheckSlow(t, s.Addr(), o)
+			}
+		})
+	}
 }
