@@ -34,6 +34,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -304,15 +305,15 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		if err := sleep(ctx, delay); err != nil {
 			return nil, err
 		}
-		reboot := r.opts.RebootShare > 0 && (r.rndBoot.Float64() < r.opts.RebootShare || reboots == 0 && i == r.opts.Iterations-1)
+		boot := r.opts.RebootShare > 0 && (r.rndBoot.Float64() < r.opts.RebootShare || reboots == 0 && i == r.opts.Iterations-1)
 		healthy := map[string]int{}
-		if !reboot {
+		if !boot {
 			healthy = r.healthyPIDs(ctx)
 		}
 		if err := r.kill(); err != nil {
 			return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 		}
-		if reboot {
+		if boot {
 			if err := r.reboot(ctx); err != nil {
 				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 			}
@@ -331,23 +332,23 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		d, problem := r.converge(ctx)
 		if problem != "" {
 			res.Leaks++
-			res.LeakDetails = append(res.LeakDetails, fmt.Sprintf("iteration %d (%s, %s after %s): %s", i+1, action, what(reboot), delay.Round(time.Millisecond), problem))
+			res.LeakDetails = append(res.LeakDetails, fmt.Sprintf("iteration %d (%s, %s after %s): %s", i+1, action, what(boot), delay.Round(time.Millisecond), problem))
 		} else {
 			took = append(took, time.Since(t0))
-			if reboot {
+			if boot {
 				tookReboot = append(tookReboot, time.Since(t0))
 			}
 		}
 		if lost := r.lostData(); lost != "" {
 			res.DataLost++
-			res.DataLostDetails = append(res.DataLostDetails, fmt.Sprintf("iteration %d (%s, %s): %s", i+1, action, what(reboot), lost))
+			res.DataLostDetails = append(res.DataLostDetails, fmt.Sprintf("iteration %d (%s, %s): %s", i+1, action, what(boot), lost))
 		}
 		if problem == "" {
 			if err := r.keepData(); err != nil {
 				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 			}
 		}
-		r.opts.Log.Info("crash test iteration", "n", i+1, "action", action, "reboot", reboot, "killed_after", delay.Round(time.Millisecond), "converged_in", d.Round(time.Millisecond), "problem", problem)
+		r.opts.Log.Info("crash test iteration", "n", i+1, "action", action, "reboot", boot, "killed_after", delay.Round(time.Millisecond), "converged_in", d.Round(time.Millisecond), "problem", problem)
 		for name, pid := range healthy {
 			if now := r.pid(name); now != pid {
 				res.HealthyRestarts++
@@ -376,8 +377,8 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-func what(reboot bool) string {
-	if reboot {
+func what(boot bool) string {
+	if boot {
 		return "rebooted"
 	}
 	return "killed"
@@ -462,8 +463,17 @@ func (r *run) mutate() (string, []sledconfig.Zone) {
 // of its own.
 func (r *run) crucible(i, port int) sledconfig.Zone {
 	z := sledconfigtest.OwnPools(r.tag, sledconfigtest.Crucible(i))[0]
-	z.ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1cf::%x]:%d", i+0x10, port)
+	z.ZoneType.Address = fmt.Sprintf("[%s::%x]:%d", r.addrs("1cf"), i+0x10, port)
 	return z
+}
+
+// addrs starts the addresses of the run's zones in the crash test's /64
+// fd00:1122:3344:<subnet>::/64: their interface ids carry the run's tag, so
+// that two runs on one host (each zone's host route is a /128) never take
+// each other's routes.
+func (r *run) addrs(subnet string) string {
+	h := strings.TrimPrefix(r.tag, "ct")
+	return fmt.Sprintf("fd00:1122:3344:%s:%s:%s", subnet, h[:4], h[4:])
 }
 
 func (r *run) crucibleAddr(z sledconfig.Zone, port int) string {
@@ -473,7 +483,7 @@ func (r *run) crucibleAddr(z sledconfig.Zone, port int) string {
 
 // nexus is a zone with a NIC, so the crash test covers the second link.
 func (r *run) nexus() sledconfig.Zone {
-	return sledconfigtest.OwnPools(r.tag, sledconfigtest.Nexus(999, "[fd00:1122:3344:1cf::7]:12221"))[0]
+	return sledconfigtest.OwnPools(r.tag, sledconfigtest.Nexus(999, "["+r.addrs("1cf")+"::7]:12221"))[0]
 }
 
 // put ledgers zones as the next generation, with the storage they need:

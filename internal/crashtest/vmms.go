@@ -43,8 +43,8 @@ type ctVMM struct {
 	// rebooted: a reboot took its guest down. From then on it may be
 	// failed (or, if it was stopped, destroyed) with nothing of it
 	// running, or gone (the agent forgot it: 404); never running again,
-	// nor half-made.
-	rebooted bool
+	// nor half-made. counted: it is in vmmsRebooted.
+	rebooted, counted bool
 }
 
 // vmmMutate does a VMM action before the kill, or none; it returns what it
@@ -87,7 +87,7 @@ func (r *run) vmmMutate(ctx context.Context) (string, error) {
 // runVMM registers a new VMM and asks it to run.
 func (r *run) runVMM(ctx context.Context) error {
 	r.vmmSeq++
-	v := &ctVMM{id: uuid.NewString(), addr: fmt.Sprintf("[fd00:1122:3344:1ce::%x]:12400", r.vmmSeq+0x10), want: vmm.StateRunning}
+	v := &ctVMM{id: uuid.NewString(), addr: fmt.Sprintf("[%s::%x]:12400", r.addrs("1ce"), r.vmmSeq+0x10), want: vmm.StateRunning}
 	r.vmms[v.id] = v
 	if err := r.vmmCall(ctx, http.MethodPut, "/vmms/"+v.id, string(vmmtest.Body(uuid.NewString(), v.addr, nil, nil))); err != nil {
 		return err
@@ -153,11 +153,10 @@ func (r *run) vmmMismatch(ctx context.Context) string {
 			return fmt.Sprintf("VMM %s is still registered (%s) after its DELETE", id, info.State.State)
 		case v.rebooted && !registered:
 			// Gone: the agent forgot a VMM the reboot failed.
+			r.countRebooted(v)
 		case v.rebooted && info.State.State == vmm.StateFailed:
-			if v.want != vmm.StateFailed {
-				v.want = vmm.StateFailed
-				r.vmmsRebooted++
-			}
+			v.want = vmm.StateFailed
+			r.countRebooted(v)
 		case v.rebooted && (info.State.State != vmm.StateDestroyed || v.want != vmm.StateDestroyed):
 			return fmt.Sprintf("VMM %s is %s (%s) after a reboot (asked: %s), want failed or gone", id, info.State.State, info.Detail, v.want)
 		case !v.deleting && !registered:
@@ -192,6 +191,14 @@ func (r *run) vmmMismatch(ctx context.Context) string {
 		}
 	}
 	return ""
+}
+
+// countRebooted counts v among the VMMs a reboot took down, once.
+func (r *run) countRebooted(v *ctVMM) {
+	if !v.counted {
+		v.counted = true
+		r.vmmsRebooted++
+	}
 }
 
 // wantedVMMZones are the zones of the VMMs that must be running.

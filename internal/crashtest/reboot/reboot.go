@@ -27,6 +27,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/timesync/chrony"
 	"github.com/sled-agent/sled-agent/internal/vmm/guestcg"
@@ -154,8 +155,10 @@ func (h Host) valid() error {
 	switch {
 	case h.Tag == "" || h.Tag == "sled-agent" || strings.ContainsAny(h.Tag, "/."):
 		return fmt.Errorf("reboot: tag %q: want a tag of one's own", h.Tag)
-	case h.NetnsPrefix == "":
-		return errors.New("reboot: a namespace prefix of one's own is required")
+	case h.NetnsPrefix == "" || strings.HasPrefix(sledconfig.ZoneNamePrefix, h.NetnsPrefix) || strings.HasPrefix(h.NetnsPrefix, sledconfig.ZoneNamePrefix):
+		// A prefix that "oxz_" starts with, or that starts with it, would
+		// take in the namespaces of an agent without a prefix.
+		return fmt.Errorf("reboot: namespace prefix %q: want a prefix of one's own", h.NetnsPrefix)
 	}
 	for _, d := range []string{h.RunDir, h.PoolRoot, h.VdevDir} {
 		if !filepath.IsAbs(d) || filepath.Clean(d) == "/" {

@@ -195,6 +195,8 @@ func TestRebootRefusesHostsNotOfOnesOwn(t *testing.T) {
 		"default tag":   func(h *reboot.Host) { h.Tag = "sled-agent" },
 		"no tag":        func(h *reboot.Host) { h.Tag = "" },
 		"no prefix":     func(h *reboot.Host) { h.NetnsPrefix = "" },
+		"prefix o":      func(h *reboot.Host) { h.NetnsPrefix = "o" },
+		"prefix oxz_":   func(h *reboot.Host) { h.NetnsPrefix = "oxz_crucible" },
 		"root run dir":  func(h *reboot.Host) { h.RunDir = "/" },
 		"relative pool": func(h *reboot.Host) { h.PoolRoot = "storage" },
 		"no vdev dir":   func(h *reboot.Host) { h.VdevDir = "" },
