@@ -101,6 +101,8 @@ func coldBootWithout(t *testing.T, i int) {
 			lostData = path
 		}
 	}
+	// The agent runs in this process, so it is stopped rather than
+	// killed: a stop leaves its zones, pools and VMMs as a kill does.
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}

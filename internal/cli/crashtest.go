@@ -29,9 +29,9 @@ and unwanted left behind (namespaces, links, processes, zone roots), every
 durable dataset's file intact, after a kill no restart of a zone that was
 healthy before it and whose config did not change, after a reboot every VMM
 failed with nothing of it running (or gone), and the ledger at the last
-acknowledged generation. Prints iterations, convergence p50/p99 and what was found as JSON,
-and exits non-zero if anything was wrong. Everything it creates carries a
-unique tag and is removed at the end.`,
+acknowledged generation. Prints iterations, kills and reboots, convergence
+p50/p99 and what was found as JSON, and exits non-zero if anything was wrong.
+Everything it creates carries a unique tag and is removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if verbose {

@@ -100,7 +100,7 @@ func Reboot(ctx context.Context, h Host) ([]string, error) {
 		done = append(done, fmt.Sprintf("%d mounts under %s unmounted", len(mounts), dir))
 	}
 	loops := btrfs.LoopsBackedBy(h.VdevDir)
-	if err := btrfs.ReleaseUnder(ctx, h.VdevDir); err != nil {
+	if err := h.detachLoops(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	done = append(done, fmt.Sprintf("%d loop devices detached", len(loops)))
@@ -413,6 +413,27 @@ func (h Host) removeNetwork(ctx context.Context) (int, error) {
 		case <-ctx.Done():
 			t.Stop()
 			return n, errors.Join(append(errs, fmt.Errorf("reboot: links %+v left: %w", links, errors.Join(ctx.Err(), last)))...)
+		case <-t.C:
+		}
+	}
+}
+
+// detachLoops detaches the loop devices of the vdev files until none is
+// left. A loop device still open (a pool's filesystem closing it a moment
+// after its unmount, a probe of the device) is only marked to go when
+// closed, so it is looked for again until the deadline.
+func (h Host) detachLoops(ctx context.Context) error {
+	for delay := 5 * time.Millisecond; ; delay = min(2*delay, 200*time.Millisecond) {
+		err := btrfs.ReleaseUnder(ctx, h.VdevDir)
+		left := btrfs.LoopsBackedBy(h.VdevDir)
+		if len(left) == 0 {
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("reboot: loop devices %v still attached: %w", left, errors.Join(err, ctx.Err()))
 		case <-t.C:
 		}
 	}
