@@ -77,7 +77,7 @@ func (b *guestBench) startAgent(ctx context.Context) error {
 	defer logf.Close()
 	cmd := exec.Command(b.opts.Agent, "run", "--runtime", "linux", "--data-dir", cfg.DataDir, "--run-dir", cfg.RunDir,
 		"--listen", listen, "--skip-timesync", "--ddm-url", "", "--zone-tag", b.tag, "--netns-prefix", b.prefix,
-		"--vmm-image-dir", b.images, "--vmm-accel", "tcg", "--log-level", "info")
+		"--vmm-image-dir", b.images, "--vmm-accel", "tcg", "--underlay-ip", cfg.UnderlayIP, "--log-level", "info")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), b.opts.AgentEnv...)
 	// Its own process group, so that Ctrl-C reaches only the benchmark,

@@ -3,14 +3,17 @@
 // agent binary with the Linux runtime on a mixed config (crucibles and a
 // nexus with a NIC), and on every iteration changes the config or not,
 // SIGKILLs the agent a random time later (while zones are being created,
-// waited for, torn down, or while nothing happens), restarts it, and
-// requires:
+// waited for, torn down, or while nothing happens), or reboots the host
+// under it (a share of the iterations, internal/crashtest/reboot: the agent
+// and everything it started killed, its namespaces, links, cgroups, mounts,
+// loop devices and run dir gone), restarts it, and requires:
 //
 //   - convergence within a bound: every wanted zone running with its config,
 //     and nothing owned and unwanted left (namespaces, links, processes, zone
 //     roots);
-//   - no restart of a zone that was healthy before the kill and whose config
-//     did not change (its service keeps its PID);
+//   - after a kill, no restart of a zone that was healthy before it and
+//     whose config did not change (its service keeps its PID); after a
+//     reboot everything restarts;
 //   - the ledger intact, at the last generation acknowledged;
 //   - VMMs (real guests) in the state last asked, with one QEMU each while
 //     they run, and nothing left of a deleted one (vmms.go).
@@ -31,6 +34,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -38,6 +42,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/crashtest/reboot"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
@@ -63,6 +68,11 @@ type Options struct {
 	// listening (300ms; negative: none), so that kills find zones waiting
 	// for their services as often as they find them being made.
 	ServiceStartDelay time.Duration
+	// RebootShare is the share of iterations that reboot the host rather
+	// than kill the agent, drawn at random (0: 0.25; negative: none; 1:
+	// all). A run with a positive share has at least one reboot: if none
+	// was drawn before the last iteration, the last one reboots.
+	RebootShare float64
 	// Agent is the agent binary (default: this executable), and AgentEnv
 	// what it gets in its environment besides this process's.
 	Agent    string
@@ -75,13 +85,18 @@ type Options struct {
 type Result struct {
 	Seed       uint64 `json:"seed"`
 	Iterations int    `json:"iterations"`
-	// Kills counts the kills by what the iteration did first.
-	Kills map[string]int `json:"kills"`
+	// Kills counts the kills of the agent alone by what the iteration did
+	// first; Reboots the reboots of the host the same way.
+	Kills   map[string]int `json:"kills"`
+	Reboots map[string]int `json:"reboots"`
 	// Convergence is the time from the restarted agent's start to
-	// convergence, in milliseconds.
-	ConvergeP50ms float64 `json:"converge_p50_ms"`
-	ConvergeP99ms float64 `json:"converge_p99_ms"`
-	ConvergeMaxms float64 `json:"converge_max_ms"`
+	// convergence, in milliseconds, over every iteration; and over the
+	// reboots alone, which make every zone again.
+	ConvergeP50ms       float64 `json:"converge_p50_ms"`
+	ConvergeP99ms       float64 `json:"converge_p99_ms"`
+	ConvergeMaxms       float64 `json:"converge_max_ms"`
+	RebootConvergeP50ms float64 `json:"reboot_converge_p50_ms"`
+	RebootConvergeP99ms float64 `json:"reboot_converge_p99_ms"`
 	// Leaks counts iterations that did not converge in time: something
 	// wanted missing, or something owned and unwanted left; LeakDetails
 	// says what.
@@ -108,6 +123,9 @@ type Result struct {
 	// VMMsFailed lists the VMMs that a kill left failed (their zone
 	// half-made, say), with what the agent said; nothing of them may run.
 	VMMsFailed []string `json:"vmms_failed,omitempty"`
+	// VMMsRebooted counts the VMMs a reboot took down: each was then
+	// reported failed with nothing of it running, or gone.
+	VMMsRebooted int `json:"vmms_rebooted"`
 	// AgentLog is where the agent's log was kept, when the run failed.
 	AgentLog string `json:"agent_log,omitempty"`
 }
@@ -131,6 +149,7 @@ func (r *Result) OK() bool {
 type run struct {
 	opts    Options
 	rnd     *mrand.Rand
+	rndBoot *mrand.Rand // draws the reboots, apart from rnd, so that a seed's kills stay as they were
 	tag     string
 	prefix  string
 	dir     string // temp dir: data/, agent.log
@@ -149,6 +168,8 @@ type run struct {
 	vmmSeq  int               // numbers the VMMs' addresses
 	// vmmsFailed says which VMMs a kill failed, and why.
 	vmmsFailed []string
+	// vmmsRebooted counts the VMMs a reboot took down.
+	vmmsRebooted int
 }
 
 // Run runs a crash test. It needs root and runsv; everything it
@@ -159,8 +180,12 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	opts.MaxKillDelay = cmp.Or(opts.MaxKillDelay, 2*time.Second)
 	opts.ConvergeTimeout = cmp.Or(opts.ConvergeTimeout, time.Minute)
 	opts.ServiceStartDelay = cmp.Or(opts.ServiceStartDelay, 300*time.Millisecond)
+	opts.RebootShare = cmp.Or(opts.RebootShare, 0.25)
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
+	}
+	if opts.RebootShare > 1 {
+		return nil, fmt.Errorf("reboot share %g: want at most 1", opts.RebootShare)
 	}
 	if opts.Crucibles < 2 || opts.Crucibles > 200 {
 		return nil, fmt.Errorf("crucibles %d: want 2–200", opts.Crucibles)
@@ -184,7 +209,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	}
 	var b [3]byte
 	rand.Read(b[:])
-	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), tag: "ct" + hex.EncodeToString(b[:]), data: map[string]string{}, vmms: map[string]*ctVMM{}}
+	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), rndBoot: mrand.New(mrand.NewPCG(opts.Seed, 1)), tag: "ct" + hex.EncodeToString(b[:]), data: map[string]string{}, vmms: map[string]*ctVMM{}}
 	r.prefix = r.tag + "-"
 	if r.dir, err = os.MkdirTemp("", "sled-agent-crashtest-"); err != nil {
 		return nil, err
@@ -227,7 +252,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 }
 
 func (r *run) loop(ctx context.Context) (*Result, error) {
-	res := &Result{Seed: r.opts.Seed, Iterations: r.opts.Iterations, Kills: map[string]int{}}
+	res := &Result{Seed: r.opts.Seed, Iterations: r.opts.Iterations, Kills: map[string]int{}, Reboots: map[string]int{}}
 	// The first config, realised before the first kill.
 	for i := range r.opts.Crucibles {
 		r.zones = append(r.zones, r.crucible(i, 32345))
@@ -246,7 +271,8 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	if err := r.keepData(); err != nil {
 		return nil, err
 	}
-	var took []time.Duration
+	var took, tookReboot []time.Duration
+	reboots := 0
 	for i := range r.opts.Iterations {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -279,11 +305,23 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		if err := sleep(ctx, delay); err != nil {
 			return nil, err
 		}
-		healthy := r.healthyPIDs(ctx)
+		boot := r.opts.RebootShare > 0 && (r.rndBoot.Float64() < r.opts.RebootShare || reboots == 0 && i == r.opts.Iterations-1)
+		healthy := map[string]int{}
+		if !boot {
+			healthy = r.healthyPIDs(ctx)
+		}
 		if err := r.kill(); err != nil {
 			return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 		}
-		res.Kills[action]++
+		if boot {
+			if err := r.reboot(ctx); err != nil {
+				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
+			}
+			reboots++
+			res.Reboots[action]++
+		} else {
+			res.Kills[action]++
+		}
 		t0 := time.Now()
 		if err := r.startAgent(ctx); err != nil {
 			return nil, fmt.Errorf("iteration %d: %w", i+1, err)
@@ -294,20 +332,23 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		d, problem := r.converge(ctx)
 		if problem != "" {
 			res.Leaks++
-			res.LeakDetails = append(res.LeakDetails, fmt.Sprintf("iteration %d (%s, killed after %s): %s", i+1, action, delay.Round(time.Millisecond), problem))
+			res.LeakDetails = append(res.LeakDetails, fmt.Sprintf("iteration %d (%s, %s after %s): %s", i+1, action, what(boot), delay.Round(time.Millisecond), problem))
 		} else {
 			took = append(took, time.Since(t0))
+			if boot {
+				tookReboot = append(tookReboot, time.Since(t0))
+			}
 		}
 		if lost := r.lostData(); lost != "" {
 			res.DataLost++
-			res.DataLostDetails = append(res.DataLostDetails, fmt.Sprintf("iteration %d (%s): %s", i+1, action, lost))
+			res.DataLostDetails = append(res.DataLostDetails, fmt.Sprintf("iteration %d (%s, %s): %s", i+1, action, what(boot), lost))
 		}
 		if problem == "" {
 			if err := r.keepData(); err != nil {
 				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 			}
 		}
-		r.opts.Log.Info("crash test iteration", "n", i+1, "action", action, "killed_after", delay.Round(time.Millisecond), "converged_in", d.Round(time.Millisecond), "problem", problem)
+		r.opts.Log.Info("crash test iteration", "n", i+1, "action", action, "reboot", boot, "killed_after", delay.Round(time.Millisecond), "converged_in", d.Round(time.Millisecond), "problem", problem)
 		for name, pid := range healthy {
 			if now := r.pid(name); now != pid {
 				res.HealthyRestarts++
@@ -329,10 +370,63 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	if err := r.kill(); err != nil {
 		return nil, err
 	}
-	res.VMMsFailed = r.vmmsFailed
+	res.VMMsFailed, res.VMMsRebooted = r.vmmsFailed, r.vmmsRebooted
 	p50, p99, mx := percentiles(took)
 	res.ConvergeP50ms, res.ConvergeP99ms, res.ConvergeMaxms = p50, p99, mx
+	res.RebootConvergeP50ms, res.RebootConvergeP99ms, _ = percentiles(tookReboot)
 	return res, nil
+}
+
+func what(boot bool) string {
+	if boot {
+		return "rebooted"
+	}
+	return "killed"
+}
+
+// reboot takes down what a host reboot takes down, the agent being dead
+// already: every process of its zones, its namespaces, links, cgroups,
+// mounts, loop devices and run dir. Its data dir and vdev files stay.
+// The VMMs' guests are gone with it.
+func (r *run) reboot(ctx context.Context) error {
+	done, err := reboot.Reboot(ctx, r.host())
+	r.opts.Log.Info("host rebooted", "removed", done, "err", err)
+	if err != nil {
+		return fmt.Errorf("rebooting: %w", err)
+	}
+	// Nothing of the run lives on: no namespace, link, process or QEMU,
+	// no zone running; zone roots stay, on their datasets.
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	owned, err := r.obs.Owned(octx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("after the reboot: %w", err)
+	}
+	if n := len(owned.Namespaces) + len(owned.Links) + len(owned.Processes); n > 0 {
+		return fmt.Errorf("left after the reboot: namespaces %v, links %+v, processes %+v", owned.Namespaces, owned.Links, owned.Processes)
+	}
+	for _, z := range owned.Zones {
+		if z.Running {
+			return fmt.Errorf("zone %s still runs after the reboot", z.Name)
+		}
+	}
+	if q := qemuProcesses(r.dir); len(q) > 0 {
+		return fmt.Errorf("QEMUs %v left after the reboot", q)
+	}
+	if m := btrfs.Mounts(r.dir); len(m) > 0 {
+		return fmt.Errorf("mounts %v left after the reboot", m)
+	}
+	for _, v := range r.vmms {
+		if !v.deleting {
+			v.rebooted = true
+		}
+	}
+	return nil
+}
+
+// host is what of the machine is the run's, for reboot.
+func (r *run) host() reboot.Host {
+	return reboot.Host{Tag: r.tag, NetnsPrefix: r.prefix, RunDir: r.runDir, PoolRoot: filepath.Join(r.cfg.DataDir, "storage"), VdevDir: r.cfg.VdevDir}
 }
 
 // mutate picks what the iteration does before the kill, and the config that
@@ -369,8 +463,17 @@ func (r *run) mutate() (string, []sledconfig.Zone) {
 // of its own.
 func (r *run) crucible(i, port int) sledconfig.Zone {
 	z := sledconfigtest.OwnPools(r.tag, sledconfigtest.Crucible(i))[0]
-	z.ZoneType.Address = fmt.Sprintf("[fd00:1122:3344:1cf::%x]:%d", i+0x10, port)
+	z.ZoneType.Address = fmt.Sprintf("[%s::%x]:%d", r.addrs("1cf"), i+0x10, port)
 	return z
+}
+
+// addrs starts the addresses of the run's zones in the crash test's /64
+// fd00:1122:3344:<subnet>::/64: their interface ids carry the run's tag, so
+// that two runs on one host (each zone's host route is a /128) never take
+// each other's routes.
+func (r *run) addrs(subnet string) string {
+	h := strings.TrimPrefix(r.tag, "ct")
+	return fmt.Sprintf("fd00:1122:3344:%s:%s:%s", subnet, h[:4], h[4:])
 }
 
 func (r *run) crucibleAddr(z sledconfig.Zone, port int) string {
@@ -380,7 +483,7 @@ func (r *run) crucibleAddr(z sledconfig.Zone, port int) string {
 
 // nexus is a zone with a NIC, so the crash test covers the second link.
 func (r *run) nexus() sledconfig.Zone {
-	return sledconfigtest.OwnPools(r.tag, sledconfigtest.Nexus(999, "[fd00:1122:3344:1cf::7]:12221"))[0]
+	return sledconfigtest.OwnPools(r.tag, sledconfigtest.Nexus(999, "["+r.addrs("1cf")+"::7]:12221"))[0]
 }
 
 // put ledgers zones as the next generation, with the storage they need:
@@ -410,7 +513,7 @@ func (r *run) startAgent(ctx context.Context) error {
 	defer logf.Close()
 	cmd := exec.Command(r.opts.Agent, "run", "--config", filepath.Join(r.dir, "agent.json"), "--runtime", "linux", "--data-dir", r.cfg.DataDir, "--run-dir", r.runDir,
 		"--listen", r.listen, "--vdev-dir", r.cfg.VdevDir, "--skip-timesync", // no NTP zone
-		"--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--log-level", "info")
+		"--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--underlay-ip", r.cfg.UnderlayIP, "--log-level", "info")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), r.opts.AgentEnv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -24,7 +24,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// A few iterations in CI; `sled-agent crashtest` runs as many as asked.
+// A few iterations in CI, a quarter of them reboots of the host and at
+// least one (the last, if none was drawn before); `sled-agent crashtest`
+// runs as many as asked.
 func TestKilledAgentRecovers(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: runs the agent with the linux runtime")
@@ -45,9 +47,21 @@ func TestKilledAgentRecovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("seed %d, kills %v, convergence p50 %.0f ms, max %.0f ms, VMMs a kill failed %v", res.Seed, res.Kills, res.ConvergeP50ms, res.ConvergeMaxms, res.VMMsFailed)
+	t.Logf("seed %d, kills %v, reboots %v, convergence p50 %.0f ms, max %.0f ms (after a reboot p50 %.0f ms), VMMs a kill failed %v, VMMs a reboot took down %d",
+		res.Seed, res.Kills, res.Reboots, res.ConvergeP50ms, res.ConvergeMaxms, res.RebootConvergeP50ms, res.VMMsFailed, res.VMMsRebooted)
+	if n := total(res.Reboots); n == 0 {
+		t.Errorf("no reboot in %d iterations", res.Iterations)
+	}
 	if !res.OK() {
 		t.Errorf("leaks %d %v; healthy zones restarted %d %v; ledger problems %d %v; data lost %d %v",
 			res.Leaks, res.LeakDetails, res.HealthyRestarts, res.RestartDetails, res.LedgerProblems, res.LedgerDetails, res.DataLost, res.DataLostDetails)
 	}
+}
+
+func total(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }

@@ -40,6 +40,11 @@ type ctVMM struct {
 	// deleting: a DELETE was sent, which a kill may have cut short; after
 	// a restart it is sent again, and the VMM must be gone.
 	deleting bool
+	// rebooted: a reboot took its guest down. From then on it may be
+	// failed (or, if it was stopped, destroyed) with nothing of it
+	// running, or gone (the agent forgot it: 404); never running again,
+	// nor half-made. counted: it is in vmmsRebooted.
+	rebooted, counted bool
 }
 
 // vmmMutate does a VMM action before the kill, or none; it returns what it
@@ -51,7 +56,7 @@ func (r *run) vmmMutate(ctx context.Context) (string, error) {
 			continue
 		}
 		any = append(any, v)
-		if v.want == vmm.StateRunning {
+		if v.want == vmm.StateRunning && !v.rebooted {
 			running = append(running, v)
 		}
 	}
@@ -82,7 +87,8 @@ func (r *run) vmmMutate(ctx context.Context) (string, error) {
 // runVMM registers a new VMM and asks it to run.
 func (r *run) runVMM(ctx context.Context) error {
 	r.vmmSeq++
-	v := &ctVMM{id: uuid.NewString(), addr: fmt.Sprintf("[fd00:1122:3344:1cf::1:%x]:12400", r.vmmSeq+0x10), want: vmm.StateRunning}
+	// In the sled's /64, as the zones (the subnet rule), apart from them.
+	v := &ctVMM{id: uuid.NewString(), addr: fmt.Sprintf("[%s:1:%x]:12400", r.addrs("1cf"), r.vmmSeq+0x10), want: vmm.StateRunning}
 	r.vmms[v.id] = v
 	if err := r.vmmCall(ctx, http.MethodPut, "/vmms/"+v.id, string(vmmtest.Body(uuid.NewString(), v.addr, nil, nil))); err != nil {
 		return err
@@ -146,6 +152,14 @@ func (r *run) vmmMismatch(ctx context.Context) string {
 		switch {
 		case v.deleting && registered:
 			return fmt.Sprintf("VMM %s is still registered (%s) after its DELETE", id, info.State.State)
+		case v.rebooted && !registered:
+			// Gone: the agent forgot a VMM the reboot failed.
+			r.countRebooted(v)
+		case v.rebooted && info.State.State == vmm.StateFailed:
+			v.want = vmm.StateFailed
+			r.countRebooted(v)
+		case v.rebooted && (info.State.State != vmm.StateDestroyed || v.want != vmm.StateDestroyed):
+			return fmt.Sprintf("VMM %s is %s (%s) after a reboot (asked: %s), want failed or gone", id, info.State.State, info.Detail, v.want)
 		case !v.deleting && !registered:
 			return fmt.Sprintf("VMM %s is no longer registered", id)
 		case registered && v.want == vmm.StateRunning && info.State.State == vmm.StateFailed:
@@ -157,7 +171,7 @@ func (r *run) vmmMismatch(ctx context.Context) string {
 			return fmt.Sprintf("VMM %s is %s (%s), want %s", id, info.State.State, info.Detail, v.want)
 		}
 		wantQEMU := 0
-		if !v.deleting && v.want == vmm.StateRunning {
+		if !v.deleting && !v.rebooted && v.want == vmm.StateRunning {
 			wantQEMU = 1
 		}
 		if v.want == vmm.StateFailed && registered && info.State.State != vmm.StateFailed {
@@ -173,18 +187,26 @@ func (r *run) vmmMismatch(ctx context.Context) string {
 		}
 	}
 	for id, v := range r.vmms {
-		if v.deleting {
+		if _, registered := byID[id]; v.deleting || v.rebooted && !registered {
 			delete(r.vmms, id) // gone, as checked: nothing to look for again
 		}
 	}
 	return ""
 }
 
+// countRebooted counts v among the VMMs a reboot took down, once.
+func (r *run) countRebooted(v *ctVMM) {
+	if !v.counted {
+		v.counted = true
+		r.vmmsRebooted++
+	}
+}
+
 // wantedVMMZones are the zones of the VMMs that must be running.
 func (r *run) wantedVMMZones() map[string]string {
 	out := map[string]string{}
 	for id, v := range r.vmms {
-		if !v.deleting && v.want == vmm.StateRunning {
+		if !v.deleting && !v.rebooted && v.want == vmm.StateRunning {
 			out[zone.VMMNamePrefix+id] = id
 		}
 	}

@@ -257,3 +257,14 @@ func ProcessIn(pid int, name string) (bool, error) {
 	}
 	return got.Dev == want.Dev && got.Ino == want.Ino, nil
 }
+
+// RemoveNetns unmounts and deletes the namespace file called name, as `ip
+// netns delete` does, whatever it holds (a simulated reboot's use: its
+// processes are dead and its links go with it). A missing file is not an
+// error.
+func RemoveNetns(name string) error {
+	if err := validNetns(name); err != nil {
+		return err
+	}
+	return removeNetns(name)
+}
