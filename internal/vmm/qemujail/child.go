@@ -29,11 +29,10 @@ const stage = "/tmp"
 // shown is a host path opened (O_PATH) before anything is mounted: bound
 // from its descriptor, it is the host's file whatever is mounted since.
 type shown struct {
-	path   string
-	fd     int
-	dir    bool
-	link   string // a symbolic link's target, made again rather than bound
-	device bool
+	path string
+	fd   int
+	dir  bool
+	link string // a symbolic link's target, made again rather than bound
 }
 
 func run(conf, binary string, argv []string) error {
@@ -61,9 +60,9 @@ func run(conf, binary string, argv []string) error {
 			}
 		}
 	}()
-	for _, p := range append(append([]string{}, c.Show...), binary) {
-		s, err := open(p, false)
-		if errors.Is(err, fs.ErrNotExist) && p != binary {
+	for _, p := range c.Show {
+		s, err := open(p, false, false)
+		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
@@ -71,9 +70,15 @@ func run(conf, binary string, argv []string) error {
 		}
 		show = append(show, s)
 	}
+	// The binary is shown at its path whatever it links to.
+	s, err := open(binary, false, true)
+	if err != nil {
+		return fmt.Errorf("QEMU's program: %w", err)
+	}
+	show = append(show, s)
 	var devs []shown
 	for _, d := range append(append([]string{}, devices...), c.Devices...) {
-		s, err := open(d, true)
+		s, err := open(d, true, true)
 		if err != nil {
 			return err
 		}
@@ -125,10 +130,10 @@ func checkNamespaces() error {
 	return nil
 }
 
-// open opens path for the new root without following a last symbolic link
-// (a link is made again, as a link).
-func open(path string, device bool) (shown, error) {
-	s := shown{path: filepath.Clean(path), fd: -1, device: device}
+// open opens path for the new root. Unless follow is set, a path that is
+// a symbolic link is not followed: it is made again, as a link.
+func open(path string, device, follow bool) (shown, error) {
+	s := shown{path: filepath.Clean(path), fd: -1}
 	if !filepath.IsAbs(path) {
 		return s, fmt.Errorf("%q is not an absolute path", path)
 	}
@@ -136,7 +141,7 @@ func open(path string, device bool) (shown, error) {
 	if err := unix.Lstat(s.path, &st); err != nil {
 		return s, &fs.PathError{Op: "lstat", Path: s.path, Err: err}
 	}
-	if st.Mode&unix.S_IFMT == unix.S_IFLNK && !device {
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK && !follow {
 		l, err := os.Readlink(s.path)
 		if err != nil {
 			return s, err

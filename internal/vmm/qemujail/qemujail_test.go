@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -95,8 +96,19 @@ func TestStepShutsIn(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: makes namespaces and mounts")
 	}
-	cmd := exec.Command("/usr/bin/ls", "-1a", "/", "/dev", "/proc", "/etc/passwd")
-	if err := Wrap(cmd, Config{UID: 70001, GID: 70001, Show: append(slices.Clone(DefaultShow), "/usr/bin")}); err != nil {
+	// The program by a link, as QEMU's may be (Debian's alternatives): it
+	// is shown at the link's path.
+	dir, err := os.MkdirTemp("", "qemujail-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ls := filepath.Join(dir, "ls")
+	if err := os.Symlink("/usr/bin/ls", ls); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(ls, "-1a", "/", "/dev", "/proc", "/etc/passwd", "/usr/bin")
+	if err := Wrap(cmd, Config{UID: 70001, GID: 70001}); err != nil {
 		t.Fatal(err)
 	}
 	out, err := cmd.CombinedOutput()
@@ -106,7 +118,7 @@ func TestStepShutsIn(t *testing.T) {
 		t.Fatalf("ls: %v, want exit 2 (some paths not found)", err)
 	}
 	s := string(out)
-	for _, want := range []string{"cannot access '/proc'", "cannot access '/etc/passwd'", "\nnull\n", "\nurandom\n", "\nshm\n", "\nusr\n", "\ntmp\n"} {
+	for _, want := range []string{"cannot access '/proc'", "cannot access '/etc/passwd'", "cannot access '/usr/bin'", "\nnull\n", "\nurandom\n", "\nshm\n", "\nusr\n", "\ntmp\n"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q", want)
 		}
