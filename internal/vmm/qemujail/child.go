@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -52,9 +53,9 @@ func run(conf, binary string, argv []string) error {
 	if err := checkNamespaces(); err != nil {
 		return err
 	}
-	var show []shown
+	var show, devs []shown
 	defer func() {
-		for _, s := range show {
+		for _, s := range slices.Concat(show, devs) {
 			if s.fd >= 0 {
 				unix.Close(s.fd)
 			}
@@ -76,16 +77,14 @@ func run(conf, binary string, argv []string) error {
 		return fmt.Errorf("QEMU's program: %w", err)
 	}
 	show = append(show, s)
-	var devs []shown
-	for _, d := range append(append([]string{}, devices...), c.Devices...) {
+	for _, d := range slices.Concat(devices, c.Devices) {
 		s, err := open(d, true, true)
 		if err != nil {
 			return err
 		}
 		devs = append(devs, s)
-		show = append(show, s) // closed with the rest
 	}
-	if err := makeRoot(show[:len(show)-len(devs)], devs, c.TmpSize); err != nil {
+	if err := makeRoot(show, devs, c.TmpSize); err != nil {
 		return fmt.Errorf("its root: %w", err)
 	}
 	if err := dropPrivileges(c); err != nil {
