@@ -159,15 +159,25 @@ func TestQEMUReachesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range dial[1:] { // the zone's own listeners answer in the zone
-		if err := zonenet.RunIn(g.netns, func() error {
-			c, err := net.DialTimeout(d.Network, d.Addr, 2*time.Second)
+	// The zone's own listeners answer in the zone (once the kernel has
+	// routed the new address: moments after the loopback is up).
+	for _, d := range dial[1:] {
+		deadline := time.Now().Add(10 * time.Second)
+		for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+			err := zonenet.RunIn(g.netns, func() error {
+				c, err := net.DialTimeout(d.Network, d.Addr, 2*time.Second)
+				if err == nil {
+					c.Close()
+				}
+				return err
+			})
 			if err == nil {
-				c.Close()
+				break
 			}
-			return err
-		}); err != nil {
-			t.Fatalf("%s at %s not reached from the zone: %v", d.Name, d.Addr, err)
+			if time.Now().After(deadline) {
+				t.Fatalf("%s at %s not reached from the zone: %v", d.Name, d.Addr, err)
+			}
+			time.Sleep(delay)
 		}
 	}
 
