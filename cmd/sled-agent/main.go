@@ -9,9 +9,12 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/cli"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
 )
 
 func main() {
+	// Started by the VMM service to shut QEMU in: nothing else runs.
+	qemujail.RunIfAsked()
 	args := os.Args[1:]
 	// Started by runsv as a zone's service: the arguments are in the
 	// service directory (supervise.PrepareDirect).

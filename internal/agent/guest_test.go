@@ -139,6 +139,16 @@ func TestLinuxGuestKilledFails(t *testing.T) {
 	if uid < uint64(r.First) || uid > uint64(r.Last()) {
 		t.Errorf("QEMU runs as uid %d, not one of --vmm-qemu-ids %s", uid, testQEMUIDs)
 	}
+	// Shut in: a mount namespace of its own (its network namespace, empty,
+	// is qemuvm's tests'), its tasks limited.
+	qemuNS, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pids[0]))
+	ourNS, err2 := os.Readlink("/proc/self/ns/mnt")
+	if err1 != nil || err2 != nil || qemuNS == ourNS {
+		t.Errorf("QEMU's mount namespace %s, the host's %s (%v, %v): want one of its own", qemuNS, ourNS, err1, err2)
+	}
+	if d := vmmDetail(t, a); !strings.Contains(d, "tasks ≤ ") {
+		t.Errorf("detail %q does not say QEMU's tasks are limited", d)
+	}
 	syscall.Kill(pids[0], syscall.SIGKILL)
 	waitVMMWithin(t, a, "failed", guestWait)
 	if got := vmmDetail(t, a); !strings.Contains(got, "signal: killed") {

@@ -34,6 +34,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/timesync/ntpzone/ntpzonetest"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
@@ -43,6 +44,7 @@ import (
 // linux runtime's default images run: `<binary> zone-service --listen A
 // --zone N --id I --kind K`, `<binary> ntp-zone …`, `<binary> vmm-service …`.
 func TestMain(m *testing.M) {
+	qemujail.RunIfAsked() // a VMM service's QEMU, shut in
 	zoneservicetest.ServeIfAsked()
 	ntpzonetest.ServeIfAsked()
 	serveVMMIfAsked()

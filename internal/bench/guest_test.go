@@ -14,6 +14,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/cli"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/testguest"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
 )
 
 // guestAgentEnv makes this test binary the agent the guest benchmark runs.
@@ -21,9 +22,11 @@ const guestAgentEnv = "BENCH_GUEST_RUN_AGENT"
 
 // init lets this test binary stand in for the agent binary: the guest
 // benchmark runs it with `run …`, and the agent's VMM zones with
-// `vmm-service …` (under runsv, as ./run). It runs before TestMain, which
+// `vmm-service …` (under runsv, as ./run), and those services their QEMU
+// through qemujail's step. It runs before TestMain, which
 // serves the zone benchmark's `zone-service …`.
 func init() {
+	qemujail.RunIfAsked() // a VMM service's QEMU, shut in
 	argv := os.Args
 	if a, ok, err := supervise.RunArgs(); err == nil && ok {
 		argv = a

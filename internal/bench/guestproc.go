@@ -110,9 +110,11 @@ type vmmProcs struct {
 	qemu, service, supervisor []int
 }
 
-// zoneProcs sorts the processes in the namespace at path by their program:
-// QEMU, runsv (the zone's supervisor), and the VMM service (the agent's
-// binary).
+// zoneProcs sorts the processes of the VMM zone whose namespace is at
+// path by their program: runsv (the zone's supervisor) and the VMM service
+// (the agent's binary), which live in the namespace, and QEMU, which runs
+// shut in, in a namespace of its own: a child of the zone's service whose
+// command is qemu-system-*.
 func zoneProcs(path string) (vmmProcs, error) {
 	var out vmmProcs
 	pids, err := namespacePIDs(path)
@@ -131,6 +133,43 @@ func zoneProcs(path string) (vmmProcs, error) {
 			out.supervisor = append(out.supervisor, pid)
 		default:
 			out.service = append(out.service, pid)
+		}
+	}
+	for _, svc := range out.service {
+		kids, err := children(svc)
+		if err != nil {
+			return out, err
+		}
+		for _, k := range kids {
+			if argv, err := cmdline(k); err == nil && strings.HasPrefix(filepath.Base(argv[0]), "qemu-system") {
+				out.qemu = append(out.qemu, k)
+			}
+		}
+	}
+	return out, nil
+}
+
+// children are the processes whose parent is pid.
+func children(pid int) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	want := strconv.Itoa(pid)
+	var out []int
+	for _, e := range ents {
+		kid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue // gone
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "PPid:"); ok && strings.TrimSpace(v) == want {
+				out = append(out, kid)
+			}
 		}
 	}
 	return out, nil

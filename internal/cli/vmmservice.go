@@ -151,8 +151,9 @@ func runVMMService(fl vmmServiceFlags) error {
 
 // confineGuest confines a guest's QEMU in the cgroup name (guestcg), with
 // limits sized for the guest, in whichever hierarchies this host holds the
-// controllers; without a name (a zone made by an agent that gave none) it
-// is not confined, and says so. QEMU runs whatever could be done.
+// controllers. It fails closed: without a name (a zone made by an agent
+// that gave none), or with a limit that cannot be set, QEMU does not start,
+// and the VMM fails saying why.
 func confineGuest(name string) func(qemuvm.Guest) qemuvm.Confinement {
 	return func(g qemuvm.Guest) qemuvm.Confinement {
 		if name == "" {

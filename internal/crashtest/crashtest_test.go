@@ -8,6 +8,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/cli"
 	"github.com/sled-agent/sled-agent/internal/crashtest"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
 )
 
@@ -17,6 +18,7 @@ import (
 const agentEnv = "CRASHTEST_RUN_AGENT"
 
 func TestMain(m *testing.M) {
+	qemujail.RunIfAsked() // a VMM service's QEMU, shut in
 	zoneservicetest.ServeIfAsked()
 	if os.Getenv(agentEnv) == "1" || len(os.Args) > 1 && os.Args[1] == "vmm-service" {
 		os.Exit(cli.Main(os.Args[1:]))

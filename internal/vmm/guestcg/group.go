@@ -12,10 +12,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
+
+// ErrNotConfined is a start refused because QEMU could not be confined as
+// its guest's cgroup says: a limit not set, or QEMU not put in a
+// directory of its cgroup. QEMU then does not run.
+var ErrNotConfined = errors.New("QEMU cannot be confined")
 
 // Group is one guest's cgroup, as Make made it: where each limit was
 // written, or why it was not; Start puts QEMU in it.
@@ -23,16 +27,12 @@ type Group struct {
 	name   string
 	limits Limits
 	v2     string   // its v2 directory; "" if none
+	v2why  string   // why there is no v2 directory on a host that has v2
 	v1     []string // its v1 directories: QEMU's pid is written into each
 	memory limit
 	cpu    limit
+	pids   limit
 	write  func(path, data string) error
-
-	mu sync.Mutex
-	// unplaced maps each directory QEMU could not be put in to why;
-	// guarded by mu (written once QEMU has started).
-	unplaced map[string]string
-	started  bool // guarded by mu
 }
 
 // limit is where one limit is written, or why it is not.
@@ -42,14 +42,25 @@ type limit struct {
 	why string // why it is not set
 }
 
+// limit is where controller c's limit is.
+func (g *Group) limit(c string) *limit {
+	switch c {
+	case "memory":
+		return &g.memory
+	case "cpu":
+		return &g.cpu
+	}
+	return &g.pids
+}
+
 // Make makes the cgroup name (see Name) of a guest with limits l in h's
-// hierarchies, and writes the limits (see the package's doc). It never
-// fails: what it could not do, the returned Group says (String), and
-// Start puts QEMU where it could.
+// hierarchies, and writes the limits (see the package's doc). What it
+// could not do, the returned Group says (String), and its Start refuses to
+// start QEMU.
 func Make(h Host, name string, l Limits) *Group {
-	g := &Group{name: name, limits: l, unplaced: map[string]string{}, write: h.writer()}
+	g := &Group{name: name, limits: l, write: h.writer()}
 	if err := ValidName(name); err != nil {
-		g.memory.why, g.cpu.why = err.Error(), err.Error()
+		g.memory.why, g.cpu.why, g.pids.why = err.Error(), err.Error(), err.Error()
 		return g
 	}
 	var v2ctl map[string]bool
@@ -58,16 +69,14 @@ func Make(h Host, name string, l Limits) *Group {
 		dir := filepath.Join(h.V2, name)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			v2why = fmt.Sprintf("cgroup v2: %v", err)
+			g.v2why = v2why
 		} else {
 			g.v2 = dir
 			v2ctl, v2why = v2Controllers(h.V2)
 		}
 	}
 	for _, c := range controllers {
-		p := &g.memory
-		if c == "cpu" {
-			p = &g.cpu
-		}
+		p := g.limit(c)
 		switch {
 		case v2ctl[c]:
 			*p = g.limitV2(h.V2, c)
@@ -82,9 +91,10 @@ func Make(h Host, name string, l Limits) *Group {
 	return g
 }
 
-// None is a Group that confines nothing, for why.
+// None is a Group that confines nothing, for why: its Start refuses to
+// start QEMU.
 func None(why string) *Group {
-	return &Group{memory: limit{why: why}, cpu: limit{why: why}, unplaced: map[string]string{}, write: writeFile}
+	return &Group{memory: limit{why: why}, cpu: limit{why: why}, pids: limit{why: why}, write: writeFile}
 }
 
 // v2Controllers reads the controllers v2's root offers (cgroup.controllers).
@@ -182,6 +192,8 @@ func (g *Group) writeLimit(dir, c string, v2 bool) error {
 	case c == "cpu":
 		// The period first: the quota is checked against it.
 		files = [][2]string{{"cpu.cfs_period_us", us(g.limits.CPUPeriod)}, {"cpu.cfs_quota_us", us(g.limits.CPUQuota)}}
+	case c == "pids":
+		files = [][2]string{{"pids.max", strconv.FormatInt(g.limits.Pids, 10)}}
 	}
 	for _, f := range files {
 		if err := g.write(filepath.Join(dir, f[0]), f[1]); err != nil {
@@ -208,77 +220,79 @@ func writeFile(path, s string) error {
 // (*exec.Cmd).Start) in the guest's cgroup: born in its v2 directory
 // (SysProcAttr.UseCgroupFD), then its pid written into the v1 ones. QEMU
 // holds the guest paused until it is told to run it, so it runs no guest
-// code before it is in place. A directory it could not be put in is said by
-// String, and QEMU runs anyway; only next's failure fails the start.
+// code before it is in place. It fails closed: a limit Make could not
+// set, or a directory QEMU cannot be put in, fails the start (ErrNotConfined),
+// and a QEMU started but not placed is killed and reaped first.
 func (g *Group) Start(next func(*exec.Cmd) error) func(*exec.Cmd) error {
 	if next == nil {
 		next = (*exec.Cmd).Start
 	}
 	return func(cmd *exec.Cmd) error {
-		unplaced := map[string]string{}
-		cloned := false
-		if g.v2 != "" {
-			if f, err := os.Open(g.v2); err != nil {
-				unplaced[g.v2] = err.Error()
-			} else {
-				defer f.Close()
-				if cmd.SysProcAttr == nil {
-					cmd.SysProcAttr = &syscall.SysProcAttr{}
-				}
-				cmd.SysProcAttr.UseCgroupFD = true
-				cmd.SysProcAttr.CgroupFD = int(f.Fd())
-				cloned = true
-			}
+		if why := g.unset(); why != "" {
+			return fmt.Errorf("%w: %s", ErrNotConfined, why)
 		}
-		if err := next(cmd); err != nil {
-			if cloned {
+		if g.v2 != "" {
+			f, err := os.Open(g.v2)
+			if err != nil {
+				return fmt.Errorf("%w: cgroup v2: %w", ErrNotConfined, err)
+			}
+			defer f.Close()
+			if cmd.SysProcAttr == nil {
+				cmd.SysProcAttr = &syscall.SysProcAttr{}
+			}
+			cmd.SysProcAttr.UseCgroupFD = true
+			cmd.SysProcAttr.CgroupFD = int(f.Fd())
+			if err := next(cmd); err != nil {
 				return fmt.Errorf("in cgroup %s: %w", g.v2, err)
 			}
+		} else if err := next(cmd); err != nil {
 			return err
 		}
 		pid := strconv.Itoa(cmd.Process.Pid)
-		if g.v2 != "" && !cloned {
-			if err := g.write(filepath.Join(g.v2, "cgroup.procs"), pid); err != nil {
-				unplaced[g.v2] += "; " + err.Error()
-			} else {
-				delete(unplaced, g.v2)
-			}
-		}
 		for _, d := range g.v1 {
 			if err := g.write(filepath.Join(d, "cgroup.procs"), pid); err != nil {
-				unplaced[d] = err.Error()
+				// Not where its limits are: it does not run.
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				return fmt.Errorf("%w: QEMU could not be put in %s: %w", ErrNotConfined, d, err)
 			}
 		}
-		g.mu.Lock()
-		g.unplaced, g.started = unplaced, true
-		g.mu.Unlock()
 		return nil
 	}
 }
 
-// String says how QEMU is confined, or why it is not, for people: which
-// cgroup version holds each limit. Before Start it says what was made.
+// unset says why a limit is not set, or QEMU would not be born in its v2
+// cgroup; "" if all is in place.
+func (g *Group) unset() string {
+	var why []string
+	if g.v2why != "" {
+		why = append(why, g.v2why)
+	}
+	for _, c := range controllers {
+		if l := g.limit(c); l.dir == "" {
+			why = append(why, c+" not limited: "+l.why)
+		}
+	}
+	return strings.Join(why, "; ")
+}
+
+// String says how QEMU is confined, or why it cannot be, for people: which
+// cgroup version holds each limit.
 func (g *Group) String() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	var set, unset []string
 	for _, l := range []struct {
 		what, value string
 		limit
-	}{{"memory", g.limits.memory(), g.memory}, {"CPU", g.limits.cpu(), g.cpu}} {
-		why := l.why
-		if l.dir != "" && g.unplaced[l.dir] != "" {
-			why = "QEMU could not be put in " + l.dir + ": " + g.unplaced[l.dir]
-		}
-		if l.dir != "" && why == "" {
+	}{{"memory", g.limits.memory(), g.memory}, {"CPU", g.limits.cpu(), g.cpu}, {"tasks", g.limits.pids(), g.pids}} {
+		if l.dir != "" {
 			set = append(set, fmt.Sprintf("%s ≤ %s (cgroup %s)", l.what, l.value, version(l.v2)))
 		} else {
-			unset = append(unset, l.what+" not limited: "+why)
+			unset = append(unset, l.what+" not limited: "+l.why)
 		}
 	}
 	var b strings.Builder
 	switch {
-	case len(set) == 0 && len(unset) == 2 && g.memory.why == g.cpu.why && g.memory.why != "":
+	case len(set) == 0 && g.memory.why == g.cpu.why && g.cpu.why == g.pids.why && g.memory.why != "":
 		return "not confined: " + g.memory.why
 	case len(set) == 0:
 		b.WriteString("not confined")
@@ -287,6 +301,9 @@ func (g *Group) String() string {
 	}
 	for _, u := range unset {
 		b.WriteString("; " + u)
+	}
+	if g.v2why != "" {
+		b.WriteString("; not born in its cgroup: " + g.v2why)
 	}
 	return b.String()
 }

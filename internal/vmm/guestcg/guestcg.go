@@ -1,6 +1,6 @@
 // Package guestcg confines a guest's QEMU in a cgroup of its own, with
-// memory and CPU limits sized for the guest, on cgroup v2 or v1, whichever
-// holds each controller on this host; and removes such cgroups.
+// memory, CPU and task limits sized for the guest, on cgroup v2 or v1,
+// whichever holds each controller on this host; and removes such cgroups.
 //
 // A guest's cgroup is named after its VMM's zone, under the zone runtime's
 // tag ([Name]): sled-agent/<tag>/<zone>.guest below the root of each
@@ -8,24 +8,26 @@
 //
 //   - the cgroup v2 hierarchy, wherever there is one: QEMU is born in it
 //     (clone3 into the cgroup), whatever controllers v2 holds, so that
-//     cgroup.kill ends it and nothing else. Where v2 holds the memory and
-//     cpu controllers (a pure v2 host), the limits are there too
-//     (memory.max, cpu.max), once the controllers are enabled in the
-//     cgroup.subtree_control of its ancestors: the root, sled-agent/ and
-//     the tag's directory, none of which holds a process;
-//   - the cgroup v1 hierarchies of memory and cpu, for each controller v2
-//     does not hold (a hybrid host, or one without v2): QEMU's pid is
-//     written into their cgroup.procs as soon as it has started, while it
-//     holds the guest paused (-S), and the limits are
-//     memory.limit_in_bytes and cpu.cfs_quota_us per cpu.cfs_period_us.
+//     cgroup.kill ends it and nothing else. Where v2 holds the memory, cpu
+//     and pids controllers (a pure v2 host), the limits are there too
+//     (memory.max, cpu.max, pids.max), once the controllers are enabled in
+//     the cgroup.subtree_control of its ancestors: the root, sled-agent/
+//     and the tag's directory, none of which holds a process;
+//   - the cgroup v1 hierarchies of memory, cpu and pids, for each
+//     controller v2 does not hold (a hybrid host, or one without v2):
+//     QEMU's pid is written into their cgroup.procs as soon as it has
+//     started, while it holds the guest paused (-S), and the limits are
+//     memory.limit_in_bytes, cpu.cfs_quota_us per cpu.cfs_period_us and
+//     pids.max.
 //
 // The guest's cgroup is the zone cgroup's sibling, not its child: cgroup
 // v2 lets no cgroup that holds processes (the zone's holds runsv and the
 // VMM service) enable controllers for its children.
 //
-// Nothing here fails a guest: a limit that cannot be set is said, with why
-// ([Group.String]), and QEMU runs with the limits that could be. The zone
-// runtime removes the cgroups when it destroys the zone ([Host.Remove]).
+// Confinement fails closed: a limit that cannot be set, or a directory
+// QEMU cannot be put in, fails QEMU's start ([ErrNotConfined]), saying why;
+// QEMU never runs with fewer limits than its guest's. The zone runtime
+// removes the cgroups when it destroys the zone ([Host.Remove]).
 package guestcg
 
 import (
@@ -68,13 +70,13 @@ func ValidName(name string) error {
 }
 
 // Controllers are the controllers a guest's cgroup limits.
-var controllers = []string{"memory", "cpu"}
+var controllers = []string{"memory", "cpu", "pids"}
 
 // Host is where this host's cgroup hierarchies are mounted.
 type Host struct {
 	// V2 is the cgroup v2 mount point; "" if there is none.
 	V2 string
-	// V1 maps each controller a guest's cgroup limits (memory, cpu) to
+	// V1 maps each controller a guest's cgroup limits (memory, cpu, pids) to
 	// the mount point of the v1 hierarchy that holds it, if one does.
 	V1 map[string]string
 	// write writes a cgroup file (writeFile); tests record it.

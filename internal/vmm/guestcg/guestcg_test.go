@@ -2,6 +2,7 @@ package guestcg
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ const (
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
 33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
 40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 `
@@ -35,7 +37,7 @@ func TestParseMountinfo(t *testing.T) {
 		name, info string
 		want       Host
 	}{
-		{"hybrid", hybridMountinfo, Host{V2: "/sys/fs/cgroup/unified", V1: map[string]string{"memory": "/sys/fs/cgroup/memory", "cpu": "/sys/fs/cgroup/cpu"}}},
+		{"hybrid", hybridMountinfo, Host{V2: "/sys/fs/cgroup/unified", V1: map[string]string{"memory": "/sys/fs/cgroup/memory", "cpu": "/sys/fs/cgroup/cpu", "pids": "/sys/fs/cgroup/pids"}}},
 		{"v2", v2Mountinfo, Host{V2: "/sys/fs/cgroup", V1: map[string]string{}}},
 		{"v1", v1Mountinfo, Host{V1: map[string]string{"memory": "/sys/fs/cgroup/memory", "cpu": "/sys/fs/cgroup/cpu,cpuacct"}}},
 		{"none", "22 1 0:21 / / rw - ext4 /dev/sda1 rw\n", Host{V1: map[string]string{}}},
@@ -113,7 +115,10 @@ func TestLimitsFor(t *testing.T) {
 			}
 		})
 	}
-	if s := LimitsFor(Size{CPUs: 1, MemoryMiB: 256, TCG: true, HostMemory: 24 * gib}).String(); s != "memory ≤ 1560 MiB, CPU ≤ 1.25" {
+	if p := LimitsFor(Size{CPUs: 8, MemoryMiB: 1024}).Pids; p != 256+8 {
+		t.Errorf("tasks of 8 vCPUs: %d, want %d", p, 256+8)
+	}
+	if s := LimitsFor(Size{CPUs: 1, MemoryMiB: 256, TCG: true, HostMemory: 24 * gib}).String(); s != "memory ≤ 1560 MiB, CPU ≤ 1.25, tasks ≤ 257" {
 		t.Errorf("String() = %q", s)
 	}
 }
@@ -158,13 +163,12 @@ func (f *fakeTree) path(rel string) string {
 }
 
 // host is a Host whose hierarchies are in the tree, writes recorded.
-func (f *fakeTree) host(v2, memory, cpu string) Host {
+func (f *fakeTree) host(v2, memory, cpu, pids string) Host {
 	h := Host{V2: f.path(v2), V1: map[string]string{}}
-	if memory != "" {
-		h.V1["memory"] = f.path(memory)
-	}
-	if cpu != "" {
-		h.V1["cpu"] = f.path(cpu)
+	for c, dir := range map[string]string{"memory": memory, "cpu": cpu, "pids": pids} {
+		if dir != "" {
+			h.V1[c] = f.path(dir)
+		}
 	}
 	h.write = func(path, data string) error {
 		rel, _ := filepath.Rel(f.root, path)
@@ -193,7 +197,7 @@ var testLimits = LimitsFor(Size{CPUs: 1, MemoryMiB: 256, TCG: true, HostMemory: 
 // v2Guest is a v2 guest cgroup's files, as the kernel makes them once its
 // parent has the memory and cpu controllers enabled.
 func v2Guest(dir string, m map[string]string) map[string]string {
-	for _, f := range []string{"cgroup.procs", "cgroup.kill", "memory.max", "memory.events", "cpu.max"} {
+	for _, f := range []string{"cgroup.procs", "cgroup.kill", "memory.max", "memory.events", "cpu.max", "pids.max"} {
 		m[dir+"/"+f] = ""
 	}
 	return m
@@ -201,7 +205,7 @@ func v2Guest(dir string, m map[string]string) map[string]string {
 
 // On a pure v2 host QEMU's cgroup is a sibling of the zone's, the
 // controllers enabled from the root down (where they are not already), and
-// the limits in memory.max and cpu.max.
+// the limits in memory.max, cpu.max and pids.max.
 func TestMakeV2(t *testing.T) {
 	f := newFakeTree(t, v2Guest("cg/"+guest, map[string]string{
 		"cg/cgroup.controllers":                               "cpuset cpu io memory hugetlb pids rdma misc\n",
@@ -210,18 +214,21 @@ func TestMakeV2(t *testing.T) {
 		"cg/sled-agent/" + tag + "/cgroup.subtree_control":    "memory\n", // another guest's
 		"cg/sled-agent/" + tag + "/" + zone + "/cgroup.procs": "12\n",     // the zone's runsv
 	}))
-	g := Make(f.host("cg", "", ""), guest, testLimits)
+	g := Make(f.host("cg", "", "", ""), guest, testLimits)
 	want := []string{
 		"cg/sled-agent/cgroup.subtree_control: +memory",
 		"cg/" + guest + "/memory.max: 1635778560",
 		"cg/sled-agent/cgroup.subtree_control: +cpu",
 		"cg/sled-agent/" + tag + "/cgroup.subtree_control: +cpu",
 		"cg/" + guest + "/cpu.max: 125000 100000",
+		"cg/sled-agent/cgroup.subtree_control: +pids",
+		"cg/sled-agent/" + tag + "/cgroup.subtree_control: +pids",
+		"cg/" + guest + "/pids.max: 257",
 	}
 	if !slices.Equal(f.writes, want) {
 		t.Errorf("writes:\n%s\nwant:\n%s", strings.Join(f.writes, "\n"), strings.Join(want, "\n"))
 	}
-	if got, want := g.String(), "confined in cgroup "+guest+": memory ≤ 1560 MiB (cgroup v2), CPU ≤ 1.25 (cgroup v2)"; got != want {
+	if got, want := g.String(), "confined in cgroup "+guest+": memory ≤ 1560 MiB (cgroup v2), CPU ≤ 1.25 (cgroup v2), tasks ≤ 257 (cgroup v2)"; got != want {
 		t.Errorf("String() = %q\nwant %q", got, want)
 	}
 
@@ -256,9 +263,9 @@ func fakeStart(pid int) func(*exec.Cmd) error {
 	}
 }
 
-// On a hybrid host (this machine's kind: v2 holds neither memory nor cpu)
-// QEMU is born in its v2 cgroup, which holds no limit, and its pid is
-// written into its v1 cgroups of memory and cpu, which hold them.
+// On a hybrid host (this machine's kind: v2 holds neither memory, cpu nor
+// pids) QEMU is born in its v2 cgroup, which holds no limit, and its pid is
+// written into its v1 cgroups of memory, cpu and pids, which hold them.
 func TestMakeHybrid(t *testing.T) {
 	f := newFakeTree(t, map[string]string{
 		"unified/cgroup.controllers":                 "hugetlb\n",
@@ -270,17 +277,20 @@ func TestMakeHybrid(t *testing.T) {
 		"cpu/" + guest + "/cgroup.procs":             "",
 		"cpu/" + guest + "/cpu.cfs_period_us":        "100000\n",
 		"cpu/" + guest + "/cpu.cfs_quota_us":         "-1\n",
+		"pids/" + guest + "/cgroup.procs":            "",
+		"pids/" + guest + "/pids.max":                "max\n",
 	})
-	g := Make(f.host("unified", "memory", "cpu"), guest, testLimits)
+	g := Make(f.host("unified", "memory", "cpu", "pids"), guest, testLimits)
 	want := []string{
 		"memory/" + guest + "/memory.limit_in_bytes: 1635778560",
 		"cpu/" + guest + "/cpu.cfs_period_us: 100000",
 		"cpu/" + guest + "/cpu.cfs_quota_us: 125000",
+		"pids/" + guest + "/pids.max: 257",
 	}
 	if !slices.Equal(f.writes, want) {
 		t.Errorf("writes:\n%s\nwant:\n%s", strings.Join(f.writes, "\n"), strings.Join(want, "\n"))
 	}
-	if got, want := g.String(), "confined in cgroup "+guest+": memory ≤ 1560 MiB (cgroup v1), CPU ≤ 1.25 (cgroup v1)"; got != want {
+	if got, want := g.String(), "confined in cgroup "+guest+": memory ≤ 1560 MiB (cgroup v1), CPU ≤ 1.25 (cgroup v1), tasks ≤ 257 (cgroup v1)"; got != want {
 		t.Errorf("String() = %q\nwant %q", got, want)
 	}
 	f.writes = nil
@@ -291,7 +301,7 @@ func TestMakeHybrid(t *testing.T) {
 	if a := cmd.SysProcAttr; a == nil || !a.UseCgroupFD {
 		t.Errorf("SysProcAttr %+v: want QEMU cloned into its v2 cgroup", a)
 	}
-	want = []string{"memory/" + guest + "/cgroup.procs: 4242", "cpu/" + guest + "/cgroup.procs: 4242"}
+	want = []string{"memory/" + guest + "/cgroup.procs: 4242", "cpu/" + guest + "/cgroup.procs: 4242", "pids/" + guest + "/cgroup.procs: 4242"}
 	if !slices.Equal(f.writes, want) {
 		t.Errorf("writes after the start: %q, want %q", f.writes, want)
 	}
@@ -304,20 +314,28 @@ func TestMakeHybrid(t *testing.T) {
 	}
 }
 
-// What cannot be done is said, and QEMU still starts.
-func TestMakeUnconfined(t *testing.T) {
+// What cannot be done is said, and QEMU is not started: confinement
+// fails closed.
+func TestMakeFailsClosed(t *testing.T) {
+	// refused checks that g's Start refuses to start QEMU, saying want.
+	refused := func(t *testing.T, g *Group, want string) {
+		t.Helper()
+		started := false
+		err := g.Start(func(*exec.Cmd) error { started = true; return nil })(exec.Command("qemu"))
+		if !errors.Is(err, ErrNotConfined) || started || !strings.Contains(err.Error(), want) {
+			t.Errorf("start: %v (QEMU started: %v), want %v saying %q", err, started, ErrNotConfined, want)
+		}
+	}
 	t.Run("no cgroups", func(t *testing.T) {
 		f := newFakeTree(t, nil)
-		g := Make(f.host("", "", ""), guest, testLimits)
+		g := Make(f.host("", "", "", ""), guest, testLimits)
 		want := "not confined; memory not limited: no cgroup hierarchy holds the memory controller (there is no cgroup v2 hierarchy); " +
-			"CPU not limited: no cgroup hierarchy holds the cpu controller (there is no cgroup v2 hierarchy)"
+			"CPU not limited: no cgroup hierarchy holds the cpu controller (there is no cgroup v2 hierarchy); " +
+			"tasks not limited: no cgroup hierarchy holds the pids controller (there is no cgroup v2 hierarchy)"
 		if got := g.String(); got != want {
 			t.Errorf("String() = %q\nwant %q", got, want)
 		}
-		cmd := exec.Command("qemu")
-		if err := g.Start(fakeStart(4242))(cmd); err != nil || cmd.SysProcAttr != nil {
-			t.Errorf("start: %v, %+v", err, cmd.SysProcAttr)
-		}
+		refused(t, g, "memory not limited: no cgroup hierarchy holds the memory controller")
 		if len(f.writes) != 0 || g.MemoryKill() != "" {
 			t.Errorf("writes %q, MemoryKill %q", f.writes, g.MemoryKill())
 		}
@@ -327,69 +345,98 @@ func TestMakeUnconfined(t *testing.T) {
 		if got := g.String(); got != "not confined: no guest cgroup given" {
 			t.Errorf("String() = %q", got)
 		}
-		cmd := exec.Command("qemu")
-		if err := g.Start(fakeStart(4242))(cmd); err != nil || cmd.SysProcAttr != nil || g.MemoryKill() != "" {
-			t.Errorf("start: %v, %+v, %q", err, cmd.SysProcAttr, g.MemoryKill())
-		}
+		refused(t, g, "no guest cgroup given")
 	})
 	t.Run("no name", func(t *testing.T) {
 		f := newFakeTree(t, nil)
-		g := Make(f.host("cg", "", ""), "", testLimits)
+		g := Make(f.host("cg", "", "", ""), "", testLimits)
 		if got := g.String(); !strings.HasPrefix(got, "not confined: guest cgroup \"\": want sled-agent/<tag>/<zone>.guest") {
 			t.Errorf("String() = %q", got)
 		}
+		refused(t, g, "want sled-agent/<tag>/<zone>.guest")
 	})
-	t.Run("v2 with memory alone", func(t *testing.T) {
+	t.Run("v2 without pids", func(t *testing.T) {
 		f := newFakeTree(t, v2Guest("cg/"+guest, map[string]string{
-			"cg/cgroup.controllers":                            "memory pids\n",
-			"cg/cgroup.subtree_control":                        "memory\n",
-			"cg/sled-agent/cgroup.subtree_control":             "memory\n",
-			"cg/sled-agent/" + tag + "/cgroup.subtree_control": "memory\n",
+			"cg/cgroup.controllers":                            "memory cpu\n",
+			"cg/cgroup.subtree_control":                        "memory cpu\n",
+			"cg/sled-agent/cgroup.subtree_control":             "memory cpu\n",
+			"cg/sled-agent/" + tag + "/cgroup.subtree_control": "memory cpu\n",
 		}))
-		g := Make(f.host("cg", "", ""), guest, testLimits)
-		want := "confined in cgroup " + guest + ": memory ≤ 1560 MiB (cgroup v2); CPU not limited: no cgroup hierarchy holds the cpu controller (cgroup v2 offers memory pids)"
+		g := Make(f.host("cg", "", "", ""), guest, testLimits)
+		want := "confined in cgroup " + guest + ": memory ≤ 1560 MiB (cgroup v2), CPU ≤ 1.25 (cgroup v2); tasks not limited: no cgroup hierarchy holds the pids controller (cgroup v2 offers cpu memory)"
 		if got := g.String(); got != want {
 			t.Errorf("String() = %q\nwant %q", got, want)
 		}
+		refused(t, g, "pids not limited: no cgroup hierarchy holds the pids controller")
 	})
 	t.Run("controller not enabled", func(t *testing.T) {
 		// The tag's directory lacks its subtree_control: as if it
 		// could not be written.
 		files := v2Guest("cg/"+guest, map[string]string{
-			"cg/cgroup.controllers":                "cpu memory\n",
-			"cg/cgroup.subtree_control":            "cpu memory\n",
-			"cg/sled-agent/cgroup.subtree_control": "cpu memory\n",
+			"cg/cgroup.controllers":                "cpu memory pids\n",
+			"cg/cgroup.subtree_control":            "cpu memory pids\n",
+			"cg/sled-agent/cgroup.subtree_control": "cpu memory pids\n",
 		})
 		f := newFakeTree(t, files)
-		g := Make(f.host("cg", "", ""), guest, testLimits)
+		g := Make(f.host("cg", "", "", ""), guest, testLimits)
 		got := g.String()
 		if !strings.HasPrefix(got, "not confined; memory not limited: cgroup v2: enabling the memory controller in "+f.path("cg/sled-agent/"+tag)) ||
 			!strings.Contains(got, "CPU not limited: cgroup v2: enabling the cpu controller") {
 			t.Errorf("String() = %q", got)
 		}
+		refused(t, g, "enabling the memory controller")
 	})
 	t.Run("v1 pid not written", func(t *testing.T) {
+		// The memory hierarchy's directory has no cgroup.procs: QEMU,
+		// started (a real process here, which is killed), cannot be put
+		// there.
 		f := newFakeTree(t, map[string]string{
 			"memory/" + guest + "/memory.limit_in_bytes": "",
 			"cpu/" + guest + "/cgroup.procs":             "",
 			"cpu/" + guest + "/cpu.cfs_period_us":        "",
 			"cpu/" + guest + "/cpu.cfs_quota_us":         "",
+			"pids/" + guest + "/cgroup.procs":            "",
+			"pids/" + guest + "/pids.max":                "",
 		})
-		g := Make(f.host("", "memory", "cpu"), guest, testLimits)
-		if err := g.Start(fakeStart(4242))(exec.Command("qemu")); err != nil {
-			t.Fatal(err)
-		}
-		got := g.String()
-		if !strings.HasPrefix(got, "confined in cgroup "+guest+": CPU ≤ 1.25 (cgroup v1); memory not limited: QEMU could not be put in "+f.path("memory/"+guest)) {
+		g := Make(f.host("", "memory", "cpu", "pids"), guest, testLimits)
+		if got := g.String(); !strings.HasPrefix(got, "confined in cgroup "+guest+": memory ≤ 1560 MiB (cgroup v1)") {
 			t.Errorf("String() = %q", got)
 		}
+		cmd := exec.Command("sleep", "60")
+		err := g.Start(nil)(cmd)
+		if !errors.Is(err, ErrNotConfined) || !strings.Contains(err.Error(), "QEMU could not be put in "+f.path("memory/"+guest)) {
+			t.Errorf("start: %v", err)
+		}
+		if cmd.ProcessState == nil || cmd.ProcessState.Success() {
+			t.Errorf("the process not placed was not killed and reaped: %v", cmd.ProcessState)
+		}
+	})
+	t.Run("v2 directory not made", func(t *testing.T) {
+		f := newFakeTree(t, map[string]string{
+			"cg/sled-agent": "a file, where a directory should be",
+			"memory/" + guest + "/memory.limit_in_bytes": "",
+			"cpu/" + guest + "/cpu.cfs_period_us":        "",
+			"cpu/" + guest + "/cpu.cfs_quota_us":         "",
+			"pids/" + guest + "/pids.max":                "",
+		})
+		g := Make(f.host("cg", "memory", "cpu", "pids"), guest, testLimits)
+		if got := g.String(); !strings.Contains(got, "; not born in its cgroup: cgroup v2: ") {
+			t.Errorf("String() = %q", got)
+		}
+		refused(t, g, "cgroup v2: ")
 	})
 }
 
 // A failed start is the start's error, saying where QEMU was to be born.
 func TestStartFails(t *testing.T) {
-	f := newFakeTree(t, map[string]string{"unified/cgroup.controllers": "hugetlb\n"})
-	g := Make(f.host("unified", "", ""), guest, testLimits)
+	f := newFakeTree(t, map[string]string{
+		"unified/cgroup.controllers":                 "hugetlb\n",
+		"memory/" + guest + "/memory.limit_in_bytes": "",
+		"cpu/" + guest + "/cpu.cfs_period_us":        "",
+		"cpu/" + guest + "/cpu.cfs_quota_us":         "",
+		"pids/" + guest + "/pids.max":                "",
+	})
+	g := Make(f.host("unified", "memory", "cpu", "pids"), guest, testLimits)
 	err := g.Start(func(*exec.Cmd) error { return os.ErrPermission })(exec.Command("qemu"))
 	if err == nil || !strings.Contains(err.Error(), "in cgroup "+f.path("unified/"+guest)) {
 		t.Errorf("err = %v", err)
@@ -407,7 +454,7 @@ func TestGuestsAndRemove(t *testing.T) {
 		"unified/sled-agent/" + tag + "/" + zone, "unified/sled-agent/othertag/x.guest"} {
 		os.MkdirAll(f.path(d), 0o755)
 	}
-	h := f.host("unified", "memory", "cpu")
+	h := f.host("unified", "memory", "cpu", "")
 	got, err := h.Guests(tag)
 	if err != nil {
 		t.Fatal(err)

@@ -27,8 +27,9 @@ type confined struct {
 }
 
 // newConfinedGuest is newGuest confined by guestcg, as the VMM service
-// confines it, with the limits changed by edit (if not nil).
-func newConfinedGuest(t *testing.T, edit func(*guestcg.Limits)) (*guest, *confined) {
+// confines it, with the limits changed by edit (if not nil), and the VM's
+// options by more.
+func newConfinedGuest(t *testing.T, edit func(*guestcg.Limits), more ...func(*Options)) (*guest, *confined) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: makes cgroups, network namespaces and QEMU")
@@ -58,6 +59,9 @@ func newConfinedGuest(t *testing.T, edit func(*guestcg.Limits)) (*guest, *confin
 			}
 			c.limits = l
 			return guestcg.Make(host, c.name, l)
+		}
+		for _, f := range more {
+			f(o)
 		}
 	})
 	return g, c

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,12 +17,14 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/qemu"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 )
 
 // TestMain lets the test binary play QEMU: started with QEMU's arguments
 // (which begin with -name), it serves QMP and com1 on their sockets.
 func TestMain(m *testing.M) {
+	qemujail.RunIfAsked() // QEMU, shut in
 	if len(os.Args) > 1 && os.Args[1] == "-name" {
 		fakeQEMU(os.Args[1:])
 		// Not os.Exit: with the race detector, that waits a second
@@ -33,14 +36,20 @@ func TestMain(m *testing.M) {
 
 // fakeQEMU answers QMP as QEMU holding a guest paused does, runs the guest
 // at "cont", and exits at "quit"; it accepts com1's connection and says
-// nothing on it.
+// nothing on it. Its sockets are made at their paths, or handed to it
+// listening (fd=N); with probeEnv set, it first tries what a guest escaped
+// into QEMU would (probe) and says what it reached on stderr.
 func fakeQEMU(args []string) {
-	socks := map[string]string{}
+	if p := os.Getenv(probeEnv); p != "" {
+		probe(p)
+	}
+	socks := map[string]net.Listener{}
 	for i, a := range args {
 		if a != "-chardev" || i+1 == len(args) {
 			continue
 		}
 		var id, path string
+		fd := -1
 		for _, o := range strings.Split(strings.ReplaceAll(args[i+1], ",,", "\x00"), ",") {
 			o = strings.ReplaceAll(o, "\x00", ",")
 			if v, ok := strings.CutPrefix(o, "id="); ok {
@@ -49,10 +58,22 @@ func fakeQEMU(args []string) {
 			if v, ok := strings.CutPrefix(o, "path="); ok {
 				path = v
 			}
+			if v, ok := strings.CutPrefix(o, "fd="); ok {
+				fd, _ = strconv.Atoi(v)
+			}
 		}
-		socks[id] = path
+		var ln net.Listener
+		var err error
+		if fd >= 0 {
+			ln, err = net.FileListener(os.NewFile(uintptr(fd), id))
+		} else {
+			ln, err = net.Listen("unix", path)
+		}
+		if err == nil {
+			socks[id] = ln
+		}
 	}
-	if c, err := net.Listen("unix", socks["com1"]); err == nil {
+	if c := socks["com1"]; c != nil {
 		go func() {
 			for {
 				conn, err := c.Accept()
@@ -63,8 +84,8 @@ func fakeQEMU(args []string) {
 			}
 		}()
 	}
-	ln, err := net.Listen("unix", socks["qmp"])
-	if err != nil {
+	ln := socks["qmp"]
+	if ln == nil {
 		syscall.Exit(2)
 	}
 	conn, err := ln.Accept()

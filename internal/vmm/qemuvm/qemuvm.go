@@ -17,12 +17,14 @@
 // StopGrace tears the zone down); Close quits QEMU, then kills it.
 //
 // QEMU runs unprivileged (Options.IDs): as a user and group of its own,
-// picked for the VM from a range, with no capabilities, and it opens
-// nothing by path. This process, root, opens and makes everything QEMU
-// uses and hands it the descriptors: the firmware and disk files (a
-// disk's file stays as it is, root's or not: nothing is chowned), the QMP
-// and serial sockets, and each NIC's tap, made in QEMU's network namespace
-// and owned by QEMU's ids.
+// picked for the VM from a range, with no capabilities, shut in
+// (internal/vmm/qemujail: an empty network namespace, a mount namespace
+// that shows it only what it needs, read-only), and it opens nothing by
+// path. This process, root, opens and makes everything QEMU uses and hands
+// it the descriptors: the firmware and disk files (a disk's file stays as
+// it is, root's or not: nothing is chowned), the QMP and serial sockets,
+// and each NIC's tap, made in the zone's network namespace and owned by
+// QEMU's ids.
 package qemuvm
 
 import (
@@ -38,13 +40,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/qemu"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 )
 
@@ -71,19 +73,24 @@ type Options struct {
 	// Confine, if set, confines QEMU (the VMM service's: a cgroup of its
 	// own with limits sized for the guest, internal/vmm/guestcg). It is
 	// called once the spec is known, before QEMU starts, and what it
-	// returns wraps Start. It never fails: a confinement it could not make
-	// says why, and QEMU runs as it can.
+	// returns wraps Start. A confinement it could not make fails the
+	// start (its Start hook refuses), saying why: QEMU never runs less
+	// confined than asked.
 	Confine func(Guest) Confinement
 	// IDs is the range QEMU's user and group ids are picked from, one
-	// for each VM (IDRange.Pick): QEMU runs unprivileged and is given
-	// every file, socket and tap it uses (qemu.Machine.Descriptors). Zero:
+	// for each VM (IDRange.Pick): QEMU runs unprivileged, shut in
+	// (internal/vmm/qemujail: network, mount and IPC namespaces of its
+	// own, which the program running this must serve by calling
+	// qemujail.RunIfAsked first thing), and is given every file, socket
+	// and tap it uses (qemu.Machine.Descriptors). Zero:
 	// QEMU runs as this process and opens its files and makes its taps
 	// itself, which only tools that run QEMU's command line themselves
 	// want (the benchmarks); the VMM service always sets it.
 	IDs IDRange
-	// InNetns runs f on a thread in the network namespace QEMU runs in,
-	// where the VM's taps are made (nil: f runs here, as in the VMM
-	// service, which lives in its zone's namespace with its QEMU).
+	// InNetns runs f on a thread in the zone's network namespace, where
+	// the VM's taps are made (nil: f runs here, as in the VMM service,
+	// which lives in its zone's namespace). With IDs, QEMU runs in an
+	// empty namespace of its own, holding its taps by descriptor.
 	InNetns func(f func() error) error
 	// StartTimeout bounds QEMU's start until its monitor answers (30s).
 	StartTimeout time.Duration
@@ -271,7 +278,7 @@ func (v *VM) start(ctx context.Context, s *spec.Spec, files spec.Files) (*qemu.P
 			return nil, err
 		}
 		defer closeTaps() // QEMU has its own once started
-		start = asUser(id, start)
+		start = shutIn(id, m.Accel, start)
 		v.opts.Log.Info("qemu user", "uid", id.UID, "gid", id.GID, "groups", id.Groups, "range", v.opts.IDs.String())
 		v.mu.Lock()
 		v.runsAs = id.String()
@@ -313,12 +320,19 @@ func (v *VM) start(ctx context.Context, s *spec.Spec, files spec.Files) (*qemu.P
 	return proc, nil
 }
 
-// asUser makes start start QEMU as id, with no other groups and no
-// capabilities (the kernel drops them all as root becomes another user).
-// The command has its SysProcAttr already: qemu.Start sets it.
-func asUser(id Identity, start func(*exec.Cmd) error) func(*exec.Cmd) error {
+// shutIn makes start start QEMU shut in (internal/vmm/qemujail): in
+// network, mount and IPC namespaces of its own, as id, with no other
+// groups and no capabilities. The command has its SysProcAttr already:
+// qemu.Start sets it. A command that cannot be shut in is not started.
+func shutIn(id Identity, accel qemu.Accel, start func(*exec.Cmd) error) func(*exec.Cmd) error {
+	c := qemujail.Config{UID: id.UID, GID: id.GID, Groups: slices.Clone(id.Groups)}
+	if accel == qemu.KVM {
+		c.Devices = []string{"/dev/kvm"} // QEMU opens it by path
+	}
 	return func(cmd *exec.Cmd) error {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: slices.Clone(id.Groups)}
+		if err := qemujail.Wrap(cmd, c); err != nil {
+			return err
+		}
 		if start == nil {
 			return cmd.Start()
 		}
