@@ -399,8 +399,17 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.nexus != nil {
 		vmmStates = a.nexus
 	}
+	// After the runtime, which makes its run dir (the boot's token is kept
+	// there).
+	boot, err := hostBoot(cfg)
+	if err != nil {
+		// VMMs are then not judged by the boot they were recorded in: one
+		// whose zone is gone stays failed until unregistered.
+		a.log.Error("naming this boot of the host", "err", err)
+	}
 	a.vmms = vmm.New(rt, a.guestHost, vmm.Options{
 		States: vmmStates,
+		Boot:   boot,
 		// Each VMM's record is kept like the sled config: a copy in each
 		// ledger directory. An earlier agent kept one file per VMM in the
 		// data dir; those are rewritten as records at start.

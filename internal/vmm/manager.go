@@ -103,6 +103,13 @@ type Options struct {
 	// LegacyDir is where an earlier agent kept one plain file per VMM:
 	// Resume rewrites those as records and removes them.
 	LegacyDir string
+	// Boot names this boot of the host; each record says the boot it was
+	// written in. A VMM recorded in another boot lost its guest with the
+	// host: Resume reports it failed and unregisters it (its zone's
+	// leftovers torn down, its record removed), so that from then on it
+	// is NO_SUCH_INSTANCE, as upstream's sled, which forgets its VMMs
+	// when it reboots, answers. "" judges no record by its boot.
+	Boot string
 	// Sled is what a VMM's spec is checked against at registration: the
 	// hardware threads a guest may have, and where its disks' files may
 	// lie (the pools' local_storage datasets and the image directory).
@@ -570,11 +577,32 @@ func (m *Manager) RequestState(ctx context.Context, id string, r Request) (info 
 // once that record is written nothing writes the VMM's record again, so a
 // restart never brings an unregistered VMM back.
 func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
-	m.registerMu.Lock()
 	m.mu.Lock()
 	v, ok := m.vmms[id]
 	m.mu.Unlock()
 	if !ok {
+		return Info{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return m.unregister(ctx, v, true)
+}
+
+// endLost unregisters v, failed because its guest did not survive a host
+// restart, as Unregister does but leaving it failed: Nexus is told failed
+// (the guest died), not destroyed (a stop's end).
+func (m *Manager) endLost(ctx context.Context, v *vmm) {
+	if _, err := m.unregister(ctx, v, false); err != nil {
+		m.opts.Log.Error("unregistering a VMM whose guest did not survive a host restart", "vmm", v.id, "err", err)
+	}
+}
+
+// unregister unregisters v (Unregister); destroyed: it ends destroyed.
+func (m *Manager) unregister(ctx context.Context, v *vmm, destroyed bool) (Info, error) {
+	id := v.id
+	m.registerMu.Lock()
+	m.mu.Lock()
+	cur := m.vmms[id]
+	m.mu.Unlock()
+	if cur != v {
 		m.registerMu.Unlock()
 		return Info{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
@@ -602,7 +630,11 @@ func (m *Manager) Unregister(ctx context.Context, id string) (Info, error) {
 		return v.info(), err
 	}
 	v.mu.Lock()
-	v.setLocked(StateDestroyed, "unregistered; zone torn down", "unregistered")
+	if destroyed {
+		v.setLocked(StateDestroyed, "unregistered; zone torn down", "unregistered")
+	} else {
+		v.recordLocked("unregistered", "zone torn down")
+	}
 	tellForgotten()
 	v.mu.Unlock()
 	return v.info(), nil

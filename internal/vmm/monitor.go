@@ -33,6 +33,8 @@ type vmm struct {
 	name  string
 	owner string // of its claims: this registration's, not the next one's
 	reg   Registration
+	// recBoot is the host boot an adopted VMM's record was written in.
+	recBoot string
 	// shown is the registration as our view shows it (shownRegistration).
 	shown  json.RawMessage
 	disks  []diskUse // the files it has as disks, held while it is registered
@@ -174,6 +176,16 @@ func (v *vmm) monitor(ctx context.Context, adopt bool) {
 	opts := v.m.opts
 	if adopt {
 		if gone, why := v.zoneGone(ctx); gone {
+			if b := opts.Boot; b != "" && v.recBoot != "" && v.recBoot != b {
+				// The host restarted: its guest died with it. As
+				// upstream's sled, which forgets its VMMs when it
+				// reboots, the VMM is reported failed and then
+				// unknown to this sled (unregistered, once this
+				// monitor has returned).
+				v.fail(fmt.Sprintf("the host restarted since its zone ran (boot %s, now %s): %s", v.recBoot, b, why))
+				v.m.wg.Go(func() { v.m.endLost(v.m.ctx, v) })
+				return
+			}
 			v.fail("zone gone while the agent was down: " + why)
 			return
 		}

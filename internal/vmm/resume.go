@@ -181,6 +181,7 @@ func (m *Manager) adopt(id string, led *ledger.Ledger, lr ledger.Record, rec rec
 		m.opts.Log.Error("a VMM found at start shares a disk's file", "vmm", id, "err", p)
 		v.record("disk shared", p)
 	}
+	v.recBoot = rec.Boot
 	m.mu.Lock()
 	m.vmms[id] = v
 	m.mu.Unlock()

@@ -50,7 +50,10 @@ type record struct {
 	// Disks are the files it has as disks, as judged at registration: a
 	// restarted agent holds them again without opening them (a pool may
 	// not be mounted yet when it starts).
-	Disks        []diskUse       `json:"disks,omitempty"`
+	Disks []diskUse `json:"disks,omitempty"`
+	// Boot is the host boot in which the record was written (Options.Boot):
+	// a VMM's zone does not outlive the host's boot.
+	Boot         string          `json:"boot,omitempty"`
 	Registration json.RawMessage `json:"registration"`
 	// Unregistered says the VMM was unregistered and its zone is to be
 	// torn down: the only record that makes an agent tear a VMM zone
@@ -75,7 +78,7 @@ func (v *vmm) snapshot() record {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	rec := record{ID: v.id, InstanceID: v.reg.InstanceID, PropolisAddr: v.reg.PropolisAddr.String(), Initial: v.reg.Initial,
-		State: v.state, Detail: v.detail, Pending: v.pending, Disks: v.disks, Registration: v.reg.Body}
+		State: v.state, Detail: v.detail, Pending: v.pending, Disks: v.disks, Boot: v.m.opts.Boot, Registration: v.reg.Body}
 	if !v.stopAt.IsZero() {
 		at := v.stopAt
 		rec.StopAsked = &at
