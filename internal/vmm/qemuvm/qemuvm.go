@@ -213,7 +213,10 @@ func (v *VM) Ensure(ctx context.Context, props propolisapi.Properties, raw json.
 	v.setLocked(propolisapi.StateCreating, "starting QEMU")
 	v.mu.Unlock()
 
-	proc, err := v.start(ctx, s, files)
+	// QEMU is the VM's, not the request's: the client that asked for the
+	// instance going away (an agent killed while QEMU starts) must not
+	// kill it. The start stays bounded by StartTimeout.
+	proc, err := v.start(context.WithoutCancel(ctx), s, files)
 	if err != nil {
 		v.set(propolisapi.StateFailed, "QEMU did not start: "+err.Error())
 		return fmt.Errorf("starting QEMU: %w", err)

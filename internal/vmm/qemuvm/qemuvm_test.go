@@ -368,3 +368,28 @@ func TestEnsureRefusesBadSpec(t *testing.T) {
 		t.Error("a refused spec made an instance")
 	}
 }
+
+// QEMU is the VM's, not the request's that made it: the agent that asked
+// for the instance dying (its connection gone, the request's context
+// ended) while QEMU starts leaves the VM starting, not failed with QEMU
+// killed.
+func TestQEMUOutlivesTheRequestThatStartedIt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g := newGuestWith(t, func(o *Options) {
+		start := o.Start
+		o.Start = func(cmd *exec.Cmd) error {
+			err := start(cmd)
+			cancel() // the request ends as QEMU has just started
+			return err
+		}
+	})
+	if err := g.vm.Ensure(ctx, props, specJSON(g.disk, false)); err != nil {
+		t.Fatalf("Ensure with its request ended as QEMU started: %v", err)
+	}
+	if _, _, st, _ := g.vm.Instance(); st.State != propolisapi.StateCreating {
+		t.Fatalf("after Ensure: %s (%s), want Creating", st.State, g.vm.detailNow())
+	}
+	g.request(t, propolisapi.RequestRun)
+	g.waitState(t, propolisapi.StateRunning, propolisapi.StateFailed)
+}
