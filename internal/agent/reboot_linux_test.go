@@ -46,17 +46,21 @@ func coldBootWithout(t *testing.T, i int) {
 	if err != nil {
 		t.Skipf("needs chronyd and chronyc (scripts/setup installs them): %v", err)
 	}
-	// /64s no other test uses.
+	// Addresses no other test uses: the reference's /64, and a sled of an
+	// availability zone (a /48) of its own, whose internal DNS /64s
+	// (its ::1 to ::5 /64s) the DNS zone sits in, as the subnet rule
+	// wants.
 	refAddr := netip.MustParseAddr("fd00:1122:3344:1e7::1")
 	ntpzonetest.StartReference(t, bins, tag, refAddr, 7)
+	const sled = "fd00:1122:31e9:101::"
 	dnsZone := sledconfigtest.InternalDNS(0)
-	dnsZone.ZoneType.DNSAddress = "[fd00:1122:3344:1e8::1]:53"
-	dnsZone.ZoneType.HTTPAddress = "[fd00:1122:3344:1e8::1]:5353"
-	dnsZone.ZoneType.GZAddress = "fd00:1122:3344:1e8::2"
+	dnsZone.ZoneType.DNSAddress = "[fd00:1122:31e9:1::1]:53"
+	dnsZone.ZoneType.HTTPAddress = "[fd00:1122:31e9:1::1]:5353"
+	dnsZone.ZoneType.GZAddress = "fd00:1122:31e9:1::2"
 	c0, c1 := sledconfigtest.Crucible(0), sledconfigtest.Crucible(1)
-	c0.ZoneType.Address = "[fd00:1122:3344:1e9::6]:32345"
-	c1.ZoneType.Address = "[fd00:1122:3344:1e9::7]:32345"
-	zones := sledconfigtest.OwnPools(tag, sledconfigtest.BoundaryNTP(0, "[fd00:1122:3344:1e9::5]:123", refAddr.String()), dnsZone, c0, c1)
+	c0.ZoneType.Address = "[" + sled + "6]:32345"
+	c1.ZoneType.Address = "[" + sled + "7]:32345"
+	zones := sledconfigtest.OwnPools(tag, sledconfigtest.BoundaryNTP(0, "["+sled+"5]:123", refAddr.String()), dnsZone, c0, c1)
 	lost := zones[i]
 	var others []sledconfig.Zone
 	for _, z := range zones {
@@ -64,7 +68,7 @@ func coldBootWithout(t *testing.T, i int) {
 			others = append(others, z)
 		}
 	}
-	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix}
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix, UnderlayIP: sled + "1"}
 
 	first := newTimedAgent(t, cfg)
 	stop := run(t, first)

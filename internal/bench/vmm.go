@@ -239,18 +239,20 @@ func (r *vmmRun) waitZone(ctx context.Context, name string) error {
 func (r *vmmRun) waitState(ctx context.Context, id, state, notDetail string) error {
 	var last string
 	_, err := waitUntil(ctx, time.Now(), func() bool {
-		var vs []struct {
-			ID     string `json:"propolis_id"`
-			Detail string `json:"detail"`
-			State  struct {
-				State string `json:"state"`
-			} `json:"vmm_state"`
+		var page struct {
+			Items []struct {
+				ID     string `json:"propolis_id"`
+				Detail string `json:"detail"`
+				State  struct {
+					State string `json:"state"`
+				} `json:"vmm_state"`
+			}
 		}
-		if err := r.do(ctx, http.MethodGet, "/agent/vmms", "", &vs); err != nil {
+		if err := r.do(ctx, http.MethodGet, "/agent/vmms?limit=100", "", &page); err != nil {
 			last = err.Error()
 			return false
 		}
-		for _, v := range vs {
+		for _, v := range page.Items {
 			if v.ID == id {
 				last = v.State.State + " (" + v.Detail + ")"
 				return v.State.State == state && (notDetail == "" || v.Detail != notDetail)
