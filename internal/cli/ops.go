@@ -343,6 +343,7 @@ it, and what is left of its record. A VMM the agent has a record of is refused
 	}
 	remove.Flags().BoolVar(&yes, "yes", false, "really destroy the VMM's zone")
 	cmd.AddCommand(remove)
+	addVMMCmds(cmd, g)
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/api"
@@ -200,6 +201,68 @@ func (c *Client) Zone(ctx context.Context, nameOrID string) (*api.ZoneDetail, er
 func (c *Client) RemoveUnknownVMM(ctx context.Context, id string) (*vmm.Info, error) {
 	var out vmm.Info
 	return &out, c.do(ctx, http.MethodPost, "/agent/vmms/"+url.PathEscape(id)+"/remove-unknown", nil, &out)
+}
+
+// RegisterVMM registers VMM id with body, an InstanceEnsureBody (PUT
+// /vmms/{id}).
+func (c *Client) RegisterVMM(ctx context.Context, id string, body []byte) (*api.SledVmmState, error) {
+	var out api.SledVmmState
+	return &out, c.do(ctx, http.MethodPut, "/vmms/"+url.PathEscape(id), body, &out)
+}
+
+// VMMPage fetches one page of the VMMs (GET /agent/vmms): after the page
+// whose next_page was token ("" for the first), at most limit (0: the
+// agent's default).
+func (c *Client) VMMPage(ctx context.Context, token string, limit int) (*api.VMMPage, error) {
+	q := url.Values{}
+	if token != "" {
+		q.Set("page_token", token)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	path := "/agent/vmms"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out api.VMMPage
+	return &out, c.do(ctx, http.MethodGet, path, nil, &out)
+}
+
+// VMMs fetches every VMM, following next_page to the last page; each page
+// has its own deadline.
+func (c *Client) VMMs(ctx context.Context) ([]vmm.Info, error) {
+	var all []vmm.Info
+	token := ""
+	for {
+		p, err := c.VMMPage(ctx, token, api.MaxVMMPage)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, p.Items...)
+		if p.NextPage == nil || len(p.Items) == 0 {
+			return all, nil
+		}
+		token = *p.NextPage
+	}
+}
+
+// PutVMMState asks VMM id's guest to be running, stopped or to reboot (PUT
+// /vmms/{id}/state).
+func (c *Client) PutVMMState(ctx context.Context, id, state string) (*api.VmmPutStateResponse, error) {
+	body, err := json.Marshal(map[string]any{"state": map[string]string{"type": state}})
+	if err != nil {
+		return nil, err
+	}
+	var out api.VmmPutStateResponse
+	return &out, c.do(ctx, http.MethodPut, "/vmms/"+url.PathEscape(id)+"/state", body, &out)
+}
+
+// UnregisterVMM unregisters VMM id and tears its zone down (DELETE
+// /vmms/{id}).
+func (c *Client) UnregisterVMM(ctx context.Context, id string) (*api.VmmUnregisterResponse, error) {
+	var out api.VmmUnregisterResponse
+	return &out, c.do(ctx, http.MethodDelete, "/vmms/"+url.PathEscape(id), nil, &out)
 }
 
 // SetSimFaults replaces the sim runtime's fault map.
