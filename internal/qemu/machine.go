@@ -122,6 +122,12 @@ type Disk struct {
 	// completes, and the controller's Volatile Write Cache feature reads
 	// disabled. Otherwise write-cache=on: the guest must flush, as it
 	// must on upstream's NVMe disks. Only NVMe disks take it.
+	//
+	// Where we differ: QEMU's controller reports a volatile write cache
+	// present in Identify Controller whatever the setting (hw/nvme/ctrl.c
+	// sets VWC unconditionally), so a guest still flushes a disk without
+	// one, where propolis tells it it need not. Such a disk is as safe
+	// as upstream's; the guest only does flushes it could skip.
 	NoWriteCache bool
 }
 
