@@ -260,3 +260,30 @@ func TestRestartAdoptsRunningVMMs(t *testing.T) {
 		t.Fatalf("GET /agent/vmms: %d %s", code, b)
 	}
 }
+
+// An NVMe disk registers with has_write_cache (sled-agent 48's vmm_spec
+// requires it) and is refused without it, naming the member; the refusal
+// changes nothing.
+func TestVMMNVMeDiskWriteCache(t *testing.T) {
+	a, _ := start(t, agent.Config{DataDir: t.TempDir()})
+	nvme := func(member map[string]any) func(map[string]any) {
+		return func(s map[string]any) {
+			c := map[string]any{"backend_id": "boot-disk-backend", "pci_path": map[string]any{"bus": 0, "device": 0x10, "function": 0}, "serial_number": make([]int, 20)}
+			for k, v := range member {
+				c[k] = v
+			}
+			s["components"].(map[string]any)["boot-disk"] = map[string]any{"type": "nvme_disk", "component": c}
+		}
+	}
+	const addr = "[fd00:1122:3344:101::1:5]:12400"
+	code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBodySpec(addr, nvme(nil)))
+	if code != http.StatusBadRequest || !bytes.Contains(b, []byte("has_write_cache")) {
+		t.Fatalf("an NVMe disk without has_write_cache: %d %s", code, b)
+	}
+	if code, b := call(t, a, http.MethodGet, "/vmms/"+testVMM+"/state", ""); code != http.StatusNotFound {
+		t.Fatalf("after the refusal: %d %s", code, b)
+	}
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+testVMM, ensureBodySpec(addr, nvme(map[string]any{"has_write_cache": false}))); code != http.StatusOK {
+		t.Fatalf("an NVMe disk with has_write_cache: %d %s", code, b)
+	}
+}

@@ -50,14 +50,18 @@ func (w *wire) do(method, path string, body []byte, status int) openapitest.Exch
 }
 
 // upstreamEnsureBody is an InstanceEnsureBody with every member upstream
-// requires, as the control plane sends it.
+// requires, as the control plane sends it: every instance's disks are NVMe
+// disks, whose has_write_cache sled-agent 48 requires.
 func upstreamEnsureBody(addr string) []byte {
 	return []byte(`{"instance_id":"0d6e8a01-57c3-4e3c-8c3b-1b4f6a2a4a2e","migration_id":null,"propolis_addr":"` + addr + `",
 	"vmm_runtime":{"gen":1,"state":"starting","time_updated":"2026-11-29T00:00:00Z"},
 	"local_config":{"attached_subnets":[],"delegated_zvols":[],"dhcp_config":{"dns_servers":["fd00:1122:3344:1::1"],"host_domain":null,"search_domains":[]},
 		"external_ips":{"v4":null,"v6":null},"firewall_rules":[],"hostname":"vm0","multicast_groups":[],"nics":[],"primary_nic_mtu":null},
 	"metadata":{"project_id":"5b0a4d2e-1c3f-4e5a-8b6c-7d8e9f0a1b2c","silo_id":"6c1b5e3f-2d4a-4f6b-9c7d-8e9f0a1b2c3d"},
-	"vmm_spec":{"board":{"chipset":{"type":"i440_fx","value":{"enable_pcie":false}},"cpus":2,"memory_mb":1024},"components":{}}}`)
+	"vmm_spec":{"board":{"chipset":{"type":"i440_fx","value":{"enable_pcie":false}},"cpus":2,"memory_mb":1024},"components":{
+		"disk0":{"type":"nvme_disk","component":{"backend_id":"disk0-backend","has_write_cache":false,"pci_path":{"bus":0,"device":16,"function":0},
+			"serial_number":[100,105,115,107,48,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]}},
+		"disk0-backend":{"type":"blob_storage_backend","component":{"base64":"AAAAAA==","readonly":true}}}}}`)
 }
 
 // Every operation of upstream's that the agent serves, but GET /inventory

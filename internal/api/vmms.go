@@ -83,7 +83,7 @@ type InstanceEnsureBody struct {
 	VmmRuntime   *vmm.RuntimeState `json:"vmm_runtime" nullable:"false" doc:"The VMM's initial state."`
 	LocalConfig  keptObject        `json:"local_config" doc:"Upstream's InstanceSledLocalConfig: its nics give each virtio NIC of the spec its MAC (by interface_id), its hostname names the instance; the rest is kept as sent."`
 	Metadata     keptObject        `json:"metadata" doc:"Upstream's InstanceMetadata: kept as sent, not acted on."`
-	VmmSpec      keptObject        `json:"vmm_spec" doc:"Upstream's VmmSpec (propolis-server 5.0.0's InstanceSpec): the guest's board and components. A spec this sled cannot realise is refused (400), naming the component and why."`
+	VmmSpec      keptObject        `json:"vmm_spec" doc:"Upstream's VmmSpec (propolis-server 6.0.0's InstanceSpec): the guest's board and components. A spec this sled cannot realise is refused (400), naming the component and why."`
 }
 
 // VmmPutStateBody is upstream's, as this agent reads it (unknown members

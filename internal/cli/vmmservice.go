@@ -45,7 +45,7 @@ func newVMMServiceCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "vmm-service",
 		Short: "Run the VMM service: propolis-server's API over a simulated guest or a QEMU machine",
-		Long: "Run the VMM service of a VMM zone: propolis-server 5.0.0's API (PUT /instance, PUT /instance/state, the state monitor, the serial console) " +
+		Long: "Run the VMM service of a VMM zone: propolis-server 6.0.0's API (and 5.0.0's) (PUT /instance, PUT /instance/state, the state monitor, the serial console) " +
 			"over a simulated guest (--backend sim) or a QEMU machine booting OVMF (--backend qemu), and GET /health, until SIGTERM or SIGINT; " +
 			"then a QEMU machine is told to quit, and killed after 10s.",
 		Hidden: true,

@@ -28,7 +28,8 @@ const (
 	SledAgent = "sled-agent-48.0.0.json"
 	DDM       = "ddm-admin-2.0.0.json"
 	DPD       = "dpd-12.0.0.json"
-	Propolis  = "propolis-server-5.0.0.json"
+	Propolis  = "propolis-server-6.0.0.json"
+	Propolis5 = "propolis-server-5.0.0.json"
 	Nexus     = "nexus-internal-1.0.0.json"
 )
 
@@ -82,7 +83,7 @@ func UpstreamPath(t testing.TB, name string) string {
 	}
 }
 
-// Load loads an upstream document by name (SledAgent, DDM, DPD, Propolis).
+// Load loads an upstream document by name (SledAgent, DDM, DPD, Propolis, Propolis5).
 func Load(t testing.TB, name string) *Spec {
 	t.Helper()
 	path := UpstreamPath(t, name)

@@ -51,6 +51,12 @@ type env struct {
 
 func newEnv(t *testing.T, bufferSize int) *env {
 	t.Helper()
+	return newEnvDoc(t, bufferSize, openapitest.Propolis)
+}
+
+// newEnvDoc is newEnv whose proxy checks against the document doc.
+func newEnvDoc(t *testing.T, bufferSize int, doc string) *env {
+	t.Helper()
 	fake := propolisapitest.New(bufferSize)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	srv := httptest.NewUnstartedServer(propolisapi.NewHandler(fake, log))
@@ -59,7 +65,7 @@ func newEnv(t *testing.T, bufferSize int) *env {
 	srv.Start()
 	t.Cleanup(srv.Close)
 	t.Cleanup(cancel) // runs first: long polls and consoles end
-	spec := openapitest.Load(t, openapitest.Propolis)
+	spec := openapitest.Load(t, doc)
 	proxy := spec.Proxy(t, srv.URL)
 	addr := strings.TrimPrefix(proxy.URL, "http://")
 	return &env{fake: fake, proxy: proxy, spec: spec, client: propolisapi.NewClient(addr), addr: addr, direct: srv.URL, shutdown: cancel}

@@ -1,4 +1,5 @@
-// Package propolisapi is propolis-server 5.0.0's HTTP API: a server over a
+// Package propolisapi is propolis-server 6.0.0's HTTP API (and 5.0.0's,
+// served to older clients): a server over a
 // Backend that is the VM, and the sled agent's client of it.
 //
 // The server knows nothing of how a VM is made. It decodes and checks
@@ -13,10 +14,10 @@ import (
 	"time"
 )
 
-// APIVersion is the version of upstream's API this package speaks; every
-// request carries it in the api-version header, as upstream's server
-// requires.
-const APIVersion = "5.0.0"
+// APIVersion is the newest version of upstream's API this package serves,
+// and the one its client speaks; every request carries a version in the
+// api-version header, as upstream's server requires.
+const APIVersion = "6.0.0"
 
 // versionHeader is the header that carries the API version.
 const versionHeader = "api-version"
@@ -79,7 +80,7 @@ type Properties struct {
 }
 
 // Metadata is upstream's InstanceMetadata: what the instance's statistics
-// are tracked under. Version 5.0.0 requires every field.
+// are tracked under. Versions 5.0.0 and 6.0.0 require every field.
 type Metadata struct {
 	ProjectID    string `json:"project_id"`
 	SiloID       string `json:"silo_id"`

@@ -21,7 +21,8 @@ import (
 )
 
 // The API, as upstream's propolis-server answers it (bin/propolis-server/
-// src/lib/server.rs). Every request must carry api-version: 5.0.0. Errors
+// src/lib/server.rs). Every request must carry api-version: 6.0.0, or
+// 5.0.0 to be read and answered in that version's shapes (versions.go). Errors
 // are dropshot's body {"request_id","error_code","message"}; bad input is a
 // 400 naming the problem, before anything else is looked at.
 //
@@ -166,22 +167,23 @@ func bounded(rt httpbound.Route, f http.HandlerFunc) http.HandlerFunc {
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set(requestIDHeader, uuid.NewString())
 	// Dropshot checks the version before it routes.
-	if msg := checkVersion(r.Header.Values(versionHeader)); msg != "" {
+	v, msg := checkVersion(r.Header.Values(versionHeader))
+	if msg != "" {
 		if r.ContentLength != 0 {
 			httpbound.StopReading(w) // answered without reading it
 		}
 		writeError(w, http.StatusBadRequest, "", msg)
 		return
 	}
-	h.mux.ServeHTTP(w, r)
+	h.mux.ServeHTTP(w, r.WithContext(withVersion(r.Context(), v)))
 }
 
-// checkVersion returns what is wrong with the api-version header, or "".
-// Upstream serves every version up to its newest; this server serves 5.0.0
-// alone, since older versions' documents differ.
-func checkVersion(vals []string) string {
+// checkVersion returns the version a request is served in, or what is
+// wrong with its api-version header (versions.go). As dropshot, a missing
+// header is refused.
+func checkVersion(vals []string) (version, string) {
 	if len(vals) == 0 {
-		return fmt.Sprintf("missing expected header %q", versionHeader)
+		return 0, fmt.Sprintf("missing expected header %q", versionHeader)
 	}
 	v := vals[0]
 	parts := strings.Split(v, ".")
@@ -194,13 +196,15 @@ func checkVersion(vals []string) string {
 	}
 	switch {
 	case !ok:
-		return fmt.Sprintf("bad value for header %q: not a version: %s", versionHeader, v)
-	case v == APIVersion:
-		return ""
-	case n[0] > 5 || (n[0] == 5 && (n[1] > 0 || n[2] > 0)):
-		return fmt.Sprintf("server does not support this API version: %s", v)
+		return 0, fmt.Sprintf("bad value for header %q: not a version: %s", versionHeader, v)
+	case n[0] > 6 || (n[0] == 6 && (n[1] > 0 || n[2] > 0)):
+		return 0, fmt.Sprintf("server does not support this API version: %s", v)
+	case n[0] == 6:
+		return v6, ""
+	case n[0] == 5:
+		return v5, ""
 	default:
-		return fmt.Sprintf("server serves API version %s only, not %s", APIVersion, v)
+		return 0, fmt.Sprintf("server serves API versions %s to %s only, not %s", Version5, APIVersion, v)
 	}
 }
 
@@ -322,7 +326,7 @@ func (h *handler) ensure(w http.ResponseWriter, r *http.Request) {
 	default:
 		var buf bytes.Buffer
 		if err = json.Compact(&buf, req.Init.Value.Spec); err == nil {
-			spec = buf.Bytes()
+			spec, err = specIn(versionOf(r.Context()), buf.Bytes())
 		}
 	}
 	if err != nil {
@@ -362,7 +366,7 @@ func (h *handler) spec(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, specResponse{
 		Properties: props,
-		Spec:       specStatus{Type: "Present", Value: spec},
+		Spec:       specStatus{Type: "Present", Value: specOut(versionOf(r.Context()), spec)},
 		State:      st.State,
 	})
 }

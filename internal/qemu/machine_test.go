@@ -159,6 +159,7 @@ func TestArgsRefusals(t *testing.T) {
 		{"block size", func(m *Machine) { d := disk("a", 4, 0); d.BlockSize = 1024; m.Disks = []Disk{d} }, "block size 1024"},
 		{"no block size", func(m *Machine) { d := disk("a", 4, 0); d.BlockSize = 0; m.Disks = []Disk{d} }, "block size 0"},
 		{"NVMe without serial", func(m *Machine) { d := disk("a", 4, 0); d.Kind = NVMe; m.Disks = []Disk{d} }, "needs a serial"},
+		{"virtio-blk without write cache", func(m *Machine) { d := disk("a", 4, 0); d.NoWriteCache = true; m.Disks = []Disk{d} }, "only an NVMe disk can be without a write cache"},
 		{"long serial", func(m *Machine) { d := disk("a", 4, 0); d.Serial = strings.Repeat("s", 21); m.Disks = []Disk{d} }, "at most 20 printable"},
 		{"serial with a newline", func(m *Machine) { d := disk("a", 4, 0); d.Serial = "a\nb"; m.Disks = []Disk{d} }, "at most 20 printable"},
 		{"PCI bus 1", func(m *Machine) { d := disk("a", 4, 0); d.PCI.Bus = 1; m.Disks = []Disk{d} }, "bus 1: devices go on the root bus"},
@@ -319,5 +320,39 @@ func TestPrepareVars(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
 		t.Errorf("left %d files in the directory, want 2", len(ents))
+	}
+}
+
+// TestNVMeWriteCache: an NVMe disk's write cache is the device's
+// write-cache setting, on unless the disk has none (upstream's
+// has_write_cache); virtio-blk disks keep QEMU's default.
+func TestNVMeWriteCache(t *testing.T) {
+	m := full()
+	m.Disks = append(m.Disks, Disk{ID: "scratch", Kind: NVMe, PCI: PCIPath{0, 6, 0}, Path: "/pool/disks/scratch.raw", BlockSize: 512, Serial: "scratch", NoWriteCache: true})
+	args, err := m.Args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"boot": "", "data": "write-cache=on", "cidata": "", "scratch": "write-cache=off"}
+	seen := 0
+	for _, a := range args {
+		for id, w := range want {
+			if !strings.Contains(a, ",id="+id+",") {
+				continue
+			}
+			seen++
+			got := ""
+			for _, p := range strings.Split(a, ",") {
+				if strings.HasPrefix(p, "write-cache=") {
+					got = p
+				}
+			}
+			if got != w {
+				t.Errorf("disk %q: device %q: write cache %q, want %q", id, a, got, w)
+			}
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("found %d of the %d disks' devices in %q", seen, len(want), args)
 	}
 }

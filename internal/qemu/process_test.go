@@ -263,7 +263,7 @@ func TestQEMUDevices(t *testing.T) {
 				}
 				m.Disks = []Disk{
 					{ID: "boot", Kind: VirtioBlk, PCI: PCIPath{0, 4, 0}, Path: filepath.Join(dir, "a,disk.img"), BlockSize: 512},
-					{ID: "data", Kind: NVMe, PCI: PCIPath{0, 5, 0}, Path: filepath.Join(dir, "b,disk.img"), BlockSize: 4096, Serial: "data-1"},
+					{ID: "data", Kind: NVMe, PCI: PCIPath{0, 5, 0}, Path: filepath.Join(dir, "b,disk.img"), BlockSize: 4096, Serial: "data-1", NoWriteCache: true},
 					{ID: "seed", Kind: VirtioBlk, PCI: PCIPath{0, 5, 1}, Path: filepath.Join(dir, "c,disk.img"), BlockSize: 4096, ReadOnly: true},
 				}
 				for _, port := range []string{"com2", "com3", "com4"} {
@@ -292,6 +292,13 @@ func TestQEMUDevices(t *testing.T) {
 					if at[id] != want {
 						t.Errorf("%s at %q, want %s (devices: %v)", id, at[id], want, at)
 					}
+				}
+				var wc string
+				if err := p.Monitor().Execute(ctx, "qom-get", map[string]string{"path": "/machine/peripheral/data", "property": "write-cache"}, &wc); err != nil {
+					t.Fatal(err)
+				}
+				if wc != "off" {
+					t.Errorf("NVMe disk without a write cache: write-cache %q, want off", wc)
 				}
 				var chardevs []struct{ Label string }
 				if err := p.Monitor().Execute(ctx, "query-chardev", nil, &chardevs); err != nil {

@@ -2,6 +2,7 @@ package qemuvm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -104,4 +105,67 @@ func addFD(args []string, path string) int {
 		}
 	}
 	return -1
+}
+
+// An NVMe disk's has_write_cache reaches QEMU as the device's write-cache
+// setting.
+func TestNVMeWriteCacheReachesQEMU(t *testing.T) {
+	storage := t.TempDir()
+	fw := filepath.Join(t.TempDir(), "fw.fd")
+	disks := []string{filepath.Join(storage, "boot.raw"), filepath.Join(storage, "data.raw")}
+	for _, f := range append([]string{fw}, disks...) {
+		if err := os.WriteFile(f, make([]byte, 4096), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var args []string
+	vm := New(Options{
+		Name: "qemuvm-nvme", Dir: t.TempDir(), Binary: os.Args[0],
+		FirmwareCode: fw, FirmwareVars: fw, Accel: qemu.TCG, IDs: DefaultIDs,
+		Sled:    spec.Sled{Threads: 2, FileRoots: []string{storage}},
+		Confine: func(Guest) Confinement { return &fakeConfinement{} },
+		Start: func(cmd *exec.Cmd) error {
+			args = cmd.Args
+			return errNotStarted
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t.Cleanup(func() { vm.Close(ctx) })
+	var doc map[string]any
+	if err := json.Unmarshal(specJSON(disks[0], false), &doc); err != nil {
+		t.Fatal(err)
+	}
+	comps := doc["components"].(map[string]any)
+	nvme := func(backend string, dev int, wc bool) map[string]any {
+		serial := make([]int, 20)
+		for i, c := range backend {
+			serial[i] = int(c)
+		}
+		return map[string]any{"type": "nvme_disk", "component": map[string]any{
+			"backend_id": backend, "pci_path": map[string]any{"bus": 0, "device": dev, "function": 0},
+			"serial_number": serial, "has_write_cache": wc}}
+	}
+	comps["boot-disk"] = nvme("boot-disk-backend", 0x10, false)
+	comps["data-disk"] = nvme("data-disk-backend", 0x11, true)
+	comps["data-disk-backend"] = map[string]any{"type": "file_storage_backend", "component": map[string]any{"path": disks[1], "readonly": false, "block_size": 512}}
+	raw, _ := json.Marshal(doc)
+	if err := vm.Ensure(ctx, props, raw); !errors.Is(err, errNotStarted) {
+		t.Fatalf("Ensure: %v", err)
+	}
+	want := map[string]string{"serial=boot-disk-backend": "write-cache=off", "serial=data-disk-backend": "write-cache=on"}
+	for serial, wc := range want {
+		found := false
+		for _, a := range args {
+			if strings.HasPrefix(a, "nvme,") && strings.Contains(a, ","+serial+",") {
+				found = true
+				if !strings.Contains(a, ","+wc) {
+					t.Errorf("NVMe device %q: want %s", a, wc)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no NVMe device with %s in %q", serial, args)
+		}
+	}
 }

@@ -450,6 +450,7 @@ func (v *VM) disk(s *spec.Spec, c spec.Component, n int, files spec.Files) (qemu
 	d := qemu.Disk{ID: fmt.Sprintf("disk%d", n), Kind: qemu.VirtioBlk, PCI: qemuPCI(c.Disk.PCI), BlockSize: 512}
 	if c.Type == spec.TypeNvmeDisk {
 		d.Kind = qemu.NVMe
+		d.NoWriteCache = !c.Disk.WriteCache
 		d.Serial = printable(c.Disk.SerialNumber)
 		if d.Serial == "" {
 			d.Serial = d.ID

@@ -1,5 +1,5 @@
 // Package service is the VMM service, what a VMM's zone runs:
-// propolis-server 5.0.0's API (internal/propolisapi) over a backend that is
+// propolis-server 6.0.0's API, and 5.0.0's (internal/propolisapi), over a backend that is
 // the guest (a simulated one, internal/vmm/simguest, or a QEMU machine,
 // internal/vmm/qemuvm), and the health report the Linux runtime's readiness
 // check reads (GET /health, as internal/zoneservice answers it).

@@ -1,4 +1,4 @@
-// Package spec reads upstream's instance spec (propolis-server 5.0.0's
+// Package spec reads upstream's instance spec (propolis-server 6.0.0's
 // InstanceSpec, the sled agent's vmm_spec) and judges whether this sled can
 // realise it: the board, the devices at their PCI paths and the backends
 // they name. The agent checks a spec when a VMM is registered (a spec it
@@ -106,6 +106,10 @@ type Disk struct {
 	PCI       PCIPath `json:"pci_path"`
 	// SerialNumber is an NVMe disk's 20 bytes.
 	SerialNumber []byte `json:"-"`
+	// WriteCache is an NVMe disk's has_write_cache: whether it reports a
+	// volatile write cache, which the guest must flush. False says the
+	// backend loses no write once accepted (qemu.Disk.NoWriteCache).
+	WriteCache bool `json:"-"`
 }
 
 // NIC is a virtio NIC. InterfaceID names the NIC of the sled-local config
@@ -223,10 +227,18 @@ func decodeComponent(typ string, raw json.RawMessage) (Component, error) {
 		var d struct {
 			Disk
 			SerialNumber []int `json:"serial_number"`
+			// Required from propolis-server 6.0.0 on, as in
+			// sled-agent 48's vmm_spec. The VMM service reads a
+			// 5.0.0 client's spec as 6.0.0's (propolisapi).
+			HasWriteCache *bool `json:"has_write_cache"`
 		}
 		if err := strict(&d); err != nil {
 			return c, err
 		}
+		if d.HasWriteCache == nil {
+			return c, errors.New("missing field `has_write_cache`")
+		}
+		d.Disk.WriteCache = *d.HasWriteCache
 		if len(d.SerialNumber) != 20 {
 			return c, fmt.Errorf("serial_number: want 20 bytes, not %d", len(d.SerialNumber))
 		}
@@ -298,5 +310,5 @@ func decodeComponent(typ string, raw json.RawMessage) (Component, error) {
 		c.Network = &NetBackend{}
 		return c, strict(c.Network)
 	}
-	return c, errors.New("not a component type of propolis-server 5.0.0's InstanceSpec")
+	return c, errors.New("not a component type of propolis-server 6.0.0's InstanceSpec")
 }

@@ -167,7 +167,9 @@ func TestRefusals(t *testing.T) {
 		{"missing file", backendPath(filepath.Join(w.sled.FileRoots[0], "nope.raw")), "no such file"},
 		{"block size", set("boot-disk-backend", comp("file_storage_backend", map[string]any{"path": w.disk, "readonly": false, "block_size": 1000})), "block_size 1000"},
 		{"bad base64", set("cloud-init-backend", comp("blob_storage_backend", map[string]any{"base64": "!!", "readonly": true})), "base64"},
-		{"nvme serial", set("boot-disk", comp("nvme_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10), "serial_number": []int{1, 2}})), "serial_number: want 20 bytes"},
+		{"nvme serial", set("boot-disk", comp("nvme_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10), "serial_number": []int{1, 2}, "has_write_cache": true})), "serial_number: want 20 bytes"},
+		{"nvme without write cache member", set("boot-disk", comp("nvme_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10), "serial_number": make([]int, 20)})), "missing field `has_write_cache`"},
+		{"virtio disk with write cache member", set("boot-disk", comp("virtio_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10), "has_write_cache": true})), `unknown field "has_write_cache"`},
 		{"two boot settings", set("boot2", comp("boot_settings", map[string]any{"order": []any{}})), "at most one boot_settings"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -244,6 +246,23 @@ func TestNotASpec(t *testing.T) {
 	for _, raw := range []string{`[]`, `{}`, `{"board": {"cpus": 1}}`, `{"board":{"cpus":1,"memory_mb":1,"chipset":{"type":"i440_fx","value":{"enable_pcie":false}}}}`} {
 		if _, err := Decode([]byte(raw)); err == nil {
 			t.Errorf("Decode(%s) succeeded", raw)
+		}
+	}
+}
+
+// An NVMe disk of propolis-server 6.0.0 (sled-agent 48's vmm_spec) carries
+// has_write_cache, which the spec keeps.
+func TestNVMeWriteCache(t *testing.T) {
+	w := newWorld(t)
+	for _, wc := range []bool{true, false} {
+		doc := testSpec(w.disk)
+		set("boot-disk", comp("nvme_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10), "serial_number": make([]int, 20), "has_write_cache": wc}))(doc)
+		s, err := decodeCheck(t, doc, w.sled)
+		if err != nil {
+			t.Fatalf("has_write_cache %v: %v", wc, err)
+		}
+		if d := s.Components["boot-disk"].Disk; d.WriteCache != wc {
+			t.Errorf("has_write_cache %v: WriteCache %v", wc, d.WriteCache)
 		}
 	}
 }
