@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/dropshot"
@@ -58,22 +59,33 @@ type Client struct {
 
 	addr string
 	api  *dropshot.Client
-	err  error // why addr makes no client; every call returns it
+	// api5 speaks Version5, to a service that predates APIVersion (a VMM
+	// service an earlier agent started, adopted after an upgrade); older
+	// is set once such a service refused APIVersion.
+	api5  *dropshot.Client
+	older atomic.Bool
+	err   error // why addr makes no client; every call returns it
 }
 
 // NewClient returns a client of the propolis-server at addr, host:port (an
 // IPv6 host in brackets). It keeps no connections: a VMM's zone may vanish
 // or be replaced at the same address at any moment.
 func NewClient(addr string) *Client {
-	api, err := dropshot.NewClient("http://"+addr, dropshot.Config{
+	cfg := dropshot.Config{
 		Name:        "propolis-server",
 		APIVersion:  APIVersion,
 		Unreachable: ErrUnreachable,
 		NoKeepAlive: true,
 		NoRedirects: true,
 		LongPoll:    MonitorWait,
-	})
-	return &Client{addr: addr, api: api, err: err}
+	}
+	api, err := dropshot.NewClient("http://"+addr, cfg)
+	if err != nil {
+		return &Client{addr: addr, err: err}
+	}
+	cfg.APIVersion = Version5
+	api5, err := dropshot.NewClient("http://"+addr, cfg)
+	return &Client{addr: addr, api: api, api5: api5, err: err}
 }
 
 func (c *Client) timeout() time.Duration {
@@ -88,11 +100,35 @@ func (c *Client) do(ctx context.Context, timeout time.Duration, method, path str
 	if c.err != nil {
 		return c.err
 	}
+	if c.older.Load() {
+		return c.result(c.api5.Do(ctx, timeout, method, path, query, in, out))
+	}
 	err := c.api.Do(ctx, timeout, method, path, query, in, out)
+	if e, ok := errors.AsType[*dropshot.APIError](err); ok && e.StatusCode == http.StatusBadRequest && method == http.MethodGet {
+		// A request with nothing in it but its api-version refused: a
+		// service that predates APIVersion (started by an earlier agent
+		// and adopted after an upgrade; its guest must not be failed for
+		// it). It is spoken to in Version5 from now on; what it is
+		// asked changes nothing in that version.
+		if err5 := c.api5.Do(ctx, timeout, method, path, query, in, out); !isBadRequest(err5) {
+			c.older.Store(true)
+			return c.result(err5)
+		}
+	}
+	return c.result(err)
+}
+
+// result is err as the package returns it: a non-2xx answer an *APIError.
+func (c *Client) result(err error) error {
 	if e, ok := errors.AsType[*dropshot.APIError](err); ok {
 		return (*APIError)(e)
 	}
 	return err
+}
+
+func isBadRequest(err error) bool {
+	e, ok := errors.AsType[*dropshot.APIError](err)
+	return ok && e.StatusCode == http.StatusBadRequest
 }
 
 // Ensure creates the instance from spec, an InstanceSpec object, with
