@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/reconciler"
+)
+
+// dev's banner is printed once; after it, a repair and a config put and its
+// convergence are a line each.
+func TestDevProgressBannerOnce(t *testing.T) {
+	var out bytes.Buffer
+	p := newDevProgress(&out, time.Now())
+	p.gen = 351
+	zones := func(states ...reconciler.State) []reconciler.ZoneStatus {
+		var zs []reconciler.ZoneStatus
+		for i, s := range states {
+			zs = append(zs, reconciler.ZoneStatus{Name: []string{"oxz_a", "oxz_b", "oxz_c"}[i], Wanted: true, State: s})
+		}
+		return zs
+	}
+	run, fail, start := reconciler.StateRunning, reconciler.StateFailed, reconciler.StateStarting
+	banners := 0
+	for _, s := range []struct {
+		gen, passGen uint64
+		idle         bool
+		zones        []reconciler.ZoneStatus
+	}{
+		{351, 0, false, zones(start, start)},
+		{351, 351, true, zones(run, run)}, // converged: the banner
+		{351, 351, true, zones(run, run)},
+		{351, 351, true, zones(run, fail)}, // a repair
+		{351, 351, false, zones(run, start)},
+		{351, 351, true, zones(run, run)},
+		{352, 351, true, zones(run, run)}, // a config put, same zones
+		{352, 352, true, zones(run, run)},
+		{353, 352, true, zones(run, run, start)}, // a config put, one more zone
+		{353, 353, true, zones(run, run, run)},
+		{353, 353, true, zones(run, run, run)},
+	} {
+		if p.step(s.gen, s.passGen, s.idle, s.zones) {
+			banners++
+		}
+	}
+	if banners != 1 {
+		t.Errorf("banner asked for %d times, want once", banners)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"repaired oxz_b: all 2 zones running",
+		"config generation 352 put; reconciling",
+		"config generation 352 converged: all 2 zones running after",
+		"config generation 353 put; reconciling",
+		"config generation 353 converged: all 3 zones running after",
+	} {
+		if n := strings.Count(got, want); n != 1 {
+			t.Errorf("output has %q %d times, want once:\n%s", want, n, got)
+		}
+	}
+}
