@@ -482,11 +482,18 @@ func printZone(w io.Writer, z *api.ZoneDetail) error {
 	fmt.Fprintf(tw, "id\t%s\n", z.ID)
 	fmt.Fprintf(tw, "kind\t%s\n", z.Kind)
 	wanted := "yes"
-	if !z.Wanted {
+	switch {
+	case z.RemovedAt != nil:
+		wanted = "no: removed from the config, torn down at " + z.RemovedAt.Local().Format(time.DateTime)
+	case !z.Wanted:
 		wanted = "no (being removed)"
 	}
 	fmt.Fprintf(tw, "wanted\t%s\n", wanted)
-	fmt.Fprintf(tw, "state\t%s since %s\n", z.State, z.Since.Local().Format(time.DateTime))
+	if z.RemovedAt != nil {
+		fmt.Fprintf(tw, "state\tremoved; last %s since %s\n", z.State, z.Since.Local().Format(time.DateTime))
+	} else {
+		fmt.Fprintf(tw, "state\t%s since %s\n", z.State, z.Since.Local().Format(time.DateTime))
+	}
 	fmt.Fprintf(tw, "config hash\t%s\n", z.ConfigHash)
 	fmt.Fprintf(tw, "attempts\t%d\n", z.Attempts)
 	fmt.Fprintf(tw, "incidents\t%d\n", z.Incidents)

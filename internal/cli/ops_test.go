@@ -2,11 +2,15 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/api"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
 )
@@ -84,5 +88,62 @@ func TestInventoryStorageAndTime(t *testing.T) {
 	}
 	if want := "time synchronized since 2026-01-02 03:04:05; source ntp.example, stratum 2"; !strings.Contains(oneLine(b.String()), want) {
 		t.Errorf("inventory does not show %q:\n%s", want, b.String())
+	}
+}
+
+// zone show of a zone removed from the config says it was removed, and
+// when, with its history; the zone lists no longer show it.
+func TestRemovedZoneShown(t *testing.T) {
+	a, zones, _ := convergedAgent(t)
+	var gone sledconfig.Zone
+	for _, n := range slices.Sorted(maps.Keys(zones)) {
+		if zones[n].ZoneType.Type == "crucible" {
+			gone = zones[n]
+			break
+		}
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(sledconfig.Example(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var zs map[string]json.RawMessage
+	if err := json.Unmarshal(doc["zones"], &zs); err != nil {
+		t.Fatal(err)
+	}
+	delete(zs, gone.ID)
+	doc["zones"], _ = json.Marshal(zs)
+	doc["generation"] = json.RawMessage("352")
+	next, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sledAt(t, a.url, "config", "put", writeFile(t, "sled-config.json", next)).ok(t)
+
+	deadline := time.Now().Add(waitDeadline)
+	for {
+		r := sledAt(t, a.url, "zones").ok(t)
+		if !strings.Contains(r.stdout, gone.Name()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s, the removed zone is still listed:\n%s", waitDeadline, r.stdout)
+		}
+		time.Sleep(waitInterval)
+	}
+	for _, key := range []string{gone.Name(), gone.ID} {
+		r := sledAt(t, a.url, "zone", "show", key).ok(t)
+		for _, want := range []string{"removed from the config, torn down at ", "state", "removed; last ", "running", "removed", "no longer in the config"} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("zone show %s of a removed zone does not show %q:\n%s", key, want, r.stdout)
+			}
+		}
+	}
+	r := sledAt(t, a.url, "zone", "show", gone.ID, "-o", "json").ok(t)
+	var z api.ZoneDetail
+	if err := json.Unmarshal([]byte(r.stdout), &z); err != nil {
+		t.Fatal(err)
+	}
+	if z.RemovedAt == nil || len(z.History) == 0 || z.History[len(z.History)-1].Event != "removed" {
+		t.Errorf("zone show -o json of a removed zone: removed_at %v, history %+v", z.RemovedAt, z.History)
 	}
 }
