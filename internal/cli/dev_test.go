@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,5 +61,29 @@ func TestDevProgressBannerOnce(t *testing.T) {
 		if n := strings.Count(got, want); n != 1 {
 			t.Errorf("output has %q %d times, want once:\n%s", want, n, got)
 		}
+	}
+}
+
+// bench prints its progress on stderr, a line per phase, and its result
+// alone on stdout.
+func TestBenchProgressOnStderr(t *testing.T) {
+	r := sled(t, "bench", "--zones", "3", "--requests", "2", "--pass-zones", "3,4", "--passes", "2")
+	if r.code != 0 {
+		t.Fatalf("bench exit %d; stderr:\n%s", r.code, r.stderr)
+	}
+	var res map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Errorf("bench stdout is not its JSON result alone: %v\n%s", err, r.stdout)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	want := []string{
+		"bench: starting 3 zones, one of them hanging",
+		"bench: 2 config puts at 3 zones",
+		"bench: 2 inventory reads at 3 zones",
+		"bench: 2 no-op passes at 3 zones",
+		"bench: 2 no-op passes at 4 zones",
+	}
+	if !slices.Equal(lines, want) {
+		t.Errorf("bench stderr = %q, want %q", lines, want)
 	}
 }
