@@ -68,7 +68,9 @@ func (r *Reconciler) loadHistory() {
 func (s *store) takePrior(name string) []Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := s.prior[name]
+	// A copy: the caller's history is edited in place, and a write of the
+	// file may be reading this one.
+	h := slices.Clone(s.prior[name])
 	delete(s.prior, name)
 	return h
 }
