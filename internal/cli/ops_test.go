@@ -2,13 +2,16 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
@@ -145,5 +148,63 @@ func TestRemovedZoneShown(t *testing.T) {
 	}
 	if z.RemovedAt == nil || len(z.History) == 0 || z.History[len(z.History)-1].Event != "removed" {
 		t.Errorf("zone show -o json of a removed zone: removed_at %v, history %+v", z.RemovedAt, z.History)
+	}
+}
+
+// A zone's history survives an agent restart: the agent keeps the
+// histories in its data dir.
+func TestZoneHistorySurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	run := func() (url string, stop func()) {
+		a, err := agent.New(agent.Config{Listen: "127.0.0.1:0", DataDir: dir, UnderlayIP: exampleSled}, slog.New(slog.NewTextHandler(t.Output(), nil)))
+		if err != nil {
+			t.Fatalf("agent.New: %v", err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		stopped := false
+		stop = func() {
+			if stopped {
+				return
+			}
+			stopped = true
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(waitDeadline):
+				t.Errorf("Run did not return within %s of its context being cancelled", waitDeadline)
+			}
+		}
+		t.Cleanup(stop)
+		return "http://" + a.Addr(), stop
+	}
+	url, stop := run()
+	sledAt(t, url, "config", "put", writeFile(t, "sled-config.json", sledconfig.Example())).ok(t)
+	zones := exampleZones(t)
+	names := slices.Sorted(maps.Keys(zones))
+	waitAllRunning(t, &testAgent{url: url}, names)
+	var before api.ZoneDetail
+	if err := json.Unmarshal([]byte(sledAt(t, url, "zone", "show", names[0], "-o", "json").ok(t).stdout), &before); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	url, _ = run()
+	waitAllRunning(t, &testAgent{url: url}, names) // adopted
+	var after api.ZoneDetail
+	if err := json.Unmarshal([]byte(sledAt(t, url, "zone", "show", names[0], "-o", "json").ok(t).stdout), &after); err != nil {
+		t.Fatal(err)
+	}
+	if len(after.History) < len(before.History) {
+		t.Fatalf("after a restart, %d events, want the %d before and any since: %+v", len(after.History), len(before.History), after.History)
+	}
+	for i, e := range before.History {
+		if a := after.History[i]; !a.At.Equal(e.At) || a.Event != e.Event {
+			t.Errorf("after a restart, event %d = %+v, want %+v", i, a, e)
+		}
 	}
 }
