@@ -36,9 +36,13 @@ type Options struct {
 }
 
 // phase says on Progress, if set, what the benchmark does now.
-func (o Options) phase(format string, args ...any) {
-	if o.Progress != nil {
-		fmt.Fprintf(o.Progress, "bench: "+format+"\n", args...)
+func (o Options) phase(format string, args ...any) { progress(o.Progress, "bench: "+format, args...) }
+
+// progress writes a line for people to w, if set: what a benchmark does
+// now, a line per phase or round, never per request.
+func progress(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, format+"\n", args...)
 	}
 }
 

@@ -87,3 +87,25 @@ func TestBenchProgressOnStderr(t *testing.T) {
 		t.Errorf("bench stderr = %q, want %q", lines, want)
 	}
 }
+
+// bench restart, over the sim runtime, prints a line per phase and round
+// on stderr and its result alone on stdout.
+func TestBenchRestartProgressOnStderr(t *testing.T) {
+	r := sled(t, "bench", "restart", "--runtime", "sim", "--count", "3", "--rounds", "2")
+	if r.code != 0 {
+		t.Fatalf("bench restart exit %d; stderr:\n%s", r.code, r.stderr)
+	}
+	var res map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Errorf("bench restart stdout is not its JSON result alone: %v\n%s", err, r.stdout)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	want := []string{
+		"bench restart: bringing 3 zones up",
+		"bench restart: round 1/2: an agent restarted over 3 zones",
+		"bench restart: round 2/2: an agent restarted over 3 zones",
+	}
+	if !slices.Equal(lines, want) {
+		t.Errorf("bench restart stderr = %q, want %q", lines, want)
+	}
+}
