@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sled-agent/sled-agent/internal/atomicfile"
 )
@@ -125,8 +126,12 @@ func (r *Reconciler) historyDoc() ([]byte, error) {
 	cut := func(h []Event, keep int) []Event {
 		h = slices.Clone(h[max(len(h)-keep, 0):])
 		for i := range h {
-			if len(h[i].Detail) > maxEventDetail {
-				h[i].Detail = h[i].Detail[:maxEventDetail] + "…"
+			if d := h[i].Detail; len(d) > maxEventDetail {
+				n := maxEventDetail
+				for n > 0 && !utf8.RuneStart(d[n]) { // not in the middle of a rune
+					n--
+				}
+				h[i].Detail = d[:n] + "…"
 			}
 		}
 		return h
