@@ -349,21 +349,52 @@ var uuidRE = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0
 // it is. A longer one is a chain "what: context: context: cause" (errors
 // wrapped with %w): after what (such as "storage not ready") the root cause
 // comes, then the context, innermost first and with its UUIDs shortened, so
-// that what is cut off is context, not the cause.
+// that what is cut off is context, not the cause. A part in parentheses is
+// one part, whatever it holds.
 func rootFirst(s string, n int) string {
 	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	parts := strings.Split(s, ": ")
+	parts := splitChain(s)
 	if len(parts) < 3 {
 		return truncate(s, n)
+	}
+	shorten := func(p string) string {
+		return uuidRE.ReplaceAllStringFunc(p, func(id string) string { return id[:8] + "…" })
 	}
 	ctx := slices.Clone(parts[1 : len(parts)-1])
 	slices.Reverse(ctx)
 	for i, p := range ctx {
-		ctx[i] = uuidRE.ReplaceAllStringFunc(p, func(id string) string { return id[:8] + "…" })
+		ctx[i] = shorten(p)
 	}
-	return truncate(parts[0]+": "+parts[len(parts)-1]+" ("+strings.Join(ctx, "; ")+")", n)
+	root := parts[len(parts)-1]
+	out := parts[0] + ": " + root + " (" + strings.Join(ctx, "; ") + ")"
+	if utf8.RuneCountInString(out) > n {
+		out = parts[0] + ": " + shorten(root) + " (" + strings.Join(ctx, "; ") + ")"
+	}
+	return truncate(out, n)
+}
+
+// splitChain splits an error chain at its ": " separators outside
+// parentheses.
+func splitChain(s string) []string {
+	var parts []string
+	depth, start := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '(':
+			depth++
+		case ')':
+			depth = max(depth-1, 0)
+		case ':':
+			if depth == 0 && strings.HasPrefix(s[i:], ": ") {
+				parts = append(parts, s[start:i])
+				start = i + 2
+				i++
+			}
+		}
+	}
+	return append(parts, s[start:])
 }
 
 // truncate shortens s to at most n runes.

@@ -44,6 +44,12 @@ func TestZoneTableRootCauseFirst(t *testing.T) {
 			t.Errorf("line %q does not show %q", lines[1], want)
 		}
 	}
+	// A part in parentheses is one part; a root cause still too long has
+	// its UUIDs shortened too.
+	nested := "time not yet synchronized: NTP zone not running: oxz_ntp_a700528f-f600-4908-94ac-9c06442ef6b4 is waiting (" + long + ")"
+	if got, want := rootFirst(nested, 100), "time not yet synchronized: oxz_ntp_a700528f… is waiting (storage not ready: pool oxp_5e8b1a2c… is n…"; got != want {
+		t.Errorf("rootFirst(%q) = %q, want %q", nested, got, want)
+	}
 	// A message that fits is shown as it is.
 	if !strings.Contains(lines[2], short) {
 		t.Errorf("line %q does not show %q", lines[2], short)
