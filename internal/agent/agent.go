@@ -68,6 +68,10 @@ const SimStateFile = "sim-state.json"
 // advertised.
 const PrefixStateFile = "prefixes.json"
 
+// ZoneHistoryFile, in the data dir, holds the zones' histories and the
+// removed zones' last statuses across restarts.
+const ZoneHistoryFile = "zone-history.json"
+
 // Config is how the agent is set up. The JSON keys are the flag names.
 type Config struct {
 	Listen  string `json:"listen"`
@@ -357,6 +361,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		RelistPeriod:   cfg.RelistPeriod,
 		HealthPeriod:   cfg.HealthPeriod,
 		HealthFailures: cfg.HealthFailures,
+		HistoryFile:    filepath.Join(cfg.DataDir, ZoneHistoryFile),
 		Metrics:        reconciler.NewMetrics(reg),
 		OnRunningChange: func() {
 			for _, f := range onRunningChange {

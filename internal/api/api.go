@@ -57,6 +57,8 @@ type Reconciler interface {
 	Zones() []reconciler.ZoneStatus
 	ZonesWhere(keep func(reconciler.ZoneStatus) bool) []reconciler.ZoneStatus
 	Zone(nameOrID string) (reconciler.ZoneStatus, bool)
+	// Removed is a zone removed from the config, as it last was.
+	Removed(nameOrID string) (reconciler.ZoneStatus, bool)
 	RunningZones() []string
 	Restore() reconciler.RestoreStatus
 }

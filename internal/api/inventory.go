@@ -90,6 +90,7 @@ type ZoneSummary struct {
 	Incidents  int               `json:"incidents"`
 	Activity   string            `json:"activity,omitempty" doc:"The runtime call in flight: what, for how long, its deadline, what it waits for."`
 	Health     reconciler.Health `json:"health" doc:"What the periodic health checks of the running zone found."`
+	RemovedAt  *time.Time        `json:"removed_at,omitempty" doc:"When the zone, removed from the config, was torn down: GET /agent/zones/{zone} still shows a removed zone (the last ones, with their history); the zone lists do not."`
 }
 
 // ZoneDetail is one zone's state and history.
@@ -103,6 +104,7 @@ func summary(zs reconciler.ZoneStatus) ZoneSummary {
 		Name: zs.Name, ID: zs.ID, Kind: zs.Kind, Wanted: zs.Wanted, State: string(zs.State),
 		Since: zs.Since, ConfigHash: zs.ConfigHash, Attempts: zs.Attempts, LastError: zs.LastError,
 		WaitingFor: zs.WaitingFor, NextRetry: zs.NextRetry, Incidents: zs.Incidents, Activity: zs.Activity, Health: zs.Health,
+		RemovedAt: zs.RemovedAt,
 	}
 }
 
@@ -148,6 +150,10 @@ type agentZoneOutput struct {
 
 func (s *Server) agentZone(ctx context.Context, in *agentZoneInput) (*agentZoneOutput, error) {
 	zs, ok := s.deps.Reconciler.Zone(in.Zone)
+	if !ok {
+		// Gone from the config: what it was, and when it went.
+		zs, ok = s.deps.Reconciler.Removed(in.Zone)
+	}
 	if !ok {
 		return nil, apiError(ctx, http.StatusNotFound, "no zone named or with id "+in.Zone)
 	}

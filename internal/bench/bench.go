@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"slices"
@@ -29,6 +30,20 @@ type Options struct {
 	PassZones []int
 	// Passes is how many no-op passes are timed at each size (50).
 	Passes int
+	// Progress, if set, receives a line per phase as it begins, for
+	// people: the result alone goes to the caller.
+	Progress io.Writer
+}
+
+// phase says on Progress, if set, what the benchmark does now.
+func (o Options) phase(format string, args ...any) { progress(o.Progress, "bench: "+format, args...) }
+
+// progress writes a line for people to w, if set: what a benchmark does
+// now, a line per phase or round, never per request.
+func progress(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, format+"\n", args...)
+	}
 }
 
 // Latency summarises timed operations, in milliseconds.
@@ -72,6 +87,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return nil, fmt.Errorf("API benchmark: %w", err)
 	}
 	for _, n := range opts.PassZones {
+		opts.phase("%d no-op passes at %d zones", opts.Passes, n)
 		pc, err := benchNoopPass(ctx, n, opts.Passes)
 		if err != nil {
 			return nil, fmt.Errorf("no-op pass at %d zones: %w", n, err)
@@ -115,6 +131,7 @@ func benchAPI(ctx context.Context, opts Options, res *Result) error {
 	if err != nil {
 		return err
 	}
+	opts.phase("starting %d zones, one of them hanging", len(zones))
 	if err := c.PutConfig(ctx, configDoc(1, zones)); err != nil {
 		return err
 	}
@@ -132,6 +149,7 @@ func benchAPI(ctx context.Context, opts Options, res *Result) error {
 		docs[i] = configDoc(uint64(i+2), zones)
 	}
 	var put, get []time.Duration
+	opts.phase("%d config puts at %d zones", opts.Requests, len(zones))
 	for _, doc := range docs {
 		t := time.Now()
 		if err := c.PutConfig(ctx, doc); err != nil {
@@ -144,6 +162,7 @@ func benchAPI(ctx context.Context, opts Options, res *Result) error {
 	// have the collector run, and the client assist it, every few
 	// requests, timing the harness's garbage rather than the agent.
 	var raw []byte
+	opts.phase("%d inventory reads at %d zones", opts.Requests, len(zones))
 	for range opts.Requests {
 		t := time.Now()
 		raw, err = c.InventoryRawInto(ctx, raw)

@@ -45,6 +45,8 @@ type PutOptions struct {
 	// CPUProfile, if set, receives the CPU profile of the first round's
 	// timed PUT, from the PUT until every zone answers.
 	CPUProfile io.Writer
+	// Progress, if set, receives a line per round, for people.
+	Progress io.Writer
 }
 
 // PutResult is what `bench put` prints.
@@ -97,6 +99,7 @@ func Put(ctx context.Context, opts PutOptions) (*PutResult, error) {
 	res := &PutResult{Machine: machine(), Zones: opts.Count}
 	var all, ds, alone, ratios []float64
 	for r := range opts.Rounds {
+		progress(opts.Progress, "bench put: round %d/%d: a PUT of %d zones, and the runtime alone", r+1, opts.Rounds, opts.Count)
 		// The runtime alone first in odd rounds, second in even ones.
 		var round PutRound
 		var err error

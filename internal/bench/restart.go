@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -39,6 +40,8 @@ type RestartOptions struct {
 	Timeout time.Duration
 	// Log receives the agents' logs (default: discarded).
 	Log *slog.Logger
+	// Progress, if set, receives a line per phase and round, for people.
+	Progress io.Writer
 }
 
 // RestartResult is what `bench restart` prints.
@@ -145,6 +148,7 @@ func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err 
 	}
 
 	// The first agent brings the zones up.
+	progress(opts.Progress, "bench restart: bringing %d zones up", opts.Count)
 	_, c, stop, err := startAgent(ctx, cfg, opts.Log)
 	if err != nil {
 		return nil, err
@@ -162,7 +166,8 @@ func Restart(ctx context.Context, opts RestartOptions) (res *RestartResult, err 
 	}
 
 	res = &RestartResult{Machine: machine(), Runtime: opts.Runtime, Zones: opts.Count}
-	for range opts.Rounds {
+	for r := range opts.Rounds {
+		progress(opts.Progress, "bench restart: round %d/%d: an agent restarted over %d zones", r+1, opts.Rounds, opts.Count)
 		before, err := incarnations(cfg, zones)
 		if err != nil {
 			return nil, err

@@ -27,6 +27,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -70,6 +71,8 @@ type ZonesOptions struct {
 	// are what the benchmark reads for equal work on this machine, the
 	// noise any runtime/floor ratio carries here.
 	Calibrate bool
+	// Progress, if set, receives a line per round and kind, for people.
+	Progress io.Writer
 }
 
 // ZonesResult is what `bench zones` prints.
@@ -250,6 +253,7 @@ func (b *zonesBench) run(ctx context.Context) (*ZonesResult, error) {
 			order = []int{1, 0} // alternate which goes first
 		}
 		for _, which := range order {
+			progress(b.opts.Progress, "bench zones: round %d/%d: %d zones up and down, %s", r+1, b.opts.Rounds, b.opts.Count, kindName(which))
 			up, down, err := b.measure(ctx, which == 1)
 			if err != nil {
 				return nil, fmt.Errorf("round %d, %s: %w", r+1, kindName(which), err)

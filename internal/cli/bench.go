@@ -15,6 +15,8 @@ func newBenchCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
+			// Progress on stderr; stdout is the JSON result alone.
+			opts.Progress = cmd.ErrOrStderr()
 			res, err := bench.Run(ctx, opts)
 			if err != nil {
 				return err

@@ -45,6 +45,7 @@ is removed at the end.`,
 				defer f.Close()
 				opts.CPUProfile = f
 			}
+			opts.Progress = cmd.ErrOrStderr() // stdout is the JSON result alone
 			res, err := bench.Put(ctx, opts)
 			if err != nil {
 				return err

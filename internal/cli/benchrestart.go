@@ -27,6 +27,7 @@ carries a unique tag and is removed at the end.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
+			opts.Progress = cmd.ErrOrStderr() // stdout is the JSON result alone
 			res, err := bench.Restart(ctx, opts)
 			if err != nil {
 				return err

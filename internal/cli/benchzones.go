@@ -45,6 +45,7 @@ prefix and is removed on exit, error or Ctrl-C.`,
 				}
 				defer pprof.StopCPUProfile()
 			}
+			opts.Progress = cmd.ErrOrStderr() // stdout is the JSON result alone
 			res, err := bench.Zones(ctx, opts)
 			if err != nil {
 				return err

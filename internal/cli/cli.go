@@ -4,6 +4,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -40,7 +41,13 @@ func runIn(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	if err := root.Execute(); err != nil {
-		fmt.Fprintf(stderr, "sled-agent: %s\n", oneLine(err.Error()))
+		msg := oneLine(err.Error())
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			// Nothing listens there: most often no agent runs, or the
+			// command was not told where it does.
+			msg += "; is an agent running? (--url / SLED_AGENT_URL)"
+		}
+		fmt.Fprintf(stderr, "sled-agent: %s\n", msg)
 		return 1
 	}
 	return 0

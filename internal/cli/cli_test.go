@@ -525,7 +525,8 @@ func TestUnreachableAgent(t *testing.T) {
 		{"config", "put", path},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
-			sledAt(t, url, args...).failed(t, addr)
+			// The reason names the address and says what to check.
+			sledAt(t, url, args...).failed(t, addr, "is an agent running? (--url / SLED_AGENT_URL)")
 		})
 	}
 }

@@ -42,6 +42,9 @@ Everything it creates carries a unique tag and is removed at the end.`,
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
+			// A line per iteration on stderr; stdout is the JSON result
+			// alone.
+			opts.Progress = cmd.ErrOrStderr()
 			res, err := crashtest.Run(ctx, opts)
 			if err != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -217,14 +218,10 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 	}
 
 	start := time.Now()
-	// seen is what was last printed of each zone: its state, and why it
-	// waits, if it does (a new reason is worth a line of its own).
-	type shown struct {
-		state reconciler.State
-		why   string
+	progress := newDevProgress(out, start)
+	if cur := a.Store().Current(); cur != nil {
+		progress.gen = cur.Generation
 	}
-	seen := map[string]shown{}
-	converged := false
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -244,66 +241,157 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 		for _, line := range nexusNews() {
 			fmt.Fprintln(out, line)
 		}
-		zones := a.Reconciler().Zones()
-		running, wanted := 0, 0
-		for _, z := range zones {
-			if z.Wanted {
-				wanted++
-				if z.State == reconciler.StateRunning {
-					running++
-				}
+		var gen, passGen uint64
+		if cur := a.Store().Current(); cur != nil {
+			gen = cur.Generation
+		}
+		st := a.Reconciler().Status()
+		if st.Last != nil && st.Last.Config != nil {
+			passGen = st.Last.Config.Generation
+		}
+		if !progress.step(gen, passGen, st.Phase == reconciler.PhaseIdle, a.Reconciler().Zones()) {
+			continue
+		}
+		// The first convergence: the banner, once.
+		wanted := progress.wanted
+		fmt.Fprintf(out, "all %d zones running after %s\n", wanted, time.Since(start).Round(10*time.Millisecond))
+		if p := a.Prefixes(); p != nil {
+			st := p.Status()
+			if st.InSync {
+				fmt.Fprintf(out, "DDM originates %v\n", st.Desired)
+			} else {
+				fmt.Fprintf(out, "DDM not yet in sync (%s); wanted %v\n", cmp.Or(st.LastError, "first pass pending"), st.Desired)
 			}
 		}
-		for _, z := range zones {
-			now := shown{z.State, z.WaitingFor}
-			if seen[z.Name] == now {
-				continue
-			}
-			seen[z.Name] = now
-			detail := ""
-			switch z.State {
-			case reconciler.StateFailed:
-				detail = "  " + z.LastError
-			case reconciler.StateWaiting:
-				detail = "  " + z.WaitingFor
-			}
-			fmt.Fprintf(out, "  %6.1fs  %-58s %-9s %d/%d running%s\n", time.Since(start).Seconds(), z.Name, z.State, running, wanted, detail)
+		if s := a.Storage(); s != nil {
+			fmt.Fprintln(out, storageLine(s.Status()))
 		}
-		switch {
-		case running == wanted && !converged && a.Reconciler().Status().Phase == reconciler.PhaseIdle:
-			converged = true
-			fmt.Fprintf(out, "all %d zones running after %s\n", wanted, time.Since(start).Round(10*time.Millisecond))
-			if p := a.Prefixes(); p != nil {
-				st := p.Status()
-				if st.InSync {
-					fmt.Fprintf(out, "DDM originates %v\n", st.Desired)
-				} else {
-					fmt.Fprintf(out, "DDM not yet in sync (%s); wanted %v\n", cmp.Or(st.LastError, "first pass pending"), st.Desired)
-				}
+		fmt.Fprintln(out, timeSyncLine(a.TimeSync().Status(), start))
+		if n := a.NAT(); n != nil {
+			for _, sw := range n.Status().Switches {
+				fmt.Fprintf(out, "switch %s (found by %s): %d/%d NAT entries %s\n", sw.Address, sw.FoundBy, sw.Present, sw.Desired, cmp.Or(sw.LastError, "in place"))
 			}
-			if s := a.Storage(); s != nil {
-				fmt.Fprintln(out, storageLine(s.Status()))
-			}
-			fmt.Fprintln(out, timeSyncLine(a.TimeSync().Status(), start))
-			if n := a.NAT(); n != nil {
-				for _, sw := range n.Status().Switches {
-					fmt.Fprintf(out, "switch %s (found by %s): %d/%d NAT entries %s\n", sw.Address, sw.FoundBy, sw.Present, sw.Desired, cmp.Or(sw.LastError, "in place"))
-				}
-			}
-			fmt.Fprintln(out)
-			fmt.Fprintf(out, "The agent keeps serving. Try, in another terminal:\n"+
-				"  go run ./cmd/sled-agent zones\n"+
-				"  go run ./cmd/sled-agent inventory\n"+
-				"  go run ./cmd/sled-agent zone show <zone name or id>\n"+
-				"  curl -s %s/agent/inventory | head -c 600\n"+
-				"Ctrl-C stops it (zones are simulated, so they go with it).\n", url)
-			if exitWhenDone {
-				cancel()
-			}
-		case running < wanted:
-			converged = false
+		}
+		fmt.Fprintln(out)
+		fmt.Fprintf(out, "The agent keeps serving. Try, in another terminal:\n"+
+			"  go run ./cmd/sled-agent zones\n"+
+			"  go run ./cmd/sled-agent inventory\n"+
+			"  go run ./cmd/sled-agent zone show <zone name or id>\n"+
+			"  curl -s %s/agent/inventory | head -c 600\n"+
+			"Ctrl-C stops it (zones are simulated, so they go with it).\n", url)
+		if exitWhenDone {
+			cancel()
 		}
 	}
+}
+
+// devProgress prints dev's progress: a line for each zone whose state (or
+// why it waits) changed, and, once every wanted zone runs, a line for what
+// was done: the first convergence (the caller then prints its banner, once),
+// a config generation put and converged, zones repaired.
+type devProgress struct {
+	out   io.Writer
+	start time.Time
+	// seen is what was last printed of each zone: its state, and why it
+	// waits, if it does (a new reason is worth a line of its own).
+	seen map[string]devShown
+	// gen is the ledgered generation last announced; putAt when it was
+	// seen.
+	gen   uint64
+	putAt time.Time
+	// converged: every wanted zone ran at the last step, after a pass of
+	// generation convergedGen. bannered: the first convergence was
+	// announced.
+	converged    bool
+	convergedGen uint64
+	bannered     bool
+	// broken are the zones that stopped running since the last
+	// convergence, to be named when they run again.
+	broken map[string]struct{}
+	// wanted is how many zones the config wants, at the last step.
+	wanted int
+}
+
+type devShown struct {
+	state reconciler.State
+	why   string
+}
+
+func newDevProgress(out io.Writer, start time.Time) *devProgress {
+	return &devProgress{out: out, start: start, putAt: start, seen: map[string]devShown{}, broken: map[string]struct{}{}}
+}
+
+// step prints what changed since the last step, given the ledgered
+// generation, the generation of the last completed pass, whether the
+// reconciler is idle, and every zone's status. It reports whether this is
+// the first convergence, for which the caller prints its banner.
+func (p *devProgress) step(gen, passGen uint64, idle bool, zones []reconciler.ZoneStatus) (first bool) {
+	now := time.Now()
+	if gen != p.gen {
+		p.gen, p.putAt = gen, now
+		fmt.Fprintf(p.out, "  %6.1fs  config generation %d put; reconciling\n", now.Sub(p.start).Seconds(), gen)
+	}
+	running, wanted := 0, 0
+	for _, z := range zones {
+		if z.Wanted {
+			wanted++
+			if z.State == reconciler.StateRunning {
+				running++
+			} else if p.bannered {
+				p.broken[z.Name] = struct{}{}
+			}
+		}
+	}
+	p.wanted = wanted
+	for _, z := range zones {
+		now := devShown{z.State, z.WaitingFor}
+		if p.seen[z.Name] == now {
+			continue
+		}
+		p.seen[z.Name] = now
+		detail := ""
+		switch z.State {
+		case reconciler.StateFailed:
+			detail = "  " + z.LastError
+		case reconciler.StateWaiting:
+			detail = "  " + z.WaitingFor
+		}
+		fmt.Fprintf(p.out, "  %6.1fs  %-58s %-9s %d/%d running%s\n", time.Since(p.start).Seconds(), z.Name, z.State, running, wanted, detail)
+	}
+	if running < wanted || !idle || passGen != gen {
+		p.converged = false
+		return false
+	}
+	if p.converged && p.convergedGen == gen {
+		return false
+	}
+	prevGen := p.convergedGen
+	p.converged, p.convergedGen = true, gen
+	at := now.Sub(p.start).Seconds()
+	switch {
+	case !p.bannered:
+		p.bannered = true
+		clear(p.broken)
+		return true
+	case gen != prevGen:
+		fmt.Fprintf(p.out, "  %6.1fs  config generation %d converged: all %d zones running after %s\n", at, gen, wanted, now.Sub(p.putAt).Round(10*time.Millisecond))
+	default:
+		// Zones that went with their config are not repaired.
+		var names []string
+		for n := range p.broken {
+			if s, ok := p.seen[n]; ok && s.state == reconciler.StateRunning {
+				names = append(names, n)
+			}
+		}
+		slices.Sort(names)
+		what := "all zones running again"
+		if len(names) > 0 {
+			what = fmt.Sprintf("repaired %s", strings.Join(names, ", "))
+		}
+		fmt.Fprintf(p.out, "  %6.1fs  %s: all %d zones running\n", at, what, wanted)
+	}
+	clear(p.broken)
+	return false
 }
 
 // timeSyncLine says whether the sled's time is synchronized, as the NTP

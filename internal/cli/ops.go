@@ -6,15 +6,20 @@ import (
 	"io"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
+	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/vmm"
 )
 
@@ -208,6 +213,12 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			fmt.Fprintf(tw, "  %s\t%s %s (%s)\n", c.At.Local().Format(time.DateTime), c.Action, c.Prefix, c.Why)
 		}
 	}
+	if st := inv.Storage; st != nil {
+		printStorage(tw, st)
+	}
+	if ts := inv.TimeSync; ts != nil {
+		printTimeSync(tw, ts)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -238,8 +249,9 @@ func printZoneTable(w io.Writer, zones []api.ZoneSummary) error {
 			// Why it waits; a failure before the wait is in zone show.
 			detail = z.WaitingFor
 		}
-		// Shortened before when it is tried again, which always shows.
-		detail = truncate(detail, 100)
+		// Shortened before when it is tried again, which always shows; the
+		// root cause first, so that shortening keeps it.
+		detail = rootFirst(detail, 100)
 		switch {
 		case z.NextRetry != nil && z.WaitingFor != "":
 			detail += fmt.Sprintf(" [looked at again when it changes, or in %s]", time.Until(*z.NextRetry).Round(time.Second))
@@ -258,6 +270,131 @@ func health(h reconciler.Health) string {
 		s += fmt.Sprintf(" (%d failed)", h.Failures)
 	}
 	return s
+}
+
+// printStorage says how many configured disks and datasets are ok, and what
+// is wrong with the others.
+func printStorage(tw io.Writer, st *storage.Status) {
+	if !st.Configured {
+		fmt.Fprintf(tw, "storage\tno storage config yet\n")
+		return
+	}
+	disksOK, datasetsOK := 0, 0
+	for _, d := range st.Disks {
+		if d.Result.OK {
+			disksOK++
+		}
+	}
+	for _, d := range st.Datasets {
+		if d.Result.OK {
+			datasetsOK++
+		}
+	}
+	fmt.Fprintf(tw, "storage\t%d/%d disks ok, %d/%d datasets ok\n", disksOK, len(st.Disks), datasetsOK, len(st.Datasets))
+	if st.ListError != "" {
+		fmt.Fprintf(tw, "  listing disks\t%s\n", st.ListError)
+	}
+	for _, d := range st.Disks {
+		if !d.Result.OK {
+			fmt.Fprintf(tw, "  disk %s\t%s\n", d.ID, d.Result.Message)
+		}
+	}
+	// A dataset on a pool that is not managed says so, and its disk's line
+	// above says why: a few are shown, not every one.
+	const most = 5
+	bad := 0
+	for _, d := range st.Datasets {
+		if d.Result.OK {
+			continue
+		}
+		if bad++; bad <= most {
+			fmt.Fprintf(tw, "  dataset %s\t%s\n", d.Name, rootFirst(d.Result.Message, 120))
+		}
+	}
+	if bad > most {
+		fmt.Fprintf(tw, "  \t… and %d more datasets not ok (-o json shows all)\n", bad-most)
+	}
+}
+
+// printTimeSync says whether the sled's time is synchronized, and why not.
+func printTimeSync(tw io.Writer, ts *timesync.Status) {
+	var line string
+	switch {
+	case ts.Skipped:
+		line = "not checked (--skip-timesync)"
+	case ts.Synced:
+		line = "synchronized"
+		if !ts.Since.IsZero() {
+			line += " since " + ts.Since.Local().Format(time.DateTime)
+		}
+		if ts.Source != "" {
+			line += fmt.Sprintf("; source %s, stratum %d, offset %gs", ts.Source, ts.Stratum, ts.Offset)
+		}
+	default:
+		line = "not synchronized"
+		if ts.Reason != "" {
+			line += ": " + ts.Reason
+		}
+		if ts.Released {
+			line += " (it was at " + ts.ReleasedAt.Local().Format(time.DateTime) + "; running zones go on)"
+		}
+	}
+	fmt.Fprintf(tw, "time\t%s\n", line)
+}
+
+// uuidRE matches a UUID, shortened in the context of a message.
+var uuidRE = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`)
+
+// rootFirst fits an error message into n runes. One that fits is shown as
+// it is. A longer one is a chain "what: context: context: cause" (errors
+// wrapped with %w): after what (such as "storage not ready") the root cause
+// comes, then the context, innermost first and with its UUIDs shortened, so
+// that what is cut off is context, not the cause. A part in parentheses is
+// one part, whatever it holds.
+func rootFirst(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	parts := splitChain(s)
+	if len(parts) < 3 {
+		return truncate(s, n)
+	}
+	shorten := func(p string) string {
+		return uuidRE.ReplaceAllStringFunc(p, func(id string) string { return id[:8] + "…" })
+	}
+	ctx := slices.Clone(parts[1 : len(parts)-1])
+	slices.Reverse(ctx)
+	for i, p := range ctx {
+		ctx[i] = shorten(p)
+	}
+	root := parts[len(parts)-1]
+	out := parts[0] + ": " + root + " (" + strings.Join(ctx, "; ") + ")"
+	if utf8.RuneCountInString(out) > n {
+		out = parts[0] + ": " + shorten(root) + " (" + strings.Join(ctx, "; ") + ")"
+	}
+	return truncate(out, n)
+}
+
+// splitChain splits an error chain at its ": " separators outside
+// parentheses.
+func splitChain(s string) []string {
+	var parts []string
+	depth, start := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '(':
+			depth++
+		case ')':
+			depth = max(depth-1, 0)
+		case ':':
+			if depth == 0 && strings.HasPrefix(s[i:], ": ") {
+				parts = append(parts, s[start:i])
+				start = i + 2
+				i++
+			}
+		}
+	}
+	return append(parts, s[start:])
 }
 
 // truncate shortens s to at most n runes.
@@ -377,11 +514,18 @@ func printZone(w io.Writer, z *api.ZoneDetail) error {
 	fmt.Fprintf(tw, "id\t%s\n", z.ID)
 	fmt.Fprintf(tw, "kind\t%s\n", z.Kind)
 	wanted := "yes"
-	if !z.Wanted {
+	switch {
+	case z.RemovedAt != nil:
+		wanted = "no: removed from the config, torn down at " + z.RemovedAt.Local().Format(time.DateTime)
+	case !z.Wanted:
 		wanted = "no (being removed)"
 	}
 	fmt.Fprintf(tw, "wanted\t%s\n", wanted)
-	fmt.Fprintf(tw, "state\t%s since %s\n", z.State, z.Since.Local().Format(time.DateTime))
+	if z.RemovedAt != nil {
+		fmt.Fprintf(tw, "state\tremoved; last %s since %s\n", z.State, z.Since.Local().Format(time.DateTime))
+	} else {
+		fmt.Fprintf(tw, "state\t%s since %s\n", z.State, z.Since.Local().Format(time.DateTime))
+	}
 	fmt.Fprintf(tw, "config hash\t%s\n", z.ConfigHash)
 	fmt.Fprintf(tw, "attempts\t%d\n", z.Attempts)
 	fmt.Fprintf(tw, "incidents\t%d\n", z.Incidents)

@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	mrand "math/rand/v2"
 	"net"
@@ -79,6 +80,9 @@ type Options struct {
 	AgentEnv []string
 	// Log receives progress (default: discarded).
 	Log *slog.Logger
+	// Progress, if set, receives a line per iteration, for people: the
+	// result alone goes to the caller.
+	Progress io.Writer
 }
 
 // Result is what a crash test found.
@@ -347,6 +351,13 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 			if err := r.keepData(); err != nil {
 				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 			}
+		}
+		if r.opts.Progress != nil {
+			outcome := "converged in " + d.Round(time.Millisecond).String()
+			if problem != "" {
+				outcome = "PROBLEM: " + problem
+			}
+			fmt.Fprintf(r.opts.Progress, "crashtest: iteration %d/%d: %s, %s after %s; %s\n", i+1, r.opts.Iterations, action, what(boot), delay.Round(time.Millisecond), outcome)
 		}
 		r.opts.Log.Info("crash test iteration", "n", i+1, "action", action, "reboot", boot, "killed_after", delay.Round(time.Millisecond), "converged_in", d.Round(time.Millisecond), "problem", problem)
 		for name, pid := range healthy {

@@ -106,6 +106,9 @@ type entry struct {
 	waitFor   string
 	opStorage zone.Storage
 	history   []Event
+	// priorTaken: the history the history file held of the zone, if any,
+	// was put before history (history.go).
+	priorTaken bool
 }
 
 type opKind int
@@ -510,7 +513,7 @@ func (r *Reconciler) forget(e *entry) {
 	delete(l.waiting, e.name)
 	delete(l.pending, e.name)
 	delete(l.leaving, e.name)
-	r.store.deleteZone(e.name)
+	r.store.deleteZone(e.name, time.Now(), r.opts.RemovedLen, r.opts.HistoryLen)
 }
 
 // touch marks e for evaluation on the next step and keeps the set of leaving

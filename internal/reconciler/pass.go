@@ -232,6 +232,15 @@ func (r *Reconciler) publishZone(e *entry) {
 	if e.state == "" {
 		return
 	}
+	if !e.priorTaken {
+		e.priorTaken = true
+		if h := r.store.takePrior(e.name); len(h) > 0 {
+			e.history = append(h, e.history...)
+			if n := len(e.history) - r.opts.HistoryLen; n > 0 {
+				e.history = slices.Delete(e.history, 0, n)
+			}
+		}
+	}
 	now := time.Now()
 	zs := ZoneStatus{
 		Name:      e.name,

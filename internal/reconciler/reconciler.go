@@ -61,6 +61,14 @@ type Options struct {
 	HealthFailures int
 	// HistoryLen is how many events each zone's history keeps (default 32).
 	HistoryLen int
+	// RemovedLen is how many removed zones' last statuses are kept for
+	// Removed (default 64; history.go).
+	RemovedLen int
+	// HistoryFile, if set, is where the zones' histories and the removed
+	// zones are kept across restarts, written at most every
+	// HistoryWriteEvery (default 5s) and when Run returns (history.go).
+	HistoryFile       string
+	HistoryWriteEvery time.Duration
 	// Metrics receives the reconciler's metrics; nil records nothing.
 	Metrics *Metrics
 	// OnRunningChange, if set, is called whenever a zone starts or stops
@@ -90,6 +98,8 @@ func (o *Options) setDefaults() {
 	o.HealthTimeout = cmp.Or(o.HealthTimeout, 5*time.Second)
 	o.HealthFailures = max(cmp.Or(o.HealthFailures, 3), 1)
 	o.HistoryLen = cmp.Or(o.HistoryLen, 32)
+	o.RemovedLen = cmp.Or(o.RemovedLen, 64)
+	o.HistoryWriteEvery = cmp.Or(o.HistoryWriteEvery, 5*time.Second)
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
@@ -150,6 +160,7 @@ func New(rt Runtime, log *slog.Logger, opts Options) *Reconciler {
 	r.store.running = map[string]*zone.Spec{}
 	r.store.present = map[string]*zone.Spec{}
 	r.store.status = Status{Phase: PhaseNotYetRun}
+	r.loadHistory()
 	r.loop.init()
 	return r
 }
@@ -180,10 +191,19 @@ func (r *Reconciler) Poke() {
 // are left as they are (shutting down the agent is not destroying its zones).
 func (r *Reconciler) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
+	histCtx, histStop := context.WithCancel(context.Background())
+	histDone := make(chan struct{})
+	go func() {
+		defer close(histDone)
+		r.keepHistory(histCtx)
+	}()
 	defer func() {
 		cancel()
 		close(r.done)
 		r.ops.Wait()
+		// The histories as they are at the end, written once more.
+		histStop()
+		<-histDone
 	}()
 
 	relist := time.NewTicker(r.opts.RelistPeriod)

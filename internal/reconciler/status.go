@@ -79,8 +79,11 @@ type ZoneStatus struct {
 	Health Health `json:"health"`
 	// Exists says that something of the zone exists in the runtime: it is
 	// being created, runs, was adopted, or a failed start left part of it.
-	Exists  bool    `json:"exists"`
-	History []Event `json:"history"`
+	Exists bool `json:"exists"`
+	// RemovedAt is when a zone removed from the config was torn down and
+	// forgotten (Removed); nil for the zones the reconciler knows.
+	RemovedAt *time.Time `json:"removed_at,omitempty"`
+	History   []Event    `json:"history"`
 }
 
 // HealthState is the outcome of a running zone's health checks.
@@ -157,6 +160,11 @@ type store struct {
 	// present holds the wanted spec of every zone that is present (see
 	// PresentSpecs), by name; guarded by mu.
 	present map[string]*zone.Spec
+	// removed are the last statuses of the zones removed, oldest first,
+	// bounded (history.go); prior the histories the history file held of
+	// zones not published since the start, by name. Guarded by mu.
+	removed []ZoneStatus
+	prior   map[string][]Event
 }
 
 func (s *store) setZone(zs ZoneStatus) {
@@ -176,10 +184,23 @@ func (s *store) setNextRetry(name string, t time.Time) {
 	s.mu.Unlock()
 }
 
-func (s *store) deleteZone(name string) {
+// deleteZone forgets a zone, keeping its last status among the removed
+// (at most most of them) with a last event that says so.
+func (s *store) deleteZone(name string, now time.Time, most int, historyLen int) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	zs, ok := s.zones[name]
 	delete(s.zones, name)
-	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	zs.RemovedAt = &now
+	zs.Activity, zs.Progress, zs.NextRetry = "", "", nil
+	zs.History = append(slices.Clone(zs.History), Event{At: now, Event: "removed", Detail: "no longer in the config; torn down"})
+	if n := len(zs.History) - historyLen; n > 0 {
+		zs.History = zs.History[n:]
+	}
+	s.addRemoved(zs, most)
 }
 
 func (s *store) setStatus(st Status) {
