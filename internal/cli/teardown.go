@@ -32,7 +32,7 @@ data dir: --sled-id <its id> --data-dir <an empty dir>.`,
 			if !yes {
 				return fmt.Errorf("teardown destroys every zone of this sled: pass --yes to do it")
 			}
-			cfg, err := resolveConfig(cmd, c, configFile)
+			cfg, err := resolveConfig(cmd, &c, configFile)
 			if err != nil {
 				return err
 			}
