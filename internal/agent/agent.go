@@ -169,6 +169,9 @@ type Config struct {
 	// ownership tag and name prefix (tests; default "sled-agent" and none).
 	ZoneTag     string `json:"-"`
 	NetnsPrefix string `json:"-"`
+	// TmpfsRunDir has the linux runtime mount a tmpfs on RunDir, if it is
+	// not on one, whatever RunDir is (tests; it always does on the default).
+	TmpfsRunDir bool `json:"-"`
 }
 
 // Defaults for development on one machine.
@@ -709,7 +712,7 @@ func newRuntime(cfg Config, log *slog.Logger, vmmArgs func() []string) (runtime,
 			DataDir:     cfg.DataDir,
 			DataDirLock: filepath.Join(cfg.DataDir, lockFile),
 			RunDir:      runDir,
-			TmpfsRunDir: runDir == DefaultRunDir,
+			TmpfsRunDir: runDir == DefaultRunDir || cfg.TmpfsRunDir,
 			Tag:         cfg.ZoneTag,
 			Sled:        cfg.SledID,
 			NetnsPrefix: cfg.NetnsPrefix,
