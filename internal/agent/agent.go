@@ -43,6 +43,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/timesync/servers"
 	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemuvm"
 	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 	"github.com/sled-agent/sled-agent/internal/zone"
@@ -172,6 +173,9 @@ type Config struct {
 	// ownership tag and name prefix (tests; default "sled-agent" and none).
 	ZoneTag     string `json:"-"`
 	NetnsPrefix string `json:"-"`
+	// TmpfsRunDir has the linux runtime mount a tmpfs on RunDir, if it is
+	// not on one, whatever RunDir is (tests; it always does on the default).
+	TmpfsRunDir bool `json:"-"`
 }
 
 // Defaults for development on one machine.
@@ -311,6 +315,40 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("data-dir is required")
 	}
+	// Every flag is checked before anything is written (data dir, lock,
+	// sled id): a refused start leaves the host as it was.
+	if cfg.Runtime != "sim" && cfg.Runtime != "linux" {
+		return nil, fmt.Errorf("runtime %q: want sim or linux", cfg.Runtime)
+	}
+	if cfg.SimFaults != "" && cfg.Runtime != "sim" {
+		return nil, fmt.Errorf("sim-faults is only for the sim runtime, not %q", cfg.Runtime)
+	}
+	if _, ok := parseUUID(cfg.SledID); cfg.SledID != "" && !ok {
+		return nil, fmt.Errorf("sled-id %q is not a UUID", cfg.SledID)
+	}
+	if _, err := reservoir.Size(hw.PhysicalRAM, cfg.VMMReservoirPercentage, cfg.VMMReservoirSizeMB); err != nil {
+		return nil, fmt.Errorf("vmm reservoir: %w", err)
+	}
+	if cfg.VMMQEMUIDs != "" {
+		if _, err := qemuvm.ParseIDRange(cfg.VMMQEMUIDs); err != nil {
+			return nil, fmt.Errorf("vmm-qemu-ids: %w", err)
+		}
+	}
+	// The API's port is taken first too: one in use is refused before the
+	// data dir is touched. Where another agent holds this data dir (and so,
+	// likely, the port) that is what is said.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		if held := dataDirHeld(cfg.DataDir); held != nil {
+			return nil, held
+		}
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	defer func() {
+		if err != nil {
+			ln.Close()
+		}
+	}()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -463,10 +501,6 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		onRunningChange = append(onRunningChange, a.ntpServers.Poke)
 	}
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
-	}
 	a.ln = ln
 	// Other sleds and the control plane reach the agent at the sled's
 	// underlay address, on the port it listens on.
@@ -683,7 +717,7 @@ func newRuntime(cfg Config, log *slog.Logger, vmmArgs func() []string) (runtime,
 			DataDir:     cfg.DataDir,
 			DataDirLock: filepath.Join(cfg.DataDir, lockFile),
 			RunDir:      runDir,
-			TmpfsRunDir: runDir == DefaultRunDir,
+			TmpfsRunDir: runDir == DefaultRunDir || cfg.TmpfsRunDir,
 			Tag:         cfg.ZoneTag,
 			Sled:        cfg.SledID,
 			NetnsPrefix: cfg.NetnsPrefix,

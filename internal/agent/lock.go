@@ -89,6 +89,24 @@ func lockDataDir(dataDir string) (*os.File, time.Duration, error) {
 	return f, time.Since(start), nil
 }
 
+// dataDirHeld says whether another process holds the data dir's lock,
+// without creating or writing anything: nil if the dir, its lock file, or a
+// holder is not there.
+func dataDirHeld(dataDir string) error {
+	path := filepath.Join(dataDir, lockFile)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); !errors.Is(err, unix.EWOULDBLOCK) {
+		return nil
+	}
+	holder, _ := os.ReadFile(path)
+	pid := strings.TrimSpace(string(holder))
+	return fmt.Errorf("data dir %s is %w (pid %s%s%s): one agent per data dir", dataDir, ErrInUse, pid, processState(pid), openBy(path))
+}
+
 // LockHost takes the host's zones of the linux runtime's tag for this
 // process (an agent, or a teardown), whatever its data dir: two agents with
 // the same tag see each other's namespaces, links and processes, and each

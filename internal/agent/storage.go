@@ -56,13 +56,20 @@ func newBtrfs(cfg Config, log *slog.Logger) (*btrfs.Backend, error) {
 		// benchmarks) looks only at its own file-backed disks, never at
 		// the host's.
 		Tag: cfg.ZoneTag,
-		Log: log,
+		// What it attaches is recorded in the data dir, so that a teardown
+		// releases it without being told the vdev dir again.
+		LoopRecord: filepath.Join(cfg.DataDir, LoopRecordFile),
+		Log:        log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("storage: %w", err)
 	}
 	return b, nil
 }
+
+// LoopRecordFile, in the data dir, records the vdev files the storage
+// backend attached loop devices to (btrfs.Options.LoopRecord).
+const LoopRecordFile = "vdev-loops.json"
 
 // poolRoot is where the pools are mounted: --pool-root, by default
 // <data-dir>/storage.

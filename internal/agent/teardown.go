@@ -23,44 +23,61 @@ const teardownZoneTimeout = time.Minute
 // as not ours and left alone. With the linux runtime it then releases the
 // sled's storage: the pools under its pool root are unmounted and the loop
 // devices of its vdev files detached (nothing is formatted, and a real
-// disk is only unmounted). The ledger is left as it is; an agent started
-// later creates the ledgered zones again, on its pools as they were.
+// disk is only unmounted), and the tmpfs it mounted on the run dir is
+// unmounted. The ledger is left as it is; an agent started later creates the
+// ledgered zones again, on its pools as they were.
 func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, error) {
+	r, err := TeardownReport(ctx, cfg, log)
+	return r.Removed, err
+}
+
+// TeardownResult is what a teardown removed, and what it left and why,
+// one line each, for people.
+type TeardownResult struct {
+	Removed, Left []string
+}
+
+// TeardownReport is Teardown, saying also what it left and why.
+func TeardownReport(ctx context.Context, cfg Config, log *slog.Logger) (TeardownResult, error) {
+	done, left, err := teardown(ctx, cfg, log)
+	return TeardownResult{Removed: done, Left: left}, err
+}
+
+func teardown(ctx context.Context, cfg Config, log *slog.Logger) (done, left []string, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.DataDir == "" {
-		return nil, errors.New("data-dir is required")
+		return nil, nil, errors.New("data-dir is required")
 	}
 	if cfg.Runtime == "" {
 		cfg.Runtime = DefaultRuntime
 	}
 	if cfg.SimFaults != "" {
-		return nil, errors.New("teardown takes no sim faults")
+		return nil, nil, errors.New("teardown takes no sim faults")
 	}
 	lock, err := lockFor(cfg, log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer lock.Close()
 	// The sled whose parts these are (the linux runtime goes by it); a
 	// data dir that has none yet gets one, which owns nothing outside it.
 	if cfg.Runtime == "linux" {
 		if cfg.SledID, err = sledIdentity(cfg.DataDir, cfg.SledID); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	rt, err := newRuntime(cfg, log, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
 	zones, err := rt.List(lctx)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("listing zones: %w", err)
+		return nil, nil, fmt.Errorf("listing zones: %w", err)
 	}
-	var done []string
 	var errs []error
 	for _, z := range zones {
 		dctx, cancel := context.WithTimeout(ctx, teardownZoneTimeout)
@@ -97,7 +114,23 @@ func Teardown(ctx context.Context, cfg Config, log *slog.Logger) ([]string, erro
 	if d, ok := rt.(interface{ RemoveEmptyDirs() }); ok && len(errs) == 0 {
 		d.RemoveEmptyDirs()
 	}
-	return done, errors.Join(errs...)
+	// The tmpfs the runtime mounted on the run dir, last: what was in it
+	// went with the zones.
+	if d, ok := rt.(interface {
+		ReleaseRunDir() (string, string, error)
+	}); ok && len(errs) == 0 {
+		released, why, err := d.ReleaseRunDir()
+		if released != "" {
+			done = append(done, released)
+		}
+		if why != "" {
+			left = append(left, why)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return done, left, errors.Join(errs...)
 }
 
 // releaseStorage unmounts the pools under cfg's pool root and detaches the

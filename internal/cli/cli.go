@@ -3,21 +3,26 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
@@ -143,75 +148,106 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.NetnsPrefix, "netns-prefix", "", "prefix of the linux runtime's namespace names (default none)")
 	f.MarkHidden("zone-tag")
 	f.MarkHidden("netns-prefix")
+	markConfigKeys(f)
 }
 
-// resolveConfig applies the config file, then the flags the user set.
-func resolveConfig(cmd *cobra.Command, flags agent.Config, configFile string) (agent.Config, error) {
-	if configFile == "" {
-		return flags, nil
-	}
-	var c agent.Config
-	if err := c.LoadFile(configFile); err != nil {
-		return c, err
-	}
-	set := func(name string, dst *string, v string) {
-		if cmd.Flags().Changed(name) || *dst == "" {
-			*dst = v
+// configKey marks the flags that are also keys of the agent config file:
+// every flag agentFlags defines but --config itself. Deriving the keys from
+// the flag set keeps the two from drifting apart.
+const configKey = "sled-agent/config-key"
+
+// markConfigKeys makes every flag of f so far (but --config) a config key.
+func markConfigKeys(f *pflag.FlagSet) {
+	f.VisitAll(func(fl *pflag.Flag) {
+		if fl.Name != "config" {
+			f.SetAnnotation(fl.Name, configKey, []string{"true"})
 		}
+	})
+}
+
+// resolveConfig applies the config file to the flags the user did not set
+// and returns the config the flags (bound to flags) then hold. A key of the
+// file is a flag's name, its value what the flag would be given (a string,
+// number or boolean; a list of strings for a repeatable flag); the only
+// other keys are those of agent.Config that no flag sets (images).
+func resolveConfig(cmd *cobra.Command, flags *agent.Config, configFile string) (agent.Config, error) {
+	if configFile == "" {
+		return *flags, nil
 	}
-	set("listen", &c.Listen, flags.Listen)
-	set("data-dir", &c.DataDir, flags.DataDir)
-	set("run-dir", &c.RunDir, flags.RunDir)
-	set("runtime", &c.Runtime, flags.Runtime)
-	set("sled-id", &c.SledID, flags.SledID)
-	set("underlay-ip", &c.UnderlayIP, flags.UnderlayIP)
-	set("role", &c.Role, flags.Role)
-	set("rack-id", &c.RackID, flags.RackID)
-	set("baseboard-part", &c.BaseboardPart, flags.BaseboardPart)
-	set("baseboard-serial", &c.BaseboardSerial, flags.BaseboardSerial)
-	if cmd.Flags().Changed("baseboard-revision") || c.BaseboardRevision == nil {
-		c.BaseboardRevision = flags.BaseboardRevision
+	data, err := os.ReadFile(configFile)
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("reading agent config: %w", err)
 	}
-	set("sim-faults", &c.SimFaults, flags.SimFaults)
-	set("ddm-url", &c.DDMURL, flags.DDMURL)
-	set("bootstrap-prefix", &c.BootstrapPrefix, flags.BootstrapPrefix)
-	if cmd.Flags().Changed("max-connections") || c.MaxConnections == 0 {
-		c.MaxConnections = flags.MaxConnections
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(data, &doc); err != nil {
+		return agent.Config{}, fmt.Errorf("agent config %s: %w", configFile, err)
 	}
-	c.PrefixPeriod = flags.PrefixPeriod
-	c.NATPeriod = flags.NATPeriod
-	c.HealthPeriod = flags.HealthPeriod
-	c.HealthFailures = flags.HealthFailures
-	c.LedgerCheckPeriod = flags.LedgerCheckPeriod
-	if cmd.Flags().Changed("dns-server") || len(c.DNSServers) == 0 {
-		c.DNSServers = flags.DNSServers
+	fs := cmd.Flags()
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(fl *pflag.Flag) { onCommandLine[fl.Name] = true })
+	// The reservoir is a percentage or a size, not both: either given on
+	// the command line overrides both of the file.
+	if onCommandLine["vmm-reservoir-percentage"] || onCommandLine["vmm-reservoir-size-mb"] {
+		onCommandLine["vmm-reservoir-percentage"], onCommandLine["vmm-reservoir-size-mb"] = true, true
 	}
-	if cmd.Flags().Changed("switch") || len(c.Switches) == 0 {
-		c.Switches = flags.Switches
+	rest := map[string]json.RawMessage{}
+	for _, key := range slices.Sorted(maps.Keys(doc)) {
+		fl := fs.Lookup(key)
+		if fl == nil || fl.Annotations[configKey] == nil {
+			rest[key] = doc[key]
+			continue
+		}
+		if onCommandLine[key] {
+			continue
+		}
+		if err := setFromJSON(fl, doc[key]); err != nil {
+			return agent.Config{}, fmt.Errorf("agent config %s: key %q: %w", configFile, key, err)
+		}
+		fl.Changed = true
 	}
-	if cmd.Flags().Changed("nexus") || len(c.Nexus) == 0 {
-		c.Nexus = flags.Nexus
+	// What is left must be agent.Config's own (file-only) keys.
+	if len(rest) > 0 {
+		restDoc, _ := json.Marshal(rest)
+		dec := json.NewDecoder(bytes.NewReader(restDoc))
+		dec.DisallowUnknownFields()
+		var only agent.Config
+		if err := dec.Decode(&only); err != nil {
+			return agent.Config{}, fmt.Errorf("agent config %s: %w (its keys are the flags of %s and images)", configFile, err, cmd.Name())
+		}
+		flags.Images = only.Images
 	}
-	if cmd.Flags().Changed("skip-timesync") {
-		c.SkipTimesync = flags.SkipTimesync
+	return *flags, nil
+}
+
+// setFromJSON gives a flag a config file's value, as the command line
+// would give it.
+func setFromJSON(fl *pflag.Flag, raw json.RawMessage) error {
+	if sv, ok := fl.Value.(pflag.SliceValue); ok {
+		var list []string
+		if err := json.Unmarshal(raw, &list); err != nil {
+			return fmt.Errorf("want a list of strings")
+		}
+		return sv.Replace(list)
 	}
-	if cmd.Flags().Changed("ntp-no-clock") {
-		c.NTPNoClock = flags.NTPNoClock
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return err
 	}
-	if cmd.Flags().Changed("vmm-reservoir-percentage") || cmd.Flags().Changed("vmm-reservoir-size-mb") {
-		c.VMMReservoirPercentage, c.VMMReservoirSizeMB = flags.VMMReservoirPercentage, flags.VMMReservoirSizeMB
+	var s string
+	switch v := v.(type) {
+	case string:
+		s = v
+	case bool:
+		s = strconv.FormatBool(v)
+	case float64:
+		s = string(bytes.TrimSpace(raw))
+	default:
+		return fmt.Errorf("want a %s (a string, number or boolean)", fl.Value.Type())
 	}
-	set("vmm-image-dir", &c.VMMImageDir, flags.VMMImageDir)
-	set("vmm-accel", &c.VMMAccel, flags.VMMAccel)
-	set("vmm-qemu-ids", &c.VMMQEMUIDs, flags.VMMQEMUIDs)
-	set("vdev-dir", &c.VdevDir, flags.VdevDir)
-	set("pool-root", &c.PoolRoot, flags.PoolRoot)
-	set("zone-tag", &c.ZoneTag, flags.ZoneTag)
-	set("netns-prefix", &c.NetnsPrefix, flags.NetnsPrefix)
-	if cmd.Flags().Changed("ledger-dir") || len(c.LedgerDirs) == 0 {
-		c.LedgerDirs = flags.LedgerDirs
+	if err := fl.Value.Set(s); err != nil {
+		return fmt.Errorf("%q: %w", s, err)
 	}
-	return c, nil
+	return nil
 }
 
 // uint32Flag is a number flag that sets *p only when it is given, so that
@@ -269,7 +305,7 @@ func newRunCmd() *cobra.Command {
 		Long:  "Run the sled agent daemon. SIGINT or SIGTERM stop the agent and leave its zones running.",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := resolveConfig(cmd, c, configFile)
+			cfg, err := resolveConfig(cmd, &c, configFile)
 			if err != nil {
 				return err
 			}

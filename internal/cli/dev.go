@@ -53,7 +53,7 @@ converging, and keep serving so the operator commands can be tried:
 Ctrl-C stops it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := resolveConfig(cmd, c, configFile)
+			cfg, err := resolveConfig(cmd, &c, configFile)
 			if err != nil {
 				return err
 			}
@@ -110,7 +110,11 @@ Ctrl-C stops it.`,
 		},
 	}
 	agentFlags(cmd, &c, &configFile, &logLevel)
-	cmd.Flags().Set("log-level", "warn")
+	// A default of its own, not a value given: a config file's log-level
+	// still applies.
+	ll := cmd.Flags().Lookup("log-level")
+	ll.Value.Set("warn")
+	ll.DefValue = "warn"
 	cmd.Flags().StringVar(&sledConfig, "sled-config", "", "sled config to put at start (default: the built-in real example)")
 	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary data dir")
 	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running (for scripts and CI)")

@@ -23,7 +23,7 @@ func resolve(t *testing.T, args ...string) agent.Config {
 	if err := cmd.ParseFlags(args); err != nil {
 		t.Fatalf("parsing %q: %v", args, err)
 	}
-	cfg, err := resolveConfig(cmd, c, configFile)
+	cfg, err := resolveConfig(cmd, &c, configFile)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,11 @@ run while an agent uses the data dir or, with the linux runtime, while any agent
 of the same zone tag runs on the host, and it removes only this data dir's sled's
 parts (others are logged as not ours and left alone). With the linux runtime it
 then unmounts the pools under --pool-root and detaches the loop devices of the
---vdev-dir files; nothing is formatted, and real disks are only unmounted. The
-ledger is kept: an agent started later creates the ledgered zones again.
+--vdev-dir files and of those the agent recorded attaching (so --vdev-dir need
+not be given again); nothing is formatted, and real disks are only unmounted.
+Last it unmounts the tmpfs the agent mounted on the run dir, unless another
+agent's files are in it. What it leaves, it says why. The ledger is kept: an
+agent started later creates the ledgered zones again.
 
 To clear the zones of a sled whose data dir is gone, give its id and an empty
 data dir: --sled-id <its id> --data-dir <an empty dir>.`,
@@ -32,7 +35,7 @@ data dir: --sled-id <its id> --data-dir <an empty dir>.`,
 			if !yes {
 				return fmt.Errorf("teardown destroys every zone of this sled: pass --yes to do it")
 			}
-			cfg, err := resolveConfig(cmd, c, configFile)
+			cfg, err := resolveConfig(cmd, &c, configFile)
 			if err != nil {
 				return err
 			}
@@ -42,12 +45,15 @@ data dir: --sled-id <its id> --data-dir <an empty dir>.`,
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
-			removed, err := agent.Teardown(ctx, cfg, log)
-			for _, r := range removed {
-				fmt.Fprintln(cmd.OutOrStdout(), "removed", r)
+			r, err := agent.TeardownReport(ctx, cfg, log)
+			for _, line := range r.Removed {
+				fmt.Fprintln(cmd.OutOrStdout(), "removed", line)
+			}
+			for _, line := range r.Left {
+				fmt.Fprintln(cmd.OutOrStdout(), "left", line)
 			}
 			if err == nil {
-				fmt.Fprintf(cmd.OutOrStdout(), "%d removed; the ledger is kept\n", len(removed))
+				fmt.Fprintf(cmd.OutOrStdout(), "%d removed; the ledger is kept\n", len(r.Removed))
 			}
 			return err
 		},

@@ -37,18 +37,35 @@ func ParseGuest(body []byte) (*Guest, error) {
 			} `json:"nics"`
 		} `json:"local_config"`
 		Metadata struct {
-			ProjectID string `json:"project_id"`
-			SiloID    string `json:"silo_id"`
+			ProjectID *string `json:"project_id"`
+			SiloID    *string `json:"silo_id"`
 		} `json:"metadata"`
 	}
 	if err := json.Unmarshal(body, &b); err != nil {
 		return nil, fmt.Errorf("local_config, metadata: %v", err)
 	}
+	// Upstream's InstanceMetadata requires both, as UUIDs; the VMM service
+	// refuses instance properties without them, so a registration that
+	// lacks them would only fail later, after taking reservoir memory.
+	meta := map[string]string{}
+	for _, m := range []struct {
+		name string
+		v    *string
+	}{{"metadata.project_id", b.Metadata.ProjectID}, {"metadata.silo_id", b.Metadata.SiloID}} {
+		if m.v == nil {
+			return nil, fmt.Errorf("%s is missing (upstream's InstanceMetadata requires it)", m.name)
+		}
+		u, err := uuid.Parse(*m.v)
+		if err != nil || len(*m.v) != 36 {
+			return nil, fmt.Errorf("%s %q is not a UUID", m.name, *m.v)
+		}
+		meta[m.name] = u.String()
+	}
 	s, err := spec.Decode(b.VmmSpec)
 	if err != nil {
 		return nil, err
 	}
-	g := &Guest{Spec: s, NICs: map[string]net.HardwareAddr{}, Hostname: b.LocalConfig.Hostname, ProjectID: b.Metadata.ProjectID, SiloID: b.Metadata.SiloID}
+	g := &Guest{Spec: s, NICs: map[string]net.HardwareAddr{}, Hostname: b.LocalConfig.Hostname, ProjectID: meta["metadata.project_id"], SiloID: meta["metadata.silo_id"]}
 	for i, n := range b.LocalConfig.NICs {
 		id, err := uuid.Parse(n.ID)
 		if err != nil {

@@ -226,5 +226,9 @@ func prepareRunDir(dir string, tmpfs bool) error {
 	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700"); err != nil {
 		return fmt.Errorf("mounting a tmpfs on the run dir %s: %w", dir, err)
 	}
+	// Ours, for ReleaseRunDir.
+	if err := os.WriteFile(filepath.Join(dir, runDirMark), nil, 0o600); err != nil {
+		return fmt.Errorf("run dir: %w", err)
+	}
 	return nil
 }

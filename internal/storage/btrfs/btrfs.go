@@ -55,6 +55,10 @@ type Options struct {
 	ProbeTimeout time.Duration
 	// SysBlock is the sysfs block directory (default /sys/block).
 	SysBlock string
+	// LoopRecord is a file where the backend records, durably, each vdev
+	// file it attaches a loop device to, so that Release detaches it
+	// whatever VdevDir is then ("" for no record; see record.go).
+	LoopRecord string
 }
 
 // Backend is the Linux storage backend. Its methods may be called at once
@@ -74,6 +78,8 @@ type Backend struct {
 	// loops is, per vdev file (its real path), the loop device last found
 	// for it (see loopOf).
 	loops map[string]string
+	// recordSem serialises writes of the LoopRecord.
+	recordSem chan struct{}
 	// poolSem serialises dataset changes on one pool (the reservation
 	// admission check reads every reservation, then records one).
 	poolSem map[string]chan struct{}
@@ -108,6 +114,7 @@ func New(opts Options) (*Backend, error) {
 		attaching: map[string]chan struct{}{},
 		loops:     map[string]string{},
 		poolSem:   map[string]chan struct{}{},
+		recordSem: make(chan struct{}, 1),
 	}
 	b.run = b.runTool
 	return b, nil

@@ -41,12 +41,16 @@ func (b *Backend) loopFor(ctx context.Context, file string) (string, error) {
 				return "", fmt.Errorf("waiting for %s to be attached: %w", abs, ctx.Err())
 			}
 		}
-		dev, err := syscallOn(ctx, b, abs, func() (string, error) {
-			if dev, ok := findLoop(sysBlock, abs); ok {
-				return dev, nil
-			}
-			return attachLoop(abs)
-		})
+		var dev string
+		err := b.record(ctx, abs)
+		if err == nil {
+			dev, err = syscallOn(ctx, b, abs, func() (string, error) {
+				if dev, ok := findLoop(sysBlock, abs); ok {
+					return dev, nil
+				}
+				return attachLoop(abs)
+			})
+		}
 		b.mu.Lock()
 		delete(b.attaching, abs)
 		close(wait)

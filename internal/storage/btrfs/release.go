@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -169,7 +170,7 @@ func mountsOf(dev string) ([]string, error) {
 // Release lets go of what the backend attached (the agent's teardown): it
 // unmounts every pool mounted under PoolRoot (<PoolRoot>/ext/<pool id>,
 // btrfs) and detaches the loop device of every synthetic disk file of
-// VdevDir, deleted or not. It formats nothing and writes no disk; a real
+// VdevDir or of the LoopRecord, deleted or not. It formats nothing and writes no disk; a real
 // disk's pool is only unmounted, and a loop device mounted outside PoolRoot
 // is left (an error says where). It returns one line per thing released,
 // for people, and every failure joined.
@@ -196,8 +197,25 @@ func (b *Backend) Release(ctx context.Context) ([]string, error) {
 		b.log.Info("unmounted pool", "pool", filepath.Base(m.point), "mountpoint", m.point)
 		lines = append(lines, fmt.Sprintf("pool %s mounted at %s (unmounted)", filepath.Base(m.point), m.point))
 	}
-	for _, l := range b.vdevLoops() {
+	loops := b.vdevLoops()
+	more, files, err := b.recordedLoops(loops)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	loops = append(loops, more...)
+	// The record keeps the files whose loop device is still attached: none
+	// but those that failed (all, if the release stops early).
+	var kept []string
+	defer func() {
+		if files != nil {
+			if err := b.writeRecord(kept); err != nil {
+				b.log.Error("rewriting the record of attached vdev files", "err", err)
+			}
+		}
+	}()
+	for _, l := range loops {
 		if err := ctx.Err(); err != nil {
+			kept = files
 			return lines, errors.Join(append(errs, err)...)
 		}
 		file := l.file
@@ -206,6 +224,9 @@ func (b *Backend) Release(ctx context.Context) ([]string, error) {
 		}
 		if err := b.detach(ctx, l, "synthetic disk "+file); err != nil {
 			errs = append(errs, fmt.Errorf("loop device %s of %s: %w", l.dev, file, err))
+			if slices.Contains(files, l.file) && !slices.Contains(kept, l.file) {
+				kept = append(kept, l.file)
+			}
 			continue
 		}
 		b.log.Info("detached synthetic disk", "file", file, "device", l.dev)
