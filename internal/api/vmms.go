@@ -82,7 +82,7 @@ type InstanceEnsureBody struct {
 	PropolisAddr *string           `json:"propolis_addr" nullable:"false" doc:"[ipv6]:port on the underlay at which the VMM serves its Propolis API."`
 	VmmRuntime   *vmm.RuntimeState `json:"vmm_runtime" nullable:"false" doc:"The VMM's initial state."`
 	LocalConfig  keptObject        `json:"local_config" doc:"Upstream's InstanceSledLocalConfig: its nics give each virtio NIC of the spec its MAC (by interface_id), its hostname names the instance; the rest is kept as sent."`
-	Metadata     keptObject        `json:"metadata" doc:"Upstream's InstanceMetadata: kept as sent, not acted on."`
+	Metadata     keptObject        `json:"metadata" doc:"Upstream's InstanceMetadata: its project_id and silo_id must be UUIDs, as upstream requires (they name the instance to its VMM service); the rest is kept as sent."`
 	VmmSpec      keptObject        `json:"vmm_spec" doc:"Upstream's VmmSpec (propolis-server 6.0.0's InstanceSpec): the guest's board and components. A spec this sled cannot realise is refused (400), naming the component and why."`
 }
 
