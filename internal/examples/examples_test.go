@@ -23,6 +23,8 @@ import (
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/openapitest"
+	"github.com/sled-agent/sled-agent/internal/storage"
+	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 )
 
 // Deadlines of the hang detectors: nothing here asserts how fast anything is.
@@ -51,8 +53,11 @@ const (
 var examples = map[string]struct {
 	kind kind
 	id   string
+	// vdevs are the synthetic disk files of --vdev-dir whose disks a
+	// sled config names, all of its disks.
+	vdevs []string
 }{
-	"sled-config-vdev.json": {kind: sledConfig},
+	"sled-config-vdev.json": {kind: sledConfig, vdevs: []string{"u2_a.vdev", "u2_b.vdev"}},
 	"vmm-test-guest.json":   {kind: vmmEnsure, id: "4d3c2b1a-0e9f-4a8b-9c7d-6e5f4a3b2c01"},
 	"vmm-minimal.json":      {kind: vmmEnsure, id: "4d3c2b1a-0e9f-4a8b-9c7d-6e5f4a3b2c02"},
 }
@@ -131,6 +136,7 @@ func TestExamplesAreAccepted(t *testing.T) {
 			a := startAgent(t, agent.Config{DataDir: t.TempDir(), UnderlayIP: sledIP, VMMImageDir: images})
 			switch ex.kind {
 			case sledConfig:
+				checkVdevs(t, body, ex.vdevs)
 				x := put(t, spec, a, "/omicron-config", body)
 				if x.Status != http.StatusNoContent {
 					t.Fatalf("PUT /omicron-config: %d %s, want 204", x.Status, x.Body)
@@ -147,6 +153,45 @@ func TestExamplesAreAccepted(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkVdevs fails the test unless the disks of the sled config doc are
+// those the Linux storage backend finds for the files vdevs in its vdev
+// dir, and the README names each file.
+func checkVdevs(t *testing.T, doc []byte, vdevs []string) {
+	t.Helper()
+	var cfg struct {
+		Disks map[string]struct {
+			Identity storage.DiskIdentity `json:"identity"`
+		} `json:"disks"`
+	}
+	if err := json.Unmarshal(doc, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var got, want []storage.DiskIdentity
+	for _, d := range cfg.Disks {
+		got = append(got, d.Identity)
+	}
+	readme, err := os.ReadFile(filepath.Join(dir(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range vdevs {
+		id, ok := btrfs.VdevIdentity(f)
+		if !ok {
+			t.Fatalf("%s is not a synthetic disk's file name", f)
+		}
+		want = append(want, id)
+		if !bytes.Contains(readme, []byte(f)) {
+			t.Errorf("examples/README.md does not name %s, a disk of the config", f)
+		}
+	}
+	byKey := func(a, b storage.DiskIdentity) int { return strings.Compare(a.Serial, b.Serial) }
+	slices.SortFunc(got, byKey)
+	slices.SortFunc(want, byKey)
+	if !slices.Equal(got, want) {
+		t.Errorf("the config's disks are %+v; the files %v are the disks %+v", got, vdevs, want)
 	}
 }
 
