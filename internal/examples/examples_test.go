@@ -7,6 +7,7 @@ package examples_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -56,9 +57,12 @@ var examples = map[string]struct {
 	// vdevs are the synthetic disk files of --vdev-dir whose disks a
 	// sled config names, all of its disks.
 	vdevs []string
+	// seeds are the components of a VMM registration whose blob is a
+	// cloud-init NoCloud seed image.
+	seeds []string
 }{
 	"sled-config-vdev.json": {kind: sledConfig, vdevs: []string{"u2_a.vdev", "u2_b.vdev"}},
-	"vmm-test-guest.json":   {kind: vmmEnsure, id: "4d3c2b1a-0e9f-4a8b-9c7d-6e5f4a3b2c01"},
+	"vmm-test-guest.json":   {kind: vmmEnsure, id: "4d3c2b1a-0e9f-4a8b-9c7d-6e5f4a3b2c01", seeds: []string{"cloud-init-backend"}},
 	"vmm-minimal.json":      {kind: vmmEnsure, id: "4d3c2b1a-0e9f-4a8b-9c7d-6e5f4a3b2c02"},
 }
 
@@ -143,6 +147,7 @@ func TestExamplesAreAccepted(t *testing.T) {
 				}
 				waitZonesRunning(t, a, body)
 			case vmmEnsure:
+				checkSeeds(t, body, ex.seeds)
 				// The file backends' image directory is the test's own: the
 				// image each names is made there (any bytes: the sim runs
 				// no guest), its path moved there.
@@ -192,6 +197,50 @@ func checkVdevs(t *testing.T, doc []byte, vdevs []string) {
 	slices.SortFunc(want, byKey)
 	if !slices.Equal(got, want) {
 		t.Errorf("the config's disks are %+v; the files %v are the disks %+v", got, vdevs, want)
+	}
+}
+
+// checkSeeds fails the test unless each of the components seeds of the VMM
+// registration doc is a blob holding a cloud-init NoCloud seed: a FAT
+// filesystem labelled CIDATA whose root has the files meta-data and
+// user-data (their 8.3 names, which mtools and mkfs write beside the long
+// ones).
+func checkSeeds(t *testing.T, doc []byte, seeds []string) {
+	t.Helper()
+	var body struct {
+		Spec struct {
+			Components map[string]struct {
+				Type      string `json:"type"`
+				Component struct {
+					Base64 string `json:"base64"`
+				} `json:"component"`
+			} `json:"components"`
+		} `json:"vmm_spec"`
+	}
+	if err := json.Unmarshal(doc, &body); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range seeds {
+		c, ok := body.Spec.Components[id]
+		if !ok || c.Type != "blob_storage_backend" {
+			t.Errorf("component %s: not a blob_storage_backend", id)
+			continue
+		}
+		img, err := base64.StdEncoding.DecodeString(c.Component.Base64)
+		if err != nil {
+			t.Errorf("component %s: %v", id, err)
+			continue
+		}
+		// The FAT12/16 boot sector: the volume label at 43, the signature at 510.
+		if len(img) < 4096 || string(img[43:54]) != "CIDATA     " || img[510] != 0x55 || img[511] != 0xaa {
+			t.Errorf("component %s: not a FAT image labelled CIDATA (%d bytes)", id, len(img))
+			continue
+		}
+		for _, name := range []string{"META-D", "USER-D"} {
+			if !bytes.Contains(img, []byte(name)) {
+				t.Errorf("component %s: the seed has no %s… file", id, name)
+			}
+		}
 	}
 }
 
