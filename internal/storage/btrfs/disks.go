@@ -50,6 +50,18 @@ func parseVdevName(file string) (name string, variant storage.DiskVariant, ok bo
 	return "", "", false
 }
 
+// VdevIdentity is the identity Disks reports for the synthetic disk file
+// named file (u2_<name>.vdev, m2_<name>.vdev) in the vdev dir; ok is false
+// for a name that is not a synthetic disk's. A sled config names the disk
+// by this identity.
+func VdevIdentity(file string) (id storage.DiskIdentity, ok bool) {
+	name, v, ok := parseVdevName(file)
+	if !ok {
+		return storage.DiskIdentity{}, false
+	}
+	return syntheticIdentity(name, v), true
+}
+
 func syntheticIdentity(name string, v storage.DiskVariant) storage.DiskIdentity {
 	return storage.DiskIdentity{
 		Vendor: syntheticVendor,
