@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -8,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -210,7 +210,9 @@ func propolisAddr(flag string, sled netip.Addr) (netip.AddrPort, error) {
 		}
 		return ap, nil
 	}
-	for {
+	// A random host part is all but never one of the few refused; a
+	// handful of draws bound it all the same.
+	for range 16 {
 		b := sledconfig.SledSubnet(sled).Addr().As16()
 		if _, err := rand.Read(b[8:]); err != nil {
 			return netip.AddrPort{}, err
@@ -220,6 +222,7 @@ func propolisAddr(flag string, sled netip.Addr) (netip.AddrPort, error) {
 			return netip.AddrPortFrom(a, propolisPort), nil
 		}
 	}
+	return netip.AddrPort{}, fmt.Errorf("no address of the sled's subnet %s drawn; give one with --addr", sledconfig.SledSubnet(sled))
 }
 
 // randomMAC is a locally administered unicast MAC in upstream's guest
@@ -358,19 +361,7 @@ func newVMMDeleteCmd(g *globals) *cobra.Command {
 	}
 }
 
-// serviceAddr is where VMM v's Propolis API answers: where the agent last
-// said it reached it ("service up at …" in its history: with the sim
-// runtime, the service runs in the agent on loopback), else its
-// propolis_addr.
-func serviceAddr(v vmm.Info) string {
-	for i := len(v.History) - 1; i >= 0; i-- {
-		if e := v.History[i]; e.Event == "service up" {
-			if a, ok := strings.CutPrefix(e.Detail, "at "); ok {
-				if _, err := netip.ParseAddrPort(a); err == nil {
-					return a
-				}
-			}
-		}
-	}
-	return v.PropolisAddr
-}
+// serviceAddr is where VMM v's Propolis API answers: where the agent
+// reaches it (with the sim runtime, the service runs in the agent on
+// loopback), else its propolis_addr.
+func serviceAddr(v vmm.Info) string { return cmp.Or(v.ServiceAddr, v.PropolisAddr) }

@@ -239,6 +239,7 @@ type Info struct {
 	InstanceID   string          `json:"instance_id"`
 	Zone         string          `json:"zone"`
 	PropolisAddr string          `json:"propolis_addr"`
+	ServiceAddr  string          `json:"service_addr,omitempty" doc:"Where the agent reaches the VMM's Propolis API once it is up: propolis_addr with the Linux runtime; with the sim runtime, the service run in the agent on loopback."`
 	State        RuntimeState    `json:"vmm_state"`
 	Detail       string          `json:"detail,omitempty"`
 	History      []LogEntry      `json:"history"`

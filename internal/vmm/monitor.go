@@ -65,6 +65,7 @@ type vmm struct {
 	detail   string              // guarded by mu
 	history  []LogEntry          // guarded by mu
 	client   *propolisapi.Client // guarded by mu; set once the service has the instance
+	reach    string              // guarded by mu; where client reaches the service
 	svcGen   uint64              // guarded by mu; the service's last gen seen
 	watchErr error               // guarded by mu; the state monitor's last error
 	pending  Request             // guarded by mu; asked before the service answered
@@ -106,7 +107,7 @@ func (v *vmm) info() Info {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return Info{ID: v.id, Status: StatusKnown, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(),
+	return Info{ID: v.id, Status: StatusKnown, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(), ServiceAddr: v.reach,
 		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.shown, RecordCopies: copies}
 }
 
@@ -221,7 +222,7 @@ func (v *vmm) monitor(ctx context.Context, adopt bool) {
 		return
 	}
 	v.mu.Lock()
-	v.client = client
+	v.client, v.reach = client, reach
 	pending := v.pending
 	v.mu.Unlock()
 	v.record("service up", "at "+reach)
