@@ -2,11 +2,9 @@ package cli
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net"
 	"os"
@@ -19,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/agent/agenttest"
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -58,24 +57,7 @@ func startAgentWith(t *testing.T, cfg agent.Config) *testAgent {
 	if cfg.UnderlayIP == "" {
 		cfg.UnderlayIP = exampleSled // the example config's zones are in its /64
 	}
-	a, err := agent.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)))
-	if err != nil {
-		t.Fatalf("agent.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(waitDeadline):
-			t.Errorf("Run did not return within %s of its context being cancelled", waitDeadline)
-		}
-	})
+	a := agenttest.Run(t, cfg)
 	return &testAgent{Agent: a, url: "http://" + a.Addr()}
 }
 

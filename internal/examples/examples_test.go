@@ -6,21 +6,19 @@ package examples_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/agent/agenttest"
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/openapitest"
@@ -28,11 +26,9 @@ import (
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 )
 
-// Deadlines of the hang detectors: nothing here asserts how fast anything is.
-const (
-	waitDeadline = 20 * time.Second
-	stopDeadline = 20 * time.Second
-)
+// waitDeadline is the hang detector's: nothing here asserts how fast
+// anything is.
+const waitDeadline = 20 * time.Second
 
 // sledIP is the --underlay-ip the examples are written for (the agent's
 // default): their zones and VMMs are in its /64.
@@ -338,24 +334,5 @@ func startAgent(t *testing.T, cfg agent.Config) *agent.Agent {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.NTPNoClock = true
-	a, err := agent.New(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)))
-	if err != nil {
-		t.Fatalf("agent.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	stop := sync.OnceFunc(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(stopDeadline):
-			t.Errorf("Run did not return within %s of its context being cancelled", stopDeadline)
-		}
-	})
-	t.Cleanup(stop)
-	return a
+	return agenttest.Run(t, cfg)
 }
