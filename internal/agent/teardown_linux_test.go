@@ -23,7 +23,7 @@ func onTmpfsMount(dir string) bool {
 	return st.Type == unix.TMPFS_MAGIC && a.Dev != b.Dev
 }
 
-// A teardown as the README gives it, without --vdev-dir, still detaches
+// A teardown as the docs give it, without --vdev-dir, still detaches
 // the loop devices the agent attached to its vdev files (it recorded them
 // in its data dir), and unmounts the tmpfs the agent mounted on its run dir.
 func TestLinuxTeardownReleasesRecordedLoopsAndRunDirTmpfs(t *testing.T) {
@@ -72,7 +72,7 @@ func TestLinuxTeardownReleasesRecordedLoopsAndRunDirTmpfs(t *testing.T) {
 		t.Fatalf("the agent mounted no tmpfs on its run dir %s", runDir)
 	}
 
-	// The teardown of the README: no --vdev-dir.
+	// The teardown of the docs: no --vdev-dir.
 	cfg.VdevDir = ""
 	r, err := agent.TeardownReport(t.Context(), cfg, testLogger(t))
 	if err != nil {

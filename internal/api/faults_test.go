@@ -92,7 +92,7 @@ func (s *faultedSled) ensureFails() bool {
 	return err != nil
 }
 
-// Every member of the fault map may come alone, as the README shows them,
+// Every member of the fault map may come alone, as the docs show them,
 // and takes effect; the whole map is replaced each time.
 func TestSimFaultsEachMemberAlone(t *testing.T) {
 	s := newFaultedSled(t)

@@ -161,7 +161,7 @@ func qgroup(poolID string, subvolID uint64) (used uint64, limit *uint64) {
 }
 
 // btrfsCompression is the btrfs compression property for upstream's
-// algorithm (the table is in the README):
+// algorithm (the table is in docs/running-on-linux.md):
 //
 //	off, ""  → none     (explicitly uncompressed)
 //	on       → lzo      (ZFS's "on" is lz4, see below)
