@@ -3,6 +3,7 @@ package cli
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sled-agent/sled-agent/examples"
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/dns"
@@ -52,35 +54,55 @@ converging, and keep serving so the operator commands can be tried:
 
 Ctrl-C stops it.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			cfg, err := resolveConfig(cmd, &c, configFile)
 			if err != nil {
 				return err
 			}
-			if cfg.Runtime != "sim" {
-				return fmt.Errorf("dev runs the sim runtime only")
-			}
-			if !cmd.Flags().Changed("data-dir") && configFile == "" {
-				dir, err := os.MkdirTemp("", "sled-agent-dev-")
-				if err != nil {
-					return err
+			changed := cmd.Flags().Changed
+			var linux *devLinux
+			switch cfg.Runtime {
+			case "sim":
+				if !changed("data-dir") && configFile == "" {
+					dir, err := os.MkdirTemp("", "sled-agent-dev-")
+					if err != nil {
+						return err
+					}
+					cfg.DataDir = dir
+					if !keep {
+						defer os.RemoveAll(dir)
+					}
 				}
-				cfg.DataDir = dir
-				if !keep {
-					defer os.RemoveAll(dir)
+				if cfg.UnderlayIP == agent.DefaultUnderlayIP && !changed("underlay-ip") {
+					cfg.UnderlayIP = "fd00:1122:3344:103::1" // the example config's sled subnet
 				}
+				cfg.SimStartDelay = devStartDelay
+			case "linux":
+				if !changed("ntp-no-clock") {
+					cfg.NTPNoClock = true
+				}
+			default:
+				return fmt.Errorf("--runtime %q: dev runs sim or linux", cfg.Runtime)
 			}
-			if cfg.UnderlayIP == agent.DefaultUnderlayIP && !cmd.Flags().Changed("underlay-ip") {
-				cfg.UnderlayIP = "fd00:1122:3344:103::1" // the example config's sled subnet
-			}
-			cfg.SimStartDelay = devStartDelay
 			log, err := newLogger(logLevel)
 			if err != nil {
 				return err
 			}
+			if cfg.Runtime == "linux" {
+				if changed("data-dir") && !emptyOrAbsent(cfg.DataDir) {
+					return fmt.Errorf("--data-dir %s is not empty: dev --runtime linux makes its own data dir and removes it at the end; give a new one", cfg.DataDir)
+				}
+				ctx, cancel := signalContext()
+				linux, err = prepareDevLinux(ctx, &cfg, devLinuxOptions{dataDirGiven: changed("data-dir"), runDirGiven: changed("run-dir")}, cmd.ErrOrStderr(), log)
+				cancel()
+				if err != nil {
+					return err
+				}
+				defer func() { err = errors.Join(err, linux.close(keep)) }()
+			}
 			// The neighbours, simulated on loopback, unless pointed
 			// elsewhere.
-			if !cmd.Flags().Changed("ddm-url") {
+			if !changed("ddm-url") {
 				d := ddmsim.New(log.With("component", "ddm-sim"))
 				if err := d.Start("127.0.0.1:0"); err != nil {
 					return fmt.Errorf("starting the DDM simulator: %w", err)
@@ -92,8 +114,12 @@ Ctrl-C stops it.`,
 				cfg.BootstrapPrefix = "fdb0:a840:2504:103::/64"
 			}
 			var nexus *nexussim.Server
-			if !cmd.Flags().Changed("dns-server") && !cmd.Flags().Changed("switch") {
-				stop, n, err := devNeighbours(&cfg, log, !cmd.Flags().Changed("nexus"))
+			if !changed("dns-server") && !changed("switch") {
+				var extra dns.Records
+				if linux != nil {
+					extra = linux.dnsRecords()
+				}
+				stop, n, err := devNeighbours(&cfg, log, !changed("nexus"), extra)
 				if err != nil {
 					return err
 				}
@@ -101,12 +127,24 @@ Ctrl-C stops it.`,
 				nexus = n
 			}
 			doc := sledconfig.Example()
+			if linux != nil {
+				doc = examples.SledConfigVdev
+			}
 			if sledConfig != "" {
 				if doc, err = os.ReadFile(sledConfig); err != nil {
 					return fmt.Errorf("reading sled config: %w", err)
 				}
 			}
-			return runDev(cmd.Context(), cmd.OutOrStdout(), cfg, log, doc, exitWhenDone, nexus)
+			if linux != nil {
+				if doc, err = linux.disks(doc); err != nil {
+					return err
+				}
+			}
+			run := devRun{out: cmd.OutOrStdout(), cfg: cfg, log: log, doc: doc, exitWhenDone: exitWhenDone, nexus: nexus}
+			if linux != nil {
+				run.guest = linux.bootGuest
+			}
+			return run.run(cmd.Context())
 		},
 	}
 	agentFlags(cmd, &c, &configFile, &logLevel)
@@ -117,15 +155,16 @@ Ctrl-C stops it.`,
 	ll.DefValue = "warn"
 	cmd.Flags().StringVar(&sledConfig, "sled-config", "", "sled config to put at start (default: the built-in real example)")
 	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary data dir")
-	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running (for scripts and CI)")
+	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running, and with --runtime linux the guest's console answered (for scripts and CI)")
 	return cmd
 }
 
 // devNeighbours starts the rack's switch daemons, simulated, on IPv6
 // loopback (two dpd simulators, slots 0 and 1), with a simulated Nexus
-// when withNexus, and an internal DNS server that names them, and points
+// when withNexus, and an internal DNS server that names them and holds
+// extra, and points
 // cfg at the DNS server. stop ends them.
-func devNeighbours(cfg *agent.Config, log *slog.Logger, withNexus bool) (stop func(), nexus *nexussim.Server, err error) {
+func devNeighbours(cfg *agent.Config, log *slog.Logger, withNexus bool, extra dns.Records) (stop func(), nexus *nexussim.Server, err error) {
 	var stops []func()
 	stop = func() {
 		for _, f := range slices.Backward(stops) {
@@ -160,6 +199,7 @@ func devNeighbours(cfg *agent.Config, log *slog.Logger, withNexus bool) (stop fu
 		stops = append(stops, func() { nexus.Close() })
 		records.Merge(dns.ServiceRecords(nexusclient.Service, netip.MustParseAddrPort(nexus.Addr())))
 	}
+	records.Merge(extra)
 	if err := server.SetRecords(records); err != nil {
 		return nil, nil, err
 	}
@@ -175,9 +215,24 @@ func devStartDelay(s zone.Spec) time.Duration {
 	return 300*time.Millisecond + time.Duration(h.Sum32()%2700)*time.Millisecond
 }
 
-// runDev runs the agent, puts the sled config over HTTP as the control plane
+// devRun is a dev sled's run: the agent of cfg, the sled config doc it is
+// put, and, for a Linux sled, the guest booted once the zones run.
+type devRun struct {
+	out          io.Writer
+	cfg          agent.Config
+	log          *slog.Logger
+	doc          []byte
+	exitWhenDone bool
+	nexus        *nexussim.Server
+	// guest, if set, boots a guest after the first convergence, and says
+	// how to reach it.
+	guest func(ctx context.Context, out io.Writer, c *client.Client) error
+}
+
+// run runs the agent, puts the sled config over HTTP as the control plane
 // would, and prints every zone's progress until interrupted.
-func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.Logger, doc []byte, exitWhenDone bool, nexus *nexussim.Server) error {
+func (r devRun) run(parent context.Context) error {
+	out, cfg, log, nexus := r.out, r.cfg, r.log, r.nexus
 	ctx, cancel := signalContext()
 	defer cancel()
 	if parent != nil {
@@ -191,7 +246,7 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 	errc := make(chan error, 1)
 	go func() { errc <- a.Run(ctx) }()
 	url := "http://" + a.Addr()
-	fmt.Fprintf(out, "sled %s: agent API on %s (sim runtime; data in %s)\n", a.SledID(), url, cfg.DataDir)
+	fmt.Fprintf(out, "sled %s: agent API on %s (%s runtime; data in %s)\n", a.SledID(), url, cfg.Runtime, cfg.DataDir)
 	if cfg.DDMURL != "" {
 		fmt.Fprintf(out, "routing prefixes kept in DDM at %s\n", cfg.DDMURL)
 	}
@@ -210,7 +265,7 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 		return err
 	}
 	putCtx, putCancel := context.WithTimeout(ctx, 30*time.Second)
-	err = c.PutConfig(putCtx, doc)
+	err = c.PutConfig(putCtx, r.doc)
 	putCancel()
 	if err != nil {
 		cancel()
@@ -276,14 +331,26 @@ func runDev(parent context.Context, out io.Writer, cfg agent.Config, log *slog.L
 				fmt.Fprintf(out, "switch %s (found by %s): %d/%d NAT entries %s\n", sw.Address, sw.FoundBy, sw.Present, sw.Desired, cmp.Or(sw.LastError, "in place"))
 			}
 		}
+		if r.guest != nil {
+			if err := r.guest(ctx, out, c); err != nil {
+				if ctx.Err() == nil {
+					fmt.Fprintf(out, "the guest: %v\n", err)
+				}
+			}
+		}
 		fmt.Fprintln(out)
+		bin, gone := "go run ./cmd/sled-agent", "zones are simulated, so they go with it"
+		if cfg.Runtime == "linux" {
+			bin, gone = "./sled-agent", "and removes every zone, guest, mount and loop device the sled made"
+		}
 		fmt.Fprintf(out, "The agent keeps serving. Try, in another terminal:\n"+
-			"  go run ./cmd/sled-agent zones\n"+
-			"  go run ./cmd/sled-agent inventory\n"+
-			"  go run ./cmd/sled-agent zone show <zone name or id>\n"+
-			"  curl -s %s/agent/inventory | head -c 600\n"+
-			"Ctrl-C stops it (zones are simulated, so they go with it).\n", url)
-		if exitWhenDone {
+			"  %[1]s zones\n"+
+			"  %[1]s inventory\n"+
+			"  %[1]s zone show <zone name or id>\n"+
+			"  %[1]s vmm list\n"+
+			"  curl -s %[2]s/agent/inventory | head -c 600\n"+
+			"Ctrl-C stops it (%[3]s).\n", bin, url, gone)
+		if r.exitWhenDone {
 			cancel()
 		}
 	}

@@ -88,8 +88,8 @@ func TestEveryExampleIsTested(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, e := range entries {
-		if e.Name() == "README.md" {
-			continue
+		if e.Name() == "README.md" || filepath.Ext(e.Name()) == ".go" {
+			continue // what the examples are; the package that embeds them
 		}
 		seen[e.Name()] = true
 		if _, ok := examples[e.Name()]; !ok {
