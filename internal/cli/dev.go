@@ -32,11 +32,10 @@ import (
 
 func newDevCmd() *cobra.Command {
 	var (
-		c                    agent.Config
-		configFile, logLevel string
-		sledConfig           string
-		keep                 bool
-		exitWhenDone         bool
+		d            = newDaemonFlags()
+		sledConfig   string
+		keep         bool
+		exitWhenDone bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -53,14 +52,14 @@ converging, and keep serving so the operator commands can be tried:
 Ctrl-C stops it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := resolveConfig(cmd, &c, configFile)
+			cfg, err := d.resolve(cmd)
 			if err != nil {
 				return err
 			}
 			if cfg.Runtime != "sim" {
 				return fmt.Errorf("dev runs the sim runtime only")
 			}
-			if !cmd.Flags().Changed("data-dir") && configFile == "" {
+			if !cmd.Flags().Changed("data-dir") {
 				dir, err := os.MkdirTemp("", "sled-agent-dev-")
 				if err != nil {
 					return err
@@ -70,11 +69,8 @@ Ctrl-C stops it.`,
 					defer os.RemoveAll(dir)
 				}
 			}
-			if cfg.UnderlayIP == agent.DefaultUnderlayIP && !cmd.Flags().Changed("underlay-ip") {
-				cfg.UnderlayIP = "fd00:1122:3344:103::1" // the example config's sled subnet
-			}
 			cfg.SimStartDelay = devStartDelay
-			log, err := newLogger(logLevel)
+			log, err := newLogger(d.logLevel)
 			if err != nil {
 				return err
 			}
@@ -87,9 +83,6 @@ Ctrl-C stops it.`,
 				}
 				defer d.Close()
 				cfg.DDMURL = d.URL()
-			}
-			if cfg.BootstrapPrefix == "" {
-				cfg.BootstrapPrefix = "fdb0:a840:2504:103::/64"
 			}
 			var nexus *nexussim.Server
 			if !cmd.Flags().Changed("dns-server") && !cmd.Flags().Changed("switch") {
@@ -109,17 +102,34 @@ Ctrl-C stops it.`,
 			return runDev(cmd.Context(), cmd.OutOrStdout(), cfg, log, doc, exitWhenDone, nexus)
 		},
 	}
-	agentFlags(cmd, &c, &configFile, &logLevel)
-	// A default of its own, not a value given: a config file's log-level
-	// still applies.
-	ll := cmd.Flags().Lookup("log-level")
-	ll.Value.Set("warn")
-	ll.DefValue = "warn"
+	devFlags(cmd, d)
 	cmd.Flags().StringVar(&sledConfig, "sled-config", "", "sled config to put at start (default: the built-in real example)")
 	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary data dir")
 	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running (for scripts and CI)")
 	return cmd
 }
+
+// devFlags gives dev the daemon flags that mean something for an agent of
+// the sim runtime, with dev's own defaults: those it gives the agent when
+// they are not set (a config file's value sets them).
+func devFlags(cmd *cobra.Command, d *daemonFlags) {
+	// The linux runtime's alone.
+	d.add(cmd, d.except("runtime", "run-dir", "vdev-dir", "pool-root", "ntp-no-clock", "vmm-accel", "vmm-qemu-ids", "zone-tag", "netns-prefix")...)
+	d.setDefault("data-dir", "", "where the agent keeps its state (default: a temporary dir, removed at the end unless --keep)")
+	d.setDefault("underlay-ip", devUnderlayIP, "this sled's underlay IPv6 address (the example config's sled)")
+	d.setDefault("bootstrap-prefix", devBootstrapPrefix, "the sled's bootstrap /64, advertised in DDM with the underlay /64")
+	d.setDefault("ddm-url", "", `the routing daemon's (DDM) admin API, where the sled's prefixes are kept right (default: a DDM simulator on loopback; "" for none)`)
+	d.setDefault("log-level", "warn", "")
+	d.all.Lookup("dns-server").Usage = "internal DNS server that names the switch daemons, [addr]:port (repeatable; default: one on loopback naming two dpd simulators and, unless --nexus, a Nexus simulator)"
+	d.all.Lookup("switch").Usage = "switch daemon (dpd) address, [addr]:port, used when DNS is unreachable or names none (repeatable; with it, no simulated DNS, dpd or Nexus)"
+	d.all.Lookup("nexus").Usage = "Nexus internal API address, [addr]:port, told of the sled and its VMMs' states (repeatable; default: a Nexus simulator, named in the simulated DNS)"
+}
+
+// dev's sled: the example config's (sledconfig.Example).
+const (
+	devUnderlayIP      = "fd00:1122:3344:103::1"
+	devBootstrapPrefix = "fdb0:a840:2504:103::/64"
+)
 
 // devNeighbours starts the rack's switch daemons, simulated, on IPv6
 // loopback (two dpd simulators, slots 0 and 1), with a simulated Nexus
