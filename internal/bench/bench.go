@@ -46,6 +46,33 @@ func progress(w io.Writer, format string, args ...any) {
 	}
 }
 
+// progressEvery is how often a long loop says how far it got.
+const progressEvery = 10 * time.Second
+
+// loopProgress says on w, if set, how far a loop of n timed steps got: a
+// line at most every progressEvery, and one when the last step is done.
+type loopProgress struct {
+	w    io.Writer
+	what string
+	n    int
+	last time.Time
+}
+
+func newLoopProgress(w io.Writer, what string, n int) *loopProgress {
+	return &loopProgress{w: w, what: what, n: n, last: time.Now()}
+}
+
+// done says that step i (from 1) is done.
+func (p *loopProgress) done(i int) {
+	if p.w == nil {
+		return
+	}
+	if now := time.Now(); i >= p.n || now.Sub(p.last) >= progressEvery {
+		p.last = now
+		progress(p.w, "%s: %d/%d", p.what, i, p.n)
+	}
+}
+
 // Latency summarises timed operations, in milliseconds.
 type Latency struct {
 	N     int     `json:"n"`

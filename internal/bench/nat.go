@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -25,6 +26,9 @@ type NATOptions struct {
 	Appearances int
 	// Period is the NAT reconciler's period (10s, the default).
 	Period time.Duration
+	// Progress, if set, receives a line per phase and a periodic one in
+	// the timed loop, for people: the result alone goes to the caller.
+	Progress io.Writer
 }
 
 // NATResult is what `bench nat` prints.
@@ -68,6 +72,7 @@ func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
 	if err := publish(first); err != nil {
 		return nil, err
 	}
+	progress(opts.Progress, "bench nat: starting an agent (sim runtime) that finds its switch daemons through DNS")
 	// The example config's sled: its zones are in that /64.
 	const exampleSled = "fd00:1122:3344:103::1"
 	cfg := agent.Config{DataDir: dir, Listen: "127.0.0.1:0", DNSServers: []string{server.Addr().String()}, NATPeriod: opts.Period,
@@ -93,12 +98,15 @@ func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
 		return n
 	}
 	const want = 2
+	progress(opts.Progress, "bench nat: the example config put; waiting for its %d NAT entries on the first switch", want)
 	if _, err := waitUntil(ctx, time.Now(), func() bool { return ours(first) == want }); err != nil {
 		return nil, fmt.Errorf("the first switch: %w", err)
 	}
 	res := &NATResult{Machine: machine(), Period: opts.Period.String(), Entries: want}
 	var took []time.Duration
-	for range opts.Appearances {
+	progress(opts.Progress, "bench nat: %d switch appearances, each at a random moment of the %s period", opts.Appearances, opts.Period)
+	steps := newLoopProgress(opts.Progress, "bench nat: switch appearances", opts.Appearances)
+	for i := range opts.Appearances {
 		d := dpdsim.New(nil, 1)
 		if err := d.Start("[::1]:0"); err != nil {
 			return nil, err
@@ -120,6 +128,7 @@ func NAT(ctx context.Context, opts NATOptions) (*NATResult, error) {
 			return nil, err
 		}
 		took = append(took, dt)
+		steps.done(i + 1)
 	}
 	res.Appear = summarize(took)
 	return res, nil

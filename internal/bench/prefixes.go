@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -31,6 +32,9 @@ type PrefixOptions struct {
 	// Period is the prefix reconciler's period (30s, the default): the
 	// withdrawals must not depend on it.
 	Period time.Duration
+	// Progress, if set, receives a line per phase and a periodic one in
+	// the timed loops, for people: the result alone goes to the caller.
+	Progress io.Writer
 }
 
 // PrefixResult is what `bench prefixes` prints.
@@ -63,6 +67,7 @@ func Prefixes(ctx context.Context, opts PrefixOptions) (*PrefixResult, error) {
 		return nil, err
 	}
 	defer d.Close()
+	progress(opts.Progress, "bench prefixes: starting an agent (sim runtime) that keeps its prefixes in a DDM simulator")
 	cfg := agent.Config{DataDir: dir, Listen: "127.0.0.1:0", DDMURL: d.URL(), BootstrapPrefix: "fdb0:a840:2504:101::/64", PrefixPeriod: opts.Period,
 		SkipTimesync: true} // its zones do not wait for an NTP zone: it has none
 	_, c, stop, err := startAgent(ctx, cfg, nil)
@@ -89,7 +94,9 @@ func Prefixes(ctx context.Context, opts PrefixOptions) (*PrefixResult, error) {
 	res := &PrefixResult{Machine: machine(), Period: opts.Period.String()}
 
 	var took []time.Duration
-	for range opts.Withdrawals {
+	progress(opts.Progress, "bench prefixes: %d withdrawals of an internal DNS zone's prefix", opts.Withdrawals)
+	steps := newLoopProgress(opts.Progress, "bench prefixes: withdrawals", opts.Withdrawals)
+	for i := range opts.Withdrawals {
 		if err := put(true); err != nil {
 			return nil, err
 		}
@@ -105,10 +112,13 @@ func Prefixes(ctx context.Context, opts PrefixOptions) (*PrefixResult, error) {
 			return nil, err
 		}
 		took = append(took, dt)
+		steps.done(i + 1)
 	}
 	res.Withdraw = summarize(took)
 
 	took = nil
+	progress(opts.Progress, "bench prefixes: %d DDM outages of 1 to 3 s, each followed by its recovery", opts.Recoveries)
+	steps = newLoopProgress(opts.Progress, "bench prefixes: recoveries", opts.Recoveries)
 	for i := range opts.Recoveries {
 		// DDM goes away, empty; the config changes meanwhile (the DNS zone
 		// comes or goes), so the agent's passes fail and it retries.
@@ -134,6 +144,7 @@ func Prefixes(ctx context.Context, opts PrefixOptions) (*PrefixResult, error) {
 			return nil, err
 		}
 		took = append(took, dt)
+		steps.done(i + 1)
 	}
 	res.Recover = summarize(took)
 	return res, nil

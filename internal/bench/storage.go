@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -45,6 +46,10 @@ type StorageOptions struct {
 	Timeout time.Duration
 	// Log receives the agents' logs (default: discarded).
 	Log *slog.Logger
+	// Progress, if set, receives a line per round and phase and a
+	// periodic one in the no-op passes, for people: the result alone goes
+	// to the caller.
+	Progress io.Writer
 }
 
 // StorageResult is what `bench storage` prints.
@@ -119,13 +124,13 @@ func Storage(ctx context.Context, opts StorageOptions) (*StorageResult, error) {
 	res := &StorageResult{Machine: machine(), Runtime: opts.Runtime}
 	var passes []time.Duration
 	var fromNothing, adopt []float64
-	for range opts.Rounds {
+	for r := range opts.Rounds {
 		sc, err := exampleStorage(tag + "-")
 		if err != nil {
 			return nil, err
 		}
 		res.Disks, res.Datasets = sc.disks, sc.datasets
-		round, took, err := storageRound(ctx, opts, tag, sc)
+		round, took, err := storageRound(ctx, opts, tag, sc, fmt.Sprintf("bench storage: round %d/%d", r+1, opts.Rounds))
 		if err != nil {
 			return nil, err
 		}
@@ -155,7 +160,8 @@ func addCount(sum, n *int) *int {
 
 // storageRound runs one round in a data dir of its own, and removes
 // everything it made.
-func storageRound(ctx context.Context, opts StorageOptions, tag string, sc exampleConfig) (round StorageRound, passes []time.Duration, err error) {
+// Its progress lines begin with say.
+func storageRound(ctx context.Context, opts StorageOptions, tag string, sc exampleConfig, say string) (round StorageRound, passes []time.Duration, err error) {
 	dir, err := os.MkdirTemp("", "sled-agent-bench-storage-")
 	if err != nil {
 		return round, nil, err
@@ -203,6 +209,7 @@ func storageRound(ctx context.Context, opts StorageOptions, tag string, sc examp
 
 	// From nothing: a fresh agent on blank disks, once it has looked at
 	// them (attaching the file-backed ones), is given the config.
+	progress(opts.Progress, "%s: %d disks and %d datasets from blank disks (%s runtime)", say, sc.disks, sc.datasets, opts.Runtime)
 	a, c, stop, err := startAgent(ctx, cfg, log)
 	if err != nil {
 		return round, nil, err
@@ -236,7 +243,9 @@ func storageRound(ctx context.Context, opts StorageOptions, tag string, sc examp
 	// the run would end one of them early: the period is 30s, a run of
 	// passes takes well under a second on btrfs.)
 	base = changes.Load()
-	for range opts.Passes {
+	progress(opts.Progress, "%s: %d no-op storage passes", say, opts.Passes)
+	steps := newLoopProgress(opts.Progress, say+": no-op passes", opts.Passes)
+	for i := range opts.Passes {
 		t0 := time.Now()
 		a.Storage().Poke()
 		_, end, err := waitStorageOK(ctx, a.Storage(), sc, t0, opts.Timeout, time.Millisecond)
@@ -244,6 +253,7 @@ func storageRound(ctx context.Context, opts StorageOptions, tag string, sc examp
 			return round, nil, fmt.Errorf("no-op pass: %w", err)
 		}
 		passes = append(passes, end.Sub(t0))
+		steps.done(i + 1)
 	}
 	round.NoopPass = summarize(passes)
 	round.NoopPassChanges = count(base)
@@ -255,6 +265,7 @@ func storageRound(ctx context.Context, opts StorageOptions, tag string, sc examp
 
 	// Restart: a new agent on the same data dir adopts the pools and the
 	// datasets as they are (the pools stay mounted while no agent runs).
+	progress(opts.Progress, "%s: a new agent adopting them", say)
 	base = changes.Load()
 	t0 = time.Now()
 	a, _, stop, err = startAgent(ctx, cfg, log)

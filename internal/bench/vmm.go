@@ -35,6 +35,9 @@ type VMMOptions struct {
 	Rounds int
 	// Runtime is "sim" (default) or "linux" (real zones; root).
 	Runtime string
+	// Progress, if set, receives a line per phase and a periodic one in
+	// its rounds, for people: the result alone goes to the caller.
+	Progress io.Writer
 }
 
 // VMMResult is what `bench vmm` prints.
@@ -89,6 +92,7 @@ func VMM(ctx context.Context, opts VMMOptions) (res *VMMResult, err error) {
 			agent.RemoveHostLock(tag) // best effort: a few bytes in /run/lock
 		}
 	}()
+	progress(opts.Progress, "bench vmm: starting an agent (%s runtime)", opts.Runtime)
 	a, _, stop, err := startAgent(ctx, cfg, nil)
 	if err != nil {
 		return nil, err
@@ -98,6 +102,8 @@ func VMM(ctx context.Context, opts VMMOptions) (res *VMMResult, err error) {
 	res = &VMMResult{Machine: machine(), Runtime: opts.Runtime, Phases: map[string]Latency{}}
 	for i, phase := range vmmPhases {
 		var took []time.Duration
+		progress(opts.Progress, "bench vmm: phase %d/%d, %s: %d rounds, each deleting a VMM's zone", i+1, len(vmmPhases), phase, opts.Rounds)
+		steps := newLoopProgress(opts.Progress, "bench vmm: "+phase, opts.Rounds)
 		for j := range opts.Rounds {
 			// Each VMM on its own address, so no zone waits for another's
 			// (in the sled's /64, as every VMM's).
@@ -107,6 +113,7 @@ func VMM(ctx context.Context, opts VMMOptions) (res *VMMResult, err error) {
 				return nil, fmt.Errorf("%s, round %d: %w", phase, j+1, err)
 			}
 			took = append(took, dt)
+			steps.done(j + 1)
 		}
 		res.Phases[phase] = summarize(took)
 	}

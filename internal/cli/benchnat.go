@@ -22,6 +22,7 @@ period plus a pass.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
+			opts.Progress = cmd.ErrOrStderr() // stdout is the JSON result alone
 			res, err := bench.NAT(ctx, opts)
 			if err != nil {
 				return err

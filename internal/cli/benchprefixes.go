@@ -25,6 +25,7 @@ changes is repaired at the next period.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
+			opts.Progress = cmd.ErrOrStderr() // stdout is the JSON result alone
 			res, err := bench.Prefixes(ctx, opts)
 			if err != nil {
 				return err

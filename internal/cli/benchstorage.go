@@ -32,6 +32,7 @@ Everything it creates carries a unique tag and is removed at the end.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
+			opts.Progress = cmd.ErrOrStderr() // stdout is the JSON result alone
 			res, err := bench.Storage(ctx, opts)
 			if err != nil {
 				return err

@@ -20,6 +20,7 @@ failed. --runtime linux needs root and is run from the built binary.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
+			opts.Progress = cmd.ErrOrStderr() // stdout is the JSON result alone
 			res, err := bench.VMM(ctx, opts)
 			if err != nil {
 				return err

@@ -81,6 +81,28 @@ func (g *globals) setup() (c *client.Client, asJSON bool, err error) {
 	return c, asJSON, err
 }
 
+// noOutputFlag annotates an operator command that prints one form only: it
+// takes --url but not -o.
+const noOutputFlag = "sled-agent/no-output-flag"
+
+// addFlags gives every command of tree that runs the operator flags: --url,
+// and -o unless the command prints one form only.
+func (g *globals) addFlags(tree *cobra.Command) {
+	if tree.Runnable() {
+		defURL := os.Getenv("SLED_AGENT_URL")
+		if defURL == "" {
+			defURL = "http://" + agent.DefaultListen
+		}
+		tree.Flags().StringVar(&g.url, "url", defURL, "agent API URL (env SLED_AGENT_URL)")
+		if tree.Annotations[noOutputFlag] == "" {
+			tree.Flags().StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+		}
+	}
+	for _, c := range tree.Commands() {
+		g.addFlags(c)
+	}
+}
+
 func newRoot() *cobra.Command {
 	g := &globals{}
 	root := &cobra.Command{
@@ -89,14 +111,13 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	defURL := os.Getenv("SLED_AGENT_URL")
-	if defURL == "" {
-		defURL = "http://" + agent.DefaultListen
-	}
-	root.PersistentFlags().StringVar(&g.url, "url", defURL, "agent API URL for operator commands (env SLED_AGENT_URL)")
-	root.PersistentFlags().StringVarP(&g.output, "output", "o", "table", "output format of operator commands: table or json")
 	root.AddCommand(newRunCmd(), newDevCmd(), newBenchCmd(), newTeardownCmd(), newCrashTestCmd())
-	root.AddCommand(newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g), newVMMCmd(g))
+	// The operator commands, which talk to an agent: each has the flags
+	// that say which and how to print what it says.
+	for _, op := range []*cobra.Command{newConfigCmd(g), newInventoryCmd(g), newZonesCmd(g), newZoneCmd(g), newVMMCmd(g)} {
+		g.addFlags(op)
+		root.AddCommand(op)
+	}
 	root.AddCommand(newZoneServiceCmd())
 	root.AddCommand(newVMMServiceCmd())
 	root.AddCommand(newNTPZoneCmd())
@@ -104,10 +125,21 @@ func newRoot() *cobra.Command {
 	return root
 }
 
-// agentFlags binds the daemon's flags to a config.
-func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLevel *string) {
-	f := cmd.Flags()
-	f.StringVar(configFile, "config", "", "agent config file: JSON with these flags' names as keys; flags override it")
+// daemonFlags are the flags of the agent's config: every one is a flag of
+// run and a key of its config file (--config). dev and teardown take the
+// same config file, but as flags only those they use.
+type daemonFlags struct {
+	cfg        agent.Config
+	configFile string
+	logLevel   string
+	// all holds every daemon flag, bound to cfg and logLevel; a command's
+	// flag set shares the *pflag.Flag of those it takes.
+	all *pflag.FlagSet
+}
+
+func newDaemonFlags() *daemonFlags {
+	d := &daemonFlags{all: pflag.NewFlagSet("agent", pflag.ContinueOnError)}
+	c, f := &d.cfg, d.all
 	f.StringVar(&c.Listen, "listen", agent.DefaultListen, "address the API listens on")
 	f.IntVar(&c.MaxConnections, "max-connections", 0, "most connections the API holds open; more are closed at once (default: a quarter of the file descriptor limit, at most 4096)")
 	f.StringVar(&c.DataDir, "data-dir", defaultDataDir(), "where the agent keeps its state")
@@ -141,7 +173,7 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.StringVar(&c.VMMImageDir, "vmm-image-dir", "", "directory of guest disk images that a VMM's file backends may name, beside the pools' local_storage datasets")
 	f.StringVar(&c.VMMAccel, "vmm-accel", "auto", "how the linux runtime's guests run: kvm, tcg, or auto (KVM only where hardware virtualisation is there: kvm_intel or kvm_amd)")
 	f.StringVar(&c.VMMQEMUIDs, "vmm-qemu-ids", "", "user and group ids the VMM services run QEMU as, FIRST:COUNT (default: theirs, 1879048192:16777216); one per VMM, hashed from its id")
-	f.StringVar(logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&d.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
 	// objects, so that tests and the crash test never touch a real agent's.
 	f.StringVar(&c.ZoneTag, "zone-tag", "", "ownership tag of the linux runtime's objects (default sled-agent)")
@@ -149,28 +181,86 @@ func agentFlags(cmd *cobra.Command, c *agent.Config, configFile *string, logLeve
 	f.MarkHidden("zone-tag")
 	f.MarkHidden("netns-prefix")
 	markConfigKeys(f)
+	return d
+}
+
+// configFileUsage is --config's help: of run, whose flags are its keys, and
+// of the commands that take run's file but not all its flags.
+const (
+	configFileUsage      = "agent config file: JSON with these flags' names as keys; flags override it"
+	otherConfigFileUsage = "agent config file, as run's (its keys are run's flags' names, also those this command does not take); flags override it"
+)
+
+// addAll gives cmd every daemon flag, and --config: run's flags.
+func (d *daemonFlags) addAll(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&d.configFile, "config", "", configFileUsage)
+	cmd.Flags().AddFlagSet(d.all)
+}
+
+// add gives cmd --config and the daemon flags named, those it uses. The
+// config file's keys are still every daemon flag's: one cmd does not take
+// sets the config as it does for run, which the command then ignores or
+// refuses as it would have the flag.
+func (d *daemonFlags) add(cmd *cobra.Command, names ...string) {
+	cmd.Flags().StringVar(&d.configFile, "config", "", otherConfigFileUsage)
+	for _, name := range names {
+		fl := d.all.Lookup(name)
+		if fl == nil {
+			panic("cli: no daemon flag --" + name)
+		}
+		cmd.Flags().AddFlag(fl)
+	}
+}
+
+// except returns the names of every daemon flag but those given.
+func (d *daemonFlags) except(names ...string) []string {
+	var keep []string
+	d.all.VisitAll(func(fl *pflag.Flag) {
+		if !slices.Contains(names, fl.Name) {
+			keep = append(keep, fl.Name)
+		}
+	})
+	return keep
+}
+
+// setDefault gives the daemon flag name a default of the command's own,
+// shown in its help; usage, if not empty, replaces the flag's help.
+func (d *daemonFlags) setDefault(name, value, usage string) {
+	fl := d.all.Lookup(name)
+	if err := fl.Value.Set(value); err != nil {
+		panic(fmt.Sprintf("cli: default %q of --%s: %v", value, name, err))
+	}
+	fl.DefValue = value
+	if usage != "" {
+		fl.Usage = usage
+	}
+}
+
+// resolve applies the config file to the flags the user did not set and
+// returns the config they then hold.
+func (d *daemonFlags) resolve(cmd *cobra.Command) (agent.Config, error) {
+	return resolveConfig(cmd, d.all, &d.cfg, d.configFile)
 }
 
 // configKey marks the flags that are also keys of the agent config file:
-// every flag agentFlags defines but --config itself. Deriving the keys from
-// the flag set keeps the two from drifting apart.
+// every daemon flag (newDaemonFlags). Deriving the keys from the flag set
+// keeps the two from drifting apart.
 const configKey = "sled-agent/config-key"
 
-// markConfigKeys makes every flag of f so far (but --config) a config key.
+// markConfigKeys makes every flag of f so far a config key.
 func markConfigKeys(f *pflag.FlagSet) {
 	f.VisitAll(func(fl *pflag.Flag) {
-		if fl.Name != "config" {
-			f.SetAnnotation(fl.Name, configKey, []string{"true"})
-		}
+		f.SetAnnotation(fl.Name, configKey, []string{"true"})
 	})
 }
 
-// resolveConfig applies the config file to the flags the user did not set
-// and returns the config the flags (bound to flags) then hold. A key of the
-// file is a flag's name, its value what the flag would be given (a string,
-// number or boolean; a list of strings for a repeatable flag); the only
-// other keys are those of agent.Config that no flag sets (images).
-func resolveConfig(cmd *cobra.Command, flags *agent.Config, configFile string) (agent.Config, error) {
+// resolveConfig applies the config file to the daemon flags (keys, bound to
+// flags) the user did not set on cmd's command line and returns the config
+// they then hold. A key of the file is a daemon flag's name, whether cmd
+// takes that flag or not, its value what the flag would be given (a
+// string, number or boolean; a list of strings for a repeatable flag); the
+// only other keys are those of agent.Config that no flag sets (images).
+func resolveConfig(cmd *cobra.Command, keys *pflag.FlagSet, flags *agent.Config, configFile string) (agent.Config, error) {
 	if configFile == "" {
 		return *flags, nil
 	}
@@ -182,9 +272,8 @@ func resolveConfig(cmd *cobra.Command, flags *agent.Config, configFile string) (
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return agent.Config{}, fmt.Errorf("agent config %s: %w", configFile, err)
 	}
-	fs := cmd.Flags()
 	onCommandLine := map[string]bool{}
-	fs.Visit(func(fl *pflag.Flag) { onCommandLine[fl.Name] = true })
+	cmd.Flags().Visit(func(fl *pflag.Flag) { onCommandLine[fl.Name] = true })
 	// The reservoir is a percentage or a size, not both: either given on
 	// the command line overrides both of the file.
 	if onCommandLine["vmm-reservoir-percentage"] || onCommandLine["vmm-reservoir-size-mb"] {
@@ -192,7 +281,7 @@ func resolveConfig(cmd *cobra.Command, flags *agent.Config, configFile string) (
 	}
 	rest := map[string]json.RawMessage{}
 	for _, key := range slices.Sorted(maps.Keys(doc)) {
-		fl := fs.Lookup(key)
+		fl := keys.Lookup(key)
 		if fl == nil || fl.Annotations[configKey] == nil {
 			rest[key] = doc[key]
 			continue
@@ -212,7 +301,7 @@ func resolveConfig(cmd *cobra.Command, flags *agent.Config, configFile string) (
 		dec.DisallowUnknownFields()
 		var only agent.Config
 		if err := dec.Decode(&only); err != nil {
-			return agent.Config{}, fmt.Errorf("agent config %s: %w (its keys are the flags of %s and images)", configFile, err, cmd.Name())
+			return agent.Config{}, fmt.Errorf("agent config %s: %w (its keys are the flags of run and images)", configFile, err)
 		}
 		flags.Images = only.Images
 	}
@@ -297,19 +386,18 @@ func signalContext() (context.Context, context.CancelFunc) {
 }
 
 func newRunCmd() *cobra.Command {
-	var c agent.Config
-	var configFile, logLevel string
+	d := newDaemonFlags()
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the sled agent daemon",
 		Long:  "Run the sled agent daemon. SIGINT or SIGTERM stop the agent and leave its zones running.",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := resolveConfig(cmd, &c, configFile)
+			cfg, err := d.resolve(cmd)
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(logLevel)
+			log, err := newLogger(d.logLevel)
 			if err != nil {
 				return err
 			}
@@ -322,6 +410,6 @@ func newRunCmd() *cobra.Command {
 			return a.Run(ctx)
 		},
 	}
-	agentFlags(cmd, &c, &configFile, &logLevel)
+	d.addAll(cmd)
 	return cmd
 }

@@ -17,15 +17,14 @@ import (
 // resolveWith parses args as the run command's flags, resolves them against
 // the config file they name, and returns the config and the log level.
 func resolveWith(args ...string) (agent.Config, string, error) {
-	var c agent.Config
-	var configFile, logLevel string
+	d := newDaemonFlags()
 	cmd := &cobra.Command{Use: "run"}
-	agentFlags(cmd, &c, &configFile, &logLevel)
+	d.addAll(cmd)
 	if err := cmd.ParseFlags(args); err != nil {
-		return c, "", err
+		return agent.Config{}, "", err
 	}
-	cfg, err := resolveConfig(cmd, &c, configFile)
-	return cfg, logLevel, err
+	cfg, err := d.resolve(cmd)
+	return cfg, d.logLevel, err
 }
 
 // configValue is a value for a flag of the given type that differs from

@@ -34,15 +34,14 @@ import (
 
 func newDevCmd() *cobra.Command {
 	var (
-		c                    agent.Config
-		configFile, logLevel string
-		sledConfig           string
-		keep                 bool
-		exitWhenDone         bool
+		d            = newDaemonFlags()
+		sledConfig   string
+		keep         bool
+		exitWhenDone bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
-		Short: "Run a whole simulated sled on loopback, with a real example config",
+		Short: "Run a whole sled on this machine: simulated on loopback, or real with --runtime linux",
 		Long: `Run the agent on loopback with the sim runtime, put a realistic sled config
 (a real one from a rack, unless --sled-config names another), show the zones
 converging, and keep serving so the operator commands can be tried:
@@ -52,10 +51,19 @@ converging, and keep serving so the operator commands can be tried:
   sled-agent zone show <zone name or id>
   sled-agent config put <file>
 
-Ctrl-C stops it.`,
+Ctrl-C stops it.
+
+With --runtime linux (as root: sudo ./scripts/dev --linux) the sled is real:
+its disks are files (` + devLinuxDataDir + `/vdev), its zones network
+namespaces with their services under runit on btrfs pools, its NTP zone a
+chronyd following a reference NTP server on this host (it never sets the
+clock), and once its zones run it boots the test guest under QEMU and shows
+its console. DDM, the switches, DNS and Nexus are simulated as with sim. Ctrl-C
+removes everything it made: zones, guests, namespaces, links, mounts, loop
+devices, processes, and the data dir unless --keep.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
-			cfg, err := resolveConfig(cmd, &c, configFile)
+			cfg, err := d.resolve(cmd)
 			if err != nil {
 				return err
 			}
@@ -63,7 +71,7 @@ Ctrl-C stops it.`,
 			var linux *devLinux
 			switch cfg.Runtime {
 			case "sim":
-				if !changed("data-dir") && configFile == "" {
+				if !changed("data-dir") {
 					dir, err := os.MkdirTemp("", "sled-agent-dev-")
 					if err != nil {
 						return err
@@ -73,18 +81,18 @@ Ctrl-C stops it.`,
 						defer os.RemoveAll(dir)
 					}
 				}
-				if cfg.UnderlayIP == agent.DefaultUnderlayIP && !changed("underlay-ip") {
-					cfg.UnderlayIP = "fd00:1122:3344:103::1" // the example config's sled subnet
-				}
 				cfg.SimStartDelay = devStartDelay
 			case "linux":
-				if !changed("ntp-no-clock") {
-					cfg.NTPNoClock = true
+				if !changed("underlay-ip") {
+					cfg.UnderlayIP = agent.DefaultUnderlayIP // the file-backed example's sled
 				}
+				// Its NTP zone only tracks time: dev never sets the
+				// host's clock.
+				cfg.NTPNoClock = true
 			default:
 				return fmt.Errorf("--runtime %q: dev runs sim or linux", cfg.Runtime)
 			}
-			log, err := newLogger(logLevel)
+			log, err := newLogger(d.logLevel)
 			if err != nil {
 				return err
 			}
@@ -109,9 +117,6 @@ Ctrl-C stops it.`,
 				}
 				defer d.Close()
 				cfg.DDMURL = d.URL()
-			}
-			if cfg.BootstrapPrefix == "" {
-				cfg.BootstrapPrefix = "fdb0:a840:2504:103::/64"
 			}
 			var nexus *nexussim.Server
 			if !changed("dns-server") && !changed("switch") {
@@ -147,17 +152,37 @@ Ctrl-C stops it.`,
 			return run.run(cmd.Context())
 		},
 	}
-	agentFlags(cmd, &c, &configFile, &logLevel)
-	// A default of its own, not a value given: a config file's log-level
-	// still applies.
-	ll := cmd.Flags().Lookup("log-level")
-	ll.Value.Set("warn")
-	ll.DefValue = "warn"
-	cmd.Flags().StringVar(&sledConfig, "sled-config", "", "sled config to put at start (default: the built-in real example)")
-	cmd.Flags().BoolVar(&keep, "keep", false, "keep the temporary data dir")
+	devFlags(cmd, d)
+	cmd.Flags().StringVar(&sledConfig, "sled-config", "", "sled config to put at start (default: the built-in real example; with --runtime linux examples/sled-config-vdev.json, whose disks it makes as files)")
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the data dir (with --runtime linux its zones, mounts and loop devices go all the same)")
 	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running, and with --runtime linux the guest's console answered (for scripts and CI)")
 	return cmd
 }
+
+// devFlags gives dev the daemon flags that mean something for a dev sled,
+// with dev's own defaults: those it gives the agent when they are not set
+// (a config file's value sets them).
+func devFlags(cmd *cobra.Command, d *daemonFlags) {
+	// Dev makes a Linux sled's disks, pools and image dir, and its NTP
+	// zone never sets the clock.
+	d.add(cmd, d.except("vdev-dir", "pool-root", "ntp-no-clock", "vmm-image-dir")...)
+	d.setDefault("runtime", "sim", "sim: simulated zones on loopback; linux: real zones, storage, time sync and a guest (needs root: sudo ./scripts/dev --linux)")
+	d.setDefault("data-dir", "", "where the agent keeps its state (default: a temporary dir; with --runtime linux "+devLinuxDataDir+"; removed at the end unless --keep)")
+	d.setDefault("run-dir", "", "the linux runtime's per-boot state (default "+devLinuxRunDir+")")
+	d.setDefault("underlay-ip", devUnderlayIP, "this sled's underlay IPv6 address (the example config's sled; with --runtime linux "+agent.DefaultUnderlayIP+", the file-backed example's)")
+	d.setDefault("bootstrap-prefix", devBootstrapPrefix, "the sled's bootstrap /64, advertised in DDM with the underlay /64")
+	d.setDefault("ddm-url", "", `the routing daemon's (DDM) admin API, where the sled's prefixes are kept right (default: a DDM simulator on loopback; "" for none)`)
+	d.setDefault("log-level", "warn", "")
+	d.all.Lookup("dns-server").Usage = "internal DNS server that names the switch daemons, [addr]:port (repeatable; default: one on loopback naming two dpd simulators and, unless --nexus, a Nexus simulator)"
+	d.all.Lookup("switch").Usage = "switch daemon (dpd) address, [addr]:port, used when DNS is unreachable or names none (repeatable; with it, no simulated DNS, dpd or Nexus)"
+	d.all.Lookup("nexus").Usage = "Nexus internal API address, [addr]:port, told of the sled and its VMMs' states (repeatable; default: a Nexus simulator, named in the simulated DNS)"
+}
+
+// dev's sled: the example config's (sledconfig.Example).
+const (
+	devUnderlayIP      = "fd00:1122:3344:103::1"
+	devBootstrapPrefix = "fdb0:a840:2504:103::/64"
+)
 
 // devNeighbours starts the rack's switch daemons, simulated, on IPv6
 // loopback (two dpd simulators, slots 0 and 1), with a simulated Nexus

@@ -109,3 +109,70 @@ func TestBenchRestartProgressOnStderr(t *testing.T) {
 		t.Errorf("bench restart stderr = %q, want %q", lines, want)
 	}
 }
+
+// The other sim benchmarks print a line on stderr as each phase begins and
+// as each timed loop ends (and one now and then in a long loop), and their
+// result alone on stdout.
+func TestBenchPhasesProgressOnStderr(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"bench", "nat", "--appearances", "2", "--period", "100ms"}, []string{
+			"bench nat: starting an agent (sim runtime) that finds its switch daemons through DNS",
+			"bench nat: the example config put; waiting for its 2 NAT entries on the first switch",
+			"bench nat: 2 switch appearances, each at a random moment of the 100ms period",
+			"bench nat: switch appearances: 2/2",
+		}},
+		{[]string{"bench", "prefixes", "--withdrawals", "2", "--recoveries", "1"}, []string{
+			"bench prefixes: starting an agent (sim runtime) that keeps its prefixes in a DDM simulator",
+			"bench prefixes: 2 withdrawals of an internal DNS zone's prefix",
+			"bench prefixes: withdrawals: 2/2",
+			"bench prefixes: 1 DDM outages of 1 to 3 s, each followed by its recovery",
+			"bench prefixes: recoveries: 1/1",
+		}},
+		{[]string{"bench", "vmm", "--rounds", "1"}, []string{
+			"bench vmm: starting an agent (sim runtime)",
+			"bench vmm: phase 1/4, before its service is up: 1 rounds, each deleting a VMM's zone",
+			"bench vmm: before its service is up: 1/1",
+			"bench vmm: phase 2/4, starting: 1 rounds, each deleting a VMM's zone",
+			"bench vmm: starting: 1/1",
+			"bench vmm: phase 3/4, running: 1 rounds, each deleting a VMM's zone",
+			"bench vmm: running: 1/1",
+			"bench vmm: phase 4/4, stopping: 1 rounds, each deleting a VMM's zone",
+			"bench vmm: stopping: 1/1",
+		}},
+		{[]string{"bench", "storage", "--runtime", "sim", "--rounds", "1", "--passes", "2"}, []string{
+			"bench storage: round 1/1: 10 disks and 54 datasets from blank disks (sim runtime)",
+			"bench storage: round 1/1: 2 no-op storage passes",
+			"bench storage: round 1/1: no-op passes: 2/2",
+			"bench storage: round 1/1: a new agent adopting them",
+		}},
+	} {
+		name := strings.Join(tc.args[:2], " ")
+		r := sled(t, tc.args...)
+		if r.code != 0 {
+			t.Errorf("%s: exit %d; stderr:\n%s", name, r.code, r.stderr)
+			continue
+		}
+		var res map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+			t.Errorf("%s: stdout is not its JSON result alone: %v\n%s", name, err, r.stdout)
+		}
+		// Every wanted line, in order; a long loop's periodic lines (only
+		// on a slow machine at this size) may come between them.
+		lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+		next := 0
+		for _, l := range lines {
+			if !strings.HasPrefix(l, name+": ") {
+				t.Errorf("%s: a stderr line not its progress: %q", name, l)
+			}
+			if next < len(tc.want) && l == tc.want[next] {
+				next++
+			}
+		}
+		if next < len(tc.want) {
+			t.Errorf("%s stderr = %q, want these lines in order: %q", name, lines, tc.want)
+		}
+	}
+}

@@ -88,9 +88,6 @@ func prepareDevLinux(ctx context.Context, cfg *agent.Config, o devLinuxOptions, 
 	if err != nil {
 		return nil, err
 	}
-	if !cfg.NTPNoClock {
-		return nil, errors.New("dev never steers the host's clock: --ntp-no-clock=false is refused")
-	}
 	if !o.dataDirGiven {
 		cfg.DataDir = devLinuxDataDir
 	}

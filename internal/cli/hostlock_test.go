@@ -60,8 +60,13 @@ func TestSecondLinuxAgentOnTheHostExits(t *testing.T) {
 	rand.Read(b)
 	tag := "zt" + hex.EncodeToString(b)
 	dirA, dirB, runDir := t.TempDir(), t.TempDir(), t.TempDir()
+	// The flags of an agent of the data dir that teardown takes too; run
+	// adds its own (runFlags).
 	flags := func(dataDir string) []string {
-		return []string{"--runtime", "linux", "--data-dir", dataDir, "--run-dir", runDir, "--zone-tag", tag, "--netns-prefix", tag + "-", "--vdev-dir", filepath.Join(dataDir, "vdev"), "--skip-timesync", "--underlay-ip", "fd00:1122:3344:1f2::1"}
+		return []string{"--runtime", "linux", "--data-dir", dataDir, "--run-dir", runDir, "--zone-tag", tag, "--netns-prefix", tag + "-", "--vdev-dir", filepath.Join(dataDir, "vdev")}
+	}
+	runFlags := func(dataDir string) []string {
+		return append(flags(dataDir), "--skip-timesync", "--underlay-ip", "fd00:1122:3344:1f2::1")
 	}
 	cfgA := agent.Config{DataDir: dirA, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: tag + "-", VdevDir: filepath.Join(dirA, "vdev"), UnderlayIP: "fd00:1122:3344:1f2::1"}
 	// Registered first, run last: the first agent is gone by then.
@@ -80,7 +85,7 @@ func TestSecondLinuxAgentOnTheHostExits(t *testing.T) {
 	})
 
 	addrA := freeAddr(t)
-	first, firstOut := startBinary(t, append([]string{"run", "--listen", addrA, "--ddm-url", ""}, flags(dirA)...)...)
+	first, firstOut := startBinary(t, append([]string{"run", "--listen", addrA, "--ddm-url", ""}, runFlags(dirA)...)...)
 	c, err := client.New("http://" + addrA)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +118,7 @@ func TestSecondLinuxAgentOnTheHostExits(t *testing.T) {
 
 	holder := fmt.Sprintf("pid %d, data dir %s", first.Process.Pid, dirA)
 	for _, args := range [][]string{
-		append([]string{"run", "--listen", freeAddr(t), "--ddm-url", ""}, flags(dirB)...),
+		append([]string{"run", "--listen", freeAddr(t), "--ddm-url", ""}, runFlags(dirB)...),
 		append([]string{"teardown", "--yes"}, flags(dirB)...),
 	} {
 		cmd, out := startBinary(t, args...)

@@ -16,14 +16,13 @@ import (
 // the config file they name.
 func resolve(t *testing.T, args ...string) agent.Config {
 	t.Helper()
-	var c agent.Config
-	var configFile, logLevel string
+	d := newDaemonFlags()
 	cmd := &cobra.Command{Use: "run"}
-	agentFlags(cmd, &c, &configFile, &logLevel)
+	d.addAll(cmd)
 	if err := cmd.ParseFlags(args); err != nil {
 		t.Fatalf("parsing %q: %v", args, err)
 	}
-	cfg, err := resolveConfig(cmd, &c, configFile)
+	cfg, err := d.resolve(cmd)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,9 +32,10 @@ func printJSON(w io.Writer, v any) error {
 func newConfigCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "config", Short: "Sled config commands"}
 	cmd.AddCommand(&cobra.Command{
-		Use:   "put FILE",
-		Short: "Put a sled config (OmicronSledConfig JSON; - for standard input)",
-		Args:  cobra.ExactArgs(1),
+		Use:         "put FILE",
+		Short:       "Put a sled config (OmicronSledConfig JSON; - for standard input)",
+		Args:        cobra.ExactArgs(1),
+		Annotations: map[string]string{noOutputFlag: "true"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var doc []byte
 			var err error

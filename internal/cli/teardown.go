@@ -9,8 +9,7 @@ import (
 )
 
 func newTeardownCmd() *cobra.Command {
-	var c agent.Config
-	var configFile, logLevel string
+	d := newDaemonFlags()
 	var yes bool
 	cmd := &cobra.Command{
 		Use:   "teardown",
@@ -35,11 +34,11 @@ data dir: --sled-id <its id> --data-dir <an empty dir>.`,
 			if !yes {
 				return fmt.Errorf("teardown destroys every zone of this sled: pass --yes to do it")
 			}
-			cfg, err := resolveConfig(cmd, &c, configFile)
+			cfg, err := d.resolve(cmd)
 			if err != nil {
 				return err
 			}
-			log, err := newLogger(logLevel)
+			log, err := newLogger(d.logLevel)
 			if err != nil {
 				return err
 			}
@@ -58,7 +57,15 @@ data dir: --sled-id <its id> --data-dir <an empty dir>.`,
 			return err
 		},
 	}
-	agentFlags(cmd, &c, &configFile, &logLevel)
+	// What teardown reads of the agent's config: whose sled, which
+	// runtime, and where the linux runtime's parts are.
+	d.add(cmd, "data-dir", "runtime", "sled-id", "run-dir", "vdev-dir", "pool-root", "log-level", "zone-tag", "netns-prefix")
+	d.all.Lookup("data-dir").Usage = "the agent's data dir: its sled's zones are destroyed"
+	d.all.Lookup("runtime").Usage = "the agent's zone runtime: sim or linux"
+	d.all.Lookup("sled-id").Usage = "the sled whose parts the linux runtime removes (default: the one kept in --data-dir)"
+	d.all.Lookup("run-dir").Usage = "the linux runtime's run dir, whose tmpfs is unmounted last"
+	d.all.Lookup("vdev-dir").Usage = "directory of file-backed disks whose loop devices are detached (linux runtime; those the agent recorded attaching are detached anyway)"
+	d.all.Lookup("pool-root").Usage = "where the linux runtime's pools are mounted, to be unmounted (default <data-dir>/storage)"
 	cmd.Flags().BoolVar(&yes, "yes", false, "really destroy every zone")
 	return cmd
 }

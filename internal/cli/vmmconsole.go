@@ -35,7 +35,8 @@ reaches its service (with the sim runtime, on loopback in the agent). The last
 terminal it is put in raw mode, so that every key goes to the guest; Ctrl-]
 leaves. With --history, the console's output held so far (GET
 /instance/serial/history) is printed and the command exits.`,
-		Args: cobra.ExactArgs(1),
+		Args:        cobra.ExactArgs(1),
+		Annotations: map[string]string{noOutputFlag: "true"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, _, err := g.setup()
 			if err != nil {
