@@ -97,9 +97,6 @@ devices, processes, and the data dir unless --keep.`,
 				return err
 			}
 			if cfg.Runtime == "linux" {
-				if changed("data-dir") && !emptyOrAbsent(cfg.DataDir) {
-					return fmt.Errorf("--data-dir %s is not empty: dev --runtime linux makes its own data dir and removes it at the end; give a new one", cfg.DataDir)
-				}
 				ctx, cancel := signalContext()
 				linux, err = prepareDevLinux(ctx, &cfg, devLinuxOptions{dataDirGiven: changed("data-dir"), runDirGiven: changed("run-dir")}, cmd.ErrOrStderr(), log)
 				cancel()

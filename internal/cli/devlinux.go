@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -110,7 +111,13 @@ func prepareDevLinux(ctx context.Context, cfg *agent.Config, o devLinuxOptions, 
 			d = nil
 		}
 	}()
-	for _, dir := range []string{cfg.DataDir, cfg.VdevDir, cfg.VMMImageDir} {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return d, err
+	}
+	if err := os.WriteFile(filepath.Join(cfg.DataDir, devMark), []byte("the data dir of sled-agent dev --runtime linux, removed when it stops\n"), 0o600); err != nil {
+		return d, err
+	}
+	for _, dir := range []string{cfg.VdevDir, cfg.VMMImageDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return d, err
 		}
@@ -184,12 +191,20 @@ func devLinuxTools() (chrony.Binaries, error) {
 	return bins, nil
 }
 
+// devMark, in a Linux dev sled's data dir, says the dir is one: made by
+// dev, and removed by it.
+const devMark = "sled-agent-dev"
+
 // clearLeftovers removes what an earlier run with the same data dir left
 // when it was killed before it could: its zones, mounts and loop devices
-// (a teardown), then the data dir.
+// (a teardown), then the data dir. A data dir that is not empty and not a
+// dev sled's is refused: it is not dev's to remove.
 func (d *devLinux) clearLeftovers(ctx context.Context) error {
-	if _, err := os.Stat(d.cfg.DataDir); errors.Is(err, fs.ErrNotExist) {
+	if emptyOrAbsent(d.cfg.DataDir) {
 		return nil
+	}
+	if _, err := os.Stat(filepath.Join(d.cfg.DataDir, devMark)); err != nil {
+		return fmt.Errorf("the data dir %s is not empty and is no dev sled's (no %s in it): dev --runtime linux makes its own data dir and removes it at the end; give a new one with --data-dir", d.cfg.DataDir, devMark)
 	}
 	fmt.Fprintf(d.progress, "dev: %s is there: an earlier dev sled did not stop cleanly; removing what it left\n", d.cfg.DataDir)
 	if err := d.teardown(ctx); err != nil {
@@ -292,11 +307,15 @@ func vmmWaitWord(ctx context.Context, c *client.Client, id string) string {
 	return "VMM " + vmmState(v)
 }
 
+// ansiControl matches the terminal control sequences a console's output
+// holds (OVMF clears the screen and moves the cursor).
+var ansiControl = regexp.MustCompile(`\x1b(\[[0-9;=?]*[ -/]*[@-~]|[@-Z\\-_])`)
+
 // lastLines is the last n non-empty lines of the console output b, with
-// control characters dropped.
+// terminal control sequences and characters dropped.
 func lastLines(b []byte, n int) []string {
 	var lines []string
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range strings.Split(ansiControl.ReplaceAllString(string(b), ""), "\n") {
 		l = strings.Map(func(r rune) rune {
 			if r < 0x20 || r == 0x7f {
 				return -1
@@ -347,8 +366,14 @@ func (d *devLinux) teardown(ctx context.Context) error {
 	for _, l := range r.Left {
 		fmt.Fprintln(d.progress, "dev: left", l)
 	}
+	zones := 0
+	for _, l := range r.Removed {
+		if strings.HasPrefix(l, "zone ") {
+			zones++
+		}
+	}
 	if err == nil {
-		fmt.Fprintf(d.progress, "dev: teardown removed %d zones and parts\n", len(r.Removed))
+		fmt.Fprintf(d.progress, "dev: removed %d zones and %d other parts (leftovers, pools, loop devices, the run dir)\n", zones, len(r.Removed)-zones)
 	}
 	return err
 }

@@ -22,15 +22,22 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/syncbuf"
+	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
 )
 
 // runAgentEnv makes this test binary the sled-agent binary: the tests run it
-// with `run …` and `teardown …`, and the linux runtime's default image with
-// `zone-service …`.
+// with `run …`, `teardown …` and `dev …`, and the linux runtime's images
+// with `zone-service …`, `ntp-zone …` and `vmm-service …`, and a VMM
+// service its QEMU through qemujail, as cmd/sled-agent does.
 const runAgentEnv = "CLI_TEST_RUN_AGENT"
 
 func TestMain(m *testing.M) {
+	qemujail.RunIfAsked()
+	if argv, ok, _ := supervise.RunArgs(); ok && len(argv) > 1 && (argv[1] == "ntp-zone" || argv[1] == "vmm-service") {
+		supervise.SetTitle(argv)
+		os.Exit(Main(argv[1:]))
+	}
 	zoneservicetest.ServeIfAsked()
 	if os.Getenv(runAgentEnv) == "1" {
 		os.Exit(Main(os.Args[1:]))

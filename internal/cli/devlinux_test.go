@@ -1,0 +1,204 @@
+package cli
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/syncbuf"
+	"github.com/sled-agent/sled-agent/internal/testguest"
+)
+
+// devLinuxWait bounds the Linux dev sled's start, from nothing to the
+// guest's console (about 20 s here; a first boot through OVMF under TCG
+// on a busy machine takes minutes): a hang detector, not a timing.
+const devLinuxWait = 8 * time.Minute
+
+// The outside check of `sled-agent dev --runtime linux`: run as a person
+// runs it (a second time, after a first run was killed and left everything
+// behind), it says its zones run, its time is synchronized through its NTP
+// zone, and shows the test guest's console with the guest's marker; at
+// SIGINT (Ctrl-C) it exits 0, and nothing of it is left on the host: no
+// namespace, link, mount, loop device, process, cgroup or run dir of its
+// tag, and no data dir.
+func TestDevLinuxRunsARealSledAndLeavesNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: dev --runtime linux makes namespaces, mounts, loop devices and processes")
+	}
+	if _, err := devLinuxTools(); err != nil {
+		t.Skipf("dev --runtime linux cannot run here: %v", err)
+	}
+	testguest.Image(t) // built once per machine, before the dev sled waits for it
+	b := make([]byte, 3)
+	rand.Read(b)
+	tag := "zt" + hex.EncodeToString(b)
+	top := t.TempDir()
+	dataDir, runDir := filepath.Join(top, "data"), filepath.Join(top, "run")
+	args := []string{"dev", "--runtime", "linux", "--listen", freeAddr(t), "--data-dir", dataDir, "--run-dir", runDir,
+		"--zone-tag", tag, "--netns-prefix", tag + "-", "--vmm-accel", "tcg"}
+	// Whatever happens, the sled's parts go (a dev that did not get to its
+	// own removal leaves them).
+	t.Cleanup(func() {
+		if _, err := os.Stat(dataDir); err != nil {
+			return
+		}
+		cfg := agent.Config{DataDir: dataDir, RunDir: runDir, Runtime: "linux", ZoneTag: tag, NetnsPrefix: tag + "-", VdevDir: filepath.Join(dataDir, "vdev")}
+		d := &devLinux{progress: t.Output(), cfg: cfg}
+		if err := d.close(false); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	// The banner's lines, as a person reads them.
+	want := []string{"all 3 zones running after", "time sync: synchronized to " + devReferenceAddr, "storage: 2/2 disks with their pools", testguest.ReadyPrefix, "attach to it: ./sled-agent vmm console "}
+	// A first run is killed (SIGKILL: it removes nothing); the next one
+	// clears what it left, then runs as if it were the first.
+	dev, out := startBinary(t, args...)
+	waitForLines(t, dev, out, want)
+	if err := dev.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	dev.Wait()
+	dev, out = startBinary(t, args...)
+	waitForLines(t, dev, out, append(want, "did not stop cleanly; removing what it left"))
+	t.Logf("dev --runtime linux after a killed one:\n%s", out)
+	// The sled is real: its zones' namespaces and a QEMU of its data dir.
+	nss, links, err := zonenet.List(tag+"-", tag)
+	if err != nil || len(nss) < 4 || len(links) == 0 {
+		t.Errorf("the sled's namespaces %v, links %v (%v): want its three zones' and its VMM's", nss, links, err)
+	}
+	if pids := processesOf(t, dataDir); len(pids) == 0 {
+		t.Errorf("no process names the sled's data dir while it runs")
+	}
+
+	// Ctrl-C.
+	if err := dev.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- dev.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("dev --runtime linux at SIGINT: %v; it said:\n%s", err, out)
+		}
+	case <-time.After(devTeardownWait + time.Minute):
+		t.Fatalf("dev --runtime linux did not exit after SIGINT; it said:\n%s", out)
+	}
+	if !strings.Contains(out.String(), "removed everything the sled made") {
+		t.Errorf("dev did not say it removed everything; it said:\n%s", out)
+	}
+	t.Logf("at SIGINT:\n%s", out.String()[strings.Index(out.String(), "stopped"):])
+
+	// Nothing left.
+	if nss, links, err := zonenet.List(tag+"-", tag); err != nil || len(nss)+len(links) > 0 {
+		t.Errorf("left: namespaces %v, links %v (%v)", nss, links, err)
+	}
+	for _, l := range []string{tag + "ra", tag + "rb"} {
+		if _, err := os.Stat("/sys/class/net/" + l); err == nil {
+			t.Errorf("left: the reference NTP server's link %s", l)
+		}
+	}
+	if _, err := os.Stat(dataDir); err == nil {
+		t.Errorf("left: the data dir %s", dataDir)
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(l, top) {
+			t.Errorf("left: a mount: %s", l)
+		}
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range loops {
+		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), top) {
+			t.Errorf("left: a loop device of %s", strings.TrimSpace(string(b)))
+		}
+	}
+	if pids := processesOf(t, top); len(pids) > 0 {
+		t.Errorf("left: processes %v", pids)
+	}
+	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + tag)
+	more, _ := filepath.Glob("/sys/fs/cgroup/*/*/" + tag)
+	if left := append(cgroups, more...); len(left) > 0 {
+		t.Errorf("left: cgroups %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(agent.HostLockDir, "sled-agent-"+tag+".lock")); err == nil {
+		t.Errorf("left: the host lock of tag %s", tag)
+	}
+}
+
+// waitForLines waits for dev's output to hold every one of want.
+func waitForLines(t *testing.T, dev *exec.Cmd, out *syncbuf.Buffer, want []string) {
+	t.Helper()
+	deadline := time.Now().Add(devLinuxWait)
+	for !containsAll(out.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("dev --runtime linux did not show %q within %s; it said:\n%s", want, devLinuxWait, out)
+		}
+		if dev.ProcessState != nil {
+			t.Fatalf("dev --runtime linux exited: %s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+// processesOf lists the processes (not this one) whose command line names
+// a path under dir.
+func processesOf(t *testing.T, dir string) []int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(strings.NewReader(strings.ReplaceAll(string(b), "\x00", "\n")))
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), dir) {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// A console's last lines are shown as text: OVMF's screen clearing and
+// cursor moves go.
+func TestLastLinesDropsTerminalControl(t *testing.T) {
+	console := "\x1b[2J\x1b[01;01H\x1b[=3h\x1b[2J\x1b[01;01HBdsDxe: loading Boot0001\r\n\r\n" + testguest.ReadyPrefix + "a8:40:25:f0:00:01\r\n\x1b[0m"
+	got := lastLines([]byte(console), 5)
+	want := []string{"BdsDxe: loading Boot0001", testguest.ReadyPrefix + "a8:40:25:f0:00:01"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("lastLines: %q, want %q", got, want)
+	}
+}
