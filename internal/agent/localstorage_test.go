@@ -349,6 +349,13 @@ func TestNexusInstanceOnLocalStorageRuns(t *testing.T) {
 		t.Errorf("a zvol not delegated: %s, want it saying %s", x.Body, want)
 	}
 
+	// An encrypted zvol: this sled has no encryption at rest.
+	b["local_config"].(map[string]any)["delegated_zvols"] = []any{map[string]any{"type": "local_storage_encrypted", "zpool_id": localPool, "dataset_id": allocA}}
+	x = w.doNexus(http.MethodPut, "/vmms/"+testVMM, mustJSON(t, b), http.StatusBadRequest, allocA, allocB, vmmtest.NICID)
+	if want := "local_config.delegated_zvols[0]: type local_storage_encrypted: encrypted local storage is not supported: encryption at rest is not available on this sled"; !strings.Contains(string(x.Body), want) {
+		t.Errorf("an encrypted zvol: %s, want it saying %s", x.Body, want)
+	}
+
 	w.do(http.MethodPost, "/local-storage", ensureLocal(localPool, allocB, 1<<30, 1<<29, false), http.StatusNoContent)
 	w.doNexus(http.MethodPut, "/vmms/"+testVMM, body, http.StatusOK, allocA, allocB, vmmtest.NICID)
 	w.do(http.MethodPut, "/vmms/"+testVMM+"/state", []byte(`{"state":{"type":"running"}}`), http.StatusOK)
