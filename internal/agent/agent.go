@@ -224,6 +224,9 @@ type Agent struct {
 	nat *nat.Reconciler
 	// vmms hosts the VMMs.
 	vmms *vmm.Manager
+	// localMu orders the changes of the local storage allocations
+	// (localstorage.go): one at a time.
+	localMu sync.Mutex
 	// guestHost makes a VMM zone's service reachable; accel and accelWhy
 	// are how the linux runtime's guests run, and reservoir their memory
 	// (vmmhost.go).
@@ -541,7 +544,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		deps.Nexus = a.nexus
 	}
 	if a.storage != nil {
-		deps.Storage = a.storage
+		deps.Storage, deps.LocalStorage = a.storage, a
 	}
 	deps.TimeSync = a.timeSync
 	if a.ntpServers != nil {

@@ -53,16 +53,14 @@ func (a *Agent) vmmHost(cfg Config, rt any, hw hardware.Info) error {
 
 // sledForGuests is what a VMM's spec is checked against: the sled's hardware
 // threads, and where a guest's disk files may lie: the pools' ensured
-// local_storage datasets and the operator's image directory.
+// local_storage datasets and the operator's image directory; and the file
+// realising a delegated zvol (localVolume).
 func (a *Agent) sledForGuests(cfg Config, hw hardware.Info) spec.Sled {
-	var roots []string
-	if a.storage != nil {
-		roots = a.storage.ReadyPaths("local_storage", "local_storage_unencrypted")
-	}
+	roots := a.localStorageRoots()
 	if cfg.VMMImageDir != "" {
 		roots = append(roots, cfg.VMMImageDir)
 	}
-	return spec.Sled{Threads: int(hw.HardwareThreads), FileRoots: roots}
+	return spec.Sled{Threads: int(hw.HardwareThreads), FileRoots: roots, LocalVolume: a.localVolume}
 }
 
 // vmmServiceArgs are what a VMM zone's service is told when its zone is

@@ -113,6 +113,9 @@ type Deps struct {
 	// Accel and AccelWhy how guests run, for people.
 	Reservoir       Reservoir
 	Accel, AccelWhy string
+	// LocalStorage, if set, is the pools' local storage allocations,
+	// behind /local-storage.
+	LocalStorage LocalStorage
 	// Storage, if set, is the storage reconciler, reported in inventory;
 	// nil: the agent manages no storage (no disks, pools or datasets).
 	Storage Storage
@@ -240,6 +243,9 @@ func (s *Server) register() {
 	}, httpbound.Small), s.agentRestore)
 	if s.deps.VMMs != nil || s.every {
 		s.registerVMMs()
+	}
+	if s.deps.LocalStorage != nil || s.every {
+		s.registerLocalStorage()
 	}
 	if s.deps.Faults != nil || s.every {
 		s.registerFaults()

@@ -26,6 +26,7 @@ func boundedSled(t *testing.T) (*sled, string) {
 	t.Helper()
 	s := newSled(t, sim.Options{}, func(d *api.Deps) {
 		d.VMMs = noVMMs{}
+		d.LocalStorage = &fakeLocalStorage{}
 		d.BodyReadTimeout = 100 * time.Millisecond
 	})
 	srv := httptest.NewServer(s.server.Handler())

@@ -56,7 +56,8 @@ func TestDocumentMatchesUpstream(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"PUT /omicron-config", "GET /inventory", "GET /zones", "PUT /vmms/{propolis_id}",
-		"DELETE /vmms/{propolis_id}", "PUT /vmms/{propolis_id}/state", "GET /vmms/{propolis_id}/state"} {
+		"DELETE /vmms/{propolis_id}", "PUT /vmms/{propolis_id}/state", "GET /vmms/{propolis_id}/state",
+		"POST /local-storage", "DELETE /local-storage"} {
 		if !slices.Contains(compared, want) {
 			t.Errorf("%s was not compared with upstream's (compared: %v)", want, compared)
 		}

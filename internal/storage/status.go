@@ -250,10 +250,26 @@ func (r *Reconciler) ZoneStorage(filesystemPool, zoneName, durable string) (Zone
 // the published state (it never waits on a backend call): for instance
 // the local_storage datasets in which a guest's disk files may lie.
 func (r *Reconciler) ReadyPaths(kinds ...string) []string {
+	var out []string
+	for _, d := range r.ReadyDatasets(kinds...) {
+		out = append(out, d.Path)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// ReadyDataset is an ensured dataset of a managed pool.
+type ReadyDataset struct {
+	PoolID, Kind, Path string
+}
+
+// ReadyDatasets are the ensured datasets of the given kinds, from the
+// published state (it never waits on a backend call), by name.
+func (r *Reconciler) ReadyDatasets(kinds ...string) []ReadyDataset {
 	r.store.mu.Lock()
 	rd := r.store.snap.ready
 	r.store.mu.Unlock()
-	var out []string
+	var out []ReadyDataset
 	for name, d := range rd.datasets {
 		if !d.ok || d.path == "" {
 			continue
@@ -265,10 +281,49 @@ func (r *Reconciler) ReadyPaths(kinds ...string) []string {
 		}
 		for _, k := range kinds {
 			if name == DatasetName(id, k) {
-				out = append(out, d.path)
+				out = append(out, ReadyDataset{PoolID: id, Kind: k, Path: d.path})
 			}
 		}
 	}
-	slices.Sort(out)
+	slices.SortFunc(out, func(a, b ReadyDataset) int { return strings.Compare(a.Path, b.Path) })
 	return out
+}
+
+// Why PoolDataset finds no dataset, besides a *NotReadyError (the pool or
+// the dataset is configured but not usable now: a caller may try again).
+var (
+	// ErrUnknownPool: no disk of the sled config carries the pool.
+	ErrUnknownPool = errors.New("no disk of this sled's config carries the pool")
+	// ErrNoDataset: the sled config has no dataset of that kind on the pool.
+	ErrNoDataset = errors.New("this sled's config has no such dataset on the pool")
+)
+
+// PoolDataset is where the ensured dataset of kind on pool poolID is, from
+// the published state (it never waits on a backend call). A pool no
+// configured disk carries is ErrUnknownPool, a dataset the config does not
+// name ErrNoDataset; a pool not managed now (no config yet, its disk
+// missing or busy), or a dataset not yet ensured, is a *NotReadyError
+// saying why.
+func (r *Reconciler) PoolDataset(poolID, kind string) (string, error) {
+	r.store.mu.Lock()
+	rd := r.store.snap.ready
+	r.store.mu.Unlock()
+	pool, name := PoolName(poolID), DatasetName(poolID, kind)
+	if !rd.configured {
+		return "", &NotReadyError{Reason: fmt.Sprintf("pool %s is not managed: no storage config yet", pool)}
+	}
+	p, ok := rd.pools[poolID]
+	if !ok {
+		return "", fmt.Errorf("pool %s: %w", pool, ErrUnknownPool)
+	}
+	d, ok := rd.datasets[name]
+	switch {
+	case !ok:
+		return "", fmt.Errorf("dataset %s: %w", name, ErrNoDataset)
+	case !p.managed:
+		return "", &NotReadyError{Reason: fmt.Sprintf("pool %s is not managed: %s", pool, p.why)}
+	case !d.ok || d.path == "":
+		return "", &NotReadyError{Reason: fmt.Sprintf("dataset %s not yet ensured: %s", name, d.why)}
+	}
+	return d.path, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,24 +17,53 @@ import (
 // to write a file other VMMs read. The API answers it with a 409.
 var ErrFileHeld = errors.New("a disk's file is another VMM's")
 
-// diskUse is a file a VMM has as a disk, known by the device and inode of
+// DiskUse is a file a VMM has as a disk, known by the device and inode of
 // the descriptor opened when it was judged (not by its name, which another
 // name, or a file moved into its place, would defeat).
-type diskUse struct {
-	Component string      `json:"component"`
-	Path      string      `json:"path"`
-	File      diskfile.ID `json:"file"`
+type DiskUse struct {
+	Component string      `json:"component" doc:"The file backend's component key in the spec."`
+	Path      string      `json:"path" doc:"Where the disk's file really is, as judged at registration."`
+	Named     string      `json:"named,omitempty" doc:"The path the spec names, when it is not path: a delegated zvol's device (/dev/zvol/rdsk/oxp_<pool>/local_storage_unencrypted/<dataset>/vol), realised here by the file POST /local-storage made."`
+	File      diskfile.ID `json:"file" doc:"The file's device and inode, by which it is held."`
 	Write     bool        `json:"write"`
 }
 
 // usesOf are the uses of s's files as opened and judged.
-func usesOf(s *spec.Spec, files spec.Files) []diskUse {
-	var uses []diskUse
+func usesOf(s *spec.Spec, files spec.Files) []DiskUse {
+	var uses []DiskUse
 	for _, key := range slices.Sorted(maps.Keys(files)) {
-		f := files[key]
-		uses = append(uses, diskUse{Component: key, Path: f.Path, File: f.ID, Write: !s.Components[key].File.ReadOnly})
+		f, c := files[key], s.Components[key].File
+		u := DiskUse{Component: key, Path: f.Path, File: f.ID, Write: !c.ReadOnly}
+		if spec.IsZvolPath(c.Path) {
+			u.Named = filepath.Clean(c.Path)
+		}
+		uses = append(uses, u)
 	}
 	return uses
+}
+
+// WhileFree runs do if no VMM has file as a disk, with registrations held
+// back until it returns (so that a file do removes is not the disk of a
+// VMM registered meanwhile); a file a VMM holds is ErrFileHeld naming the
+// VMM, and do is not run. do should be quick: registrations wait for it.
+func (m *Manager) WhileFree(file diskfile.ID, do func() error) error {
+	m.registerMu.Lock()
+	defer m.registerMu.Unlock()
+	if vmm, comp, ok := m.disks.holder(file); ok {
+		return fmt.Errorf("%w: it is a disk of VMM %s (its component %q): unregister the VMM first", ErrFileHeld, vmm, comp)
+	}
+	return do()
+}
+
+// holder is a VMM holding file, and its component naming it.
+func (h *diskHolds) holder(file diskfile.ID) (vmm, component string, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, o := range slices.Sorted(maps.Keys(h.by[file])) {
+		b := h.by[file][o]
+		return b.vmm, b.use.Component, true
+	}
+	return "", "", false
 }
 
 // diskHolds are the files VMMs have as disks: a file is the writable disk
@@ -49,13 +79,13 @@ type diskHolds struct {
 
 type heldBy struct {
 	vmm string // the VMM's id, for messages
-	use diskUse
+	use DiskUse
 }
 
 // take holds every one of uses for owner, VMM id, or none of them: a file
 // another VMM writes, or that another reads while this one would write
 // it, is ErrFileHeld naming the other VMM.
-func (h *diskHolds) take(owner, id string, uses []diskUse) error {
+func (h *diskHolds) take(owner, id string, uses []DiskUse) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var probs []string
@@ -79,7 +109,7 @@ func (h *diskHolds) take(owner, id string, uses []diskUse) error {
 // takeFree holds uses for owner, VMM id, found running after a restart:
 // what runs has its files whatever another holds, and each conflict (left
 // by an agent that did not check) is returned to be reported.
-func (h *diskHolds) takeFree(owner, id string, uses []diskUse) []string {
+func (h *diskHolds) takeFree(owner, id string, uses []DiskUse) []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var probs []string
@@ -92,7 +122,7 @@ func (h *diskHolds) takeFree(owner, id string, uses []diskUse) []string {
 	return probs
 }
 
-func (h *diskHolds) conflictsLocked(owner string, u diskUse) []heldBy {
+func (h *diskHolds) conflictsLocked(owner string, u DiskUse) []heldBy {
 	var out []heldBy
 	for _, o := range slices.Sorted(maps.Keys(h.by[u.File])) {
 		if other := h.by[u.File][o]; o != owner && (u.Write || other.use.Write) {
@@ -102,7 +132,7 @@ func (h *diskHolds) conflictsLocked(owner string, u diskUse) []heldBy {
 	return out
 }
 
-func (h *diskHolds) addLocked(owner, id string, uses []diskUse) {
+func (h *diskHolds) addLocked(owner, id string, uses []DiskUse) {
 	if h.by == nil {
 		h.by = map[diskfile.ID]map[string]heldBy{}
 	}

@@ -17,8 +17,11 @@ import (
 // body's vmm_spec), the MACs of its NICs (local_config.nics, by id), and
 // what names it (local_config.hostname, metadata).
 type Guest struct {
-	Spec      *spec.Spec
-	NICs      map[string]net.HardwareAddr
+	Spec *spec.Spec
+	NICs map[string]net.HardwareAddr
+	// Zvols are local_config.delegated_zvols: the pools' local storage
+	// allocations its file backends may name (spec.Zvol).
+	Zvols     []spec.Zvol
 	Hostname  string
 	ProjectID string
 	SiloID    string
@@ -35,6 +38,11 @@ func ParseGuest(body []byte) (*Guest, error) {
 				ID  string `json:"id"`
 				MAC string `json:"mac"`
 			} `json:"nics"`
+			DelegatedZvols []struct {
+				Type      string `json:"type"`
+				ZpoolID   string `json:"zpool_id"`
+				DatasetID string `json:"dataset_id"`
+			} `json:"delegated_zvols"`
 		} `json:"local_config"`
 		Metadata struct {
 			ProjectID *string `json:"project_id"`
@@ -80,6 +88,13 @@ func ParseGuest(body []byte) (*Guest, error) {
 		}
 		g.NICs[id.String()] = mac
 	}
+	for i, z := range b.LocalConfig.DelegatedZvols {
+		zv, err := spec.ParseZvol(z.Type, z.ZpoolID, z.DatasetID)
+		if err != nil {
+			return nil, fmt.Errorf("local_config.delegated_zvols[%d]: %w", i, err)
+		}
+		g.Zvols = append(g.Zvols, zv)
+	}
 	return g, nil
 }
 
@@ -90,8 +105,9 @@ func (g *Guest) MemoryBytes() uint64 { return g.Spec.Board.MemoryMiB << 20 }
 // every virtio NIC's backend named after the NIC's MAC (which is how the
 // service learns it, as upstream's propolis learns it from the OPTE port
 // the sled agent names there), and every file backend's path the real path
-// the agent checked.
-func (g *Guest) serviceSpec() (json.RawMessage, error) {
+// the agent judged (disks, by component): a delegated zvol's is the file
+// that realises it.
+func (g *Guest) serviceSpec(disks []DiskUse) (json.RawMessage, error) {
 	var doc map[string]json.RawMessage
 	if err := json.Unmarshal(g.Spec.Raw, &doc); err != nil {
 		return nil, err
@@ -112,6 +128,11 @@ func (g *Guest) serviceSpec() (json.RawMessage, error) {
 		case c.File != nil:
 			f := *c.File
 			f.Path = filepath.Clean(f.Path)
+			for _, u := range disks {
+				if u.Component == key {
+					f.Path = u.Path
+				}
+			}
 			b, err := json.Marshal(f)
 			if err != nil {
 				return nil, err

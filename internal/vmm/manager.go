@@ -244,6 +244,8 @@ type Info struct {
 	Detail       string          `json:"detail,omitempty"`
 	History      []LogEntry      `json:"history"`
 	Registration json.RawMessage `json:"registration"`
+	// Disks are the files it has as disks, as judged at registration.
+	Disks []DiskUse `json:"disks,omitempty" doc:"The files the VMM has as disks, as judged at registration: where each really is, and the path its spec names when that differs (a delegated zvol)."`
 	// RecordCopies are the copies of the VMM's record as last read or
 	// written (none when no record is kept).
 	RecordCopies []RecordCopy `json:"record_copies,omitempty"`
@@ -395,16 +397,12 @@ func (m *Manager) Register(id string, reg Registration) (Info, error) {
 // admit checks a new VMM's spec against the sled and takes its memory from
 // the reservoir; a VMM the sled cannot host is ErrInvalid, saying why. It
 // returns the files the VMM would have as disks, as judged.
-func (m *Manager) admit(id string, reg Registration) ([]diskUse, error) {
+func (m *Manager) admit(id string, reg Registration) ([]DiskUse, error) {
 	g := reg.Guest
 	if g == nil {
 		return nil, fmt.Errorf("%w: no vmm_spec", ErrInvalid)
 	}
-	sled := spec.Sled{Threads: 255, NICs: g.NICs}
-	if m.opts.Sled != nil {
-		sled = m.opts.Sled()
-		sled.NICs = g.NICs
-	}
+	sled := m.guestSled(g)
 	files, err := spec.CheckOpen(g.Spec, sled)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -420,6 +418,17 @@ func (m *Manager) admit(id string, reg Registration) ([]diskUse, error) {
 		}
 	}
 	return uses, nil
+}
+
+// guestSled is what g's spec is judged against: the sled's (Options.Sled),
+// with g's NICs and delegated zvols.
+func (m *Manager) guestSled(g *Guest) spec.Sled {
+	sled := spec.Sled{Threads: 255}
+	if m.opts.Sled != nil {
+		sled = m.opts.Sled()
+	}
+	sled.NICs, sled.Zvols = g.NICs, g.Zvols
+	return sled
 }
 
 // unreserve gives back what VMM id holds of the reservoir.

@@ -37,7 +37,7 @@ type vmm struct {
 	recBoot string
 	// shown is the registration as our view shows it (shownRegistration).
 	shown  json.RawMessage
-	disks  []diskUse // the files it has as disks, held while it is registered
+	disks  []DiskUse // the files it has as disks, held while it is registered
 	pokec  chan struct{}
 	ctx    context.Context // the monitor's
 	cancel context.CancelFunc
@@ -108,7 +108,7 @@ func (v *vmm) info() Info {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return Info{ID: v.id, Status: StatusKnown, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(), ServiceAddr: v.reach,
-		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.shown, RecordCopies: copies}
+		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.shown, Disks: slices.Clone(v.disks), RecordCopies: copies}
 }
 
 // set moves the VMM to state with detail, recording event; the generation
@@ -279,7 +279,7 @@ func (v *vmm) ensure(ctx context.Context, c *propolisapi.Client, resume bool) er
 	if g == nil {
 		return errors.New("no instance spec is known for it (registered by an agent that kept none)")
 	}
-	body, err := g.serviceSpec()
+	body, err := g.serviceSpec(v.disks)
 	if err != nil {
 		return fmt.Errorf("preparing its instance spec: %w", err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/ledger"
-	"github.com/sled-agent/sled-agent/internal/vmm/diskfile"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 )
 
@@ -50,7 +49,7 @@ type record struct {
 	// Disks are the files it has as disks, as judged at registration: a
 	// restarted agent holds them again without opening them (a pool may
 	// not be mounted yet when it starts).
-	Disks []diskUse `json:"disks,omitempty"`
+	Disks []DiskUse `json:"disks,omitempty"`
 	// Boot is the host boot in which the record was written (Options.Boot):
 	// a VMM's zone does not outlive the host's boot.
 	Boot         string          `json:"boot,omitempty"`
@@ -316,18 +315,15 @@ func readOldRecord(id, path string) (record, error) {
 // findDisks are the files g has as disks, for a VMM whose record predates
 // their being kept: each file backend opened and judged as at
 // registration, those that open.
-func (m *Manager) findDisks(g *Guest) []diskUse {
-	var roots []string
-	if m.opts.Sled != nil {
-		roots = m.opts.Sled().FileRoots
-	}
+func (m *Manager) findDisks(g *Guest) []DiskUse {
+	sled := m.guestSled(g)
 	files := spec.Files{}
 	defer files.Close()
 	for key, c := range g.Spec.Components {
 		if c.File == nil {
 			continue
 		}
-		f, err := diskfile.Open(c.File.Path, roots, !c.File.ReadOnly)
+		f, err := spec.OpenBackend(c.File, sled)
 		if err != nil {
 			m.opts.Log.Warn("a disk's file of an adopted VMM", "component", key, "err", err)
 			continue

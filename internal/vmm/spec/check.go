@@ -21,6 +21,14 @@ type Sled struct {
 	// NICs are the sled-local config's NICs, by id: a virtio NIC's
 	// interface_id names one, and the guest sees its MAC.
 	NICs map[string]net.HardwareAddr
+	// Zvols are the sled-local config's delegated zvols: a file backend
+	// may name one by its device path (Zvol.Device), and has the file
+	// LocalVolume says realises it.
+	Zvols []Zvol
+	// LocalVolume is the file that realises a pool's local storage
+	// allocation (POST /local-storage), or why there is none; nil: the
+	// sled has no local storage.
+	LocalVolume func(zpoolID, datasetID string) (string, error)
 }
 
 // MaxBlobBytes bounds a blob backend's contents (a cloud-init seed is a few
@@ -109,7 +117,7 @@ func CheckOpen(s *Spec, sled Sled) (Files, error) {
 				seen[id] = true
 			}
 		case TypeFile:
-			f, err := openFile(c.File, sled.FileRoots)
+			f, err := OpenBackend(c.File, sled)
 			if err != nil {
 				add("component %q (file_storage_backend): %v", key, err)
 				break
@@ -186,17 +194,6 @@ func pciProblem(p PCIPath, pcie bool) string {
 		return "slot 0x1f is the chipset's (LPC, SATA, SMBus)"
 	}
 	return ""
-}
-
-// openFile opens a file backend's file as judged: a regular file of a
-// supported block size with one link, beneath one of roots with no
-// symbolic link on the way (diskfile.Open), read-write unless the backend
-// is read-only. A request never makes a host file a guest's disk.
-func openFile(f *FileBackend, roots []string) (*diskfile.File, error) {
-	if f.BlockSize != 512 && f.BlockSize != 4096 {
-		return nil, fmt.Errorf("block_size %d: want 512 or 4096", f.BlockSize)
-	}
-	return diskfile.Open(f.Path, roots, !f.ReadOnly)
 }
 
 func quoteAll(ss []string) string {
