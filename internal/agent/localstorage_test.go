@@ -102,8 +102,9 @@ func zvolPath(pool, dataset string) string {
 // has an empty vnic_name (the sled agent names it); the cloud-init seed a
 // virtio disk "cloud-init-dev" on device 0x18 backed by a blob
 // "cloud-init-backend"; com1 to com4 and pvpanic. local_config lists each
-// disk's zvol in delegated_zvols. Nexus's virtio socket ("vsock", device
-// 0x19) is left out: this sled offers none (spec.TypeVirtioSocket).
+// disk's zvol in delegated_zvols; and the virtio socket "vsock" every
+// instance gets, guest CID 16 on device 0x19, which this sled accepts and
+// does not realise (spec.NotRealised).
 func nexusBody(addr string, pool string, disks ...string) []byte {
 	s := map[string]any{
 		"board": map[string]any{"chipset": map[string]any{"type": "i440_fx", "value": map[string]any{"enable_pcie": false}},
@@ -116,6 +117,7 @@ func nexusBody(addr string, pool string, disks ...string) []byte {
 		"com3":    comp("serial_port", map[string]any{"num": "com3"}),
 		"com4":    comp("serial_port", map[string]any{"num": "com4"}),
 		"pvpanic": comp("qemu_pvpanic", map[string]any{"enable_isa": true}),
+		"vsock":   comp("virtio_socket", map[string]any{"guest_cid": 16, "pci_path": map[string]any{"bus": 0, "device": 0x19, "function": 0}}),
 		vmmtest.NICID + ":device": comp("virtio_nic", map[string]any{"backend_id": vmmtest.NICID, "interface_id": vmmtest.NICID,
 			"pci_path": map[string]any{"bus": 0, "device": 8, "function": 0}}),
 		vmmtest.NICID:    comp("virtio_network_backend", map[string]any{"vnic_name": ""}),
@@ -364,7 +366,8 @@ func TestNexusInstanceOnLocalStorageRuns(t *testing.T) {
 	code, view := call(t, a, http.MethodGet, "/agent/vmms", "")
 	var page struct {
 		Items []struct {
-			Disks []struct{ Component, Path, Named string }
+			Disks       []struct{ Component, Path, Named string }
+			NotRealised []string `json:"not_realised"`
 		}
 	}
 	if err := json.Unmarshal(view, &page); code != http.StatusOK || err != nil || len(page.Items) != 1 {
@@ -379,5 +382,9 @@ func TestNexusInstanceOnLocalStorageRuns(t *testing.T) {
 		if got[d] != want {
 			t.Errorf("our view of disk %s: %q, want %q", d, got[d], want)
 		}
+	}
+	// The virtio socket is accepted, and our view says the guest has none.
+	if nr := page.Items[0].NotRealised; len(nr) != 1 || !strings.Contains(nr[0], `component "vsock" (virtio_socket): no host side for guest sockets`) {
+		t.Errorf("our view's not_realised: %q, want the vsock named", nr)
 	}
 }

@@ -3,8 +3,10 @@ package vmm
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/google/uuid"
@@ -166,4 +168,20 @@ func (g *Guest) properties(instanceID string, sled SledIdentity) propolisapi.Pro
 			SledID: sled.ID, SledSerial: sled.Serial, SledModel: sled.Model, SledRevision: sled.Revision,
 		},
 	}
+}
+
+// NotRealised lists the components of g's spec its guest does not get on
+// this sled, each with why (spec.NotRealised), by key.
+func (g *Guest) NotRealised() []string {
+	if g == nil || g.Spec == nil {
+		return nil
+	}
+	var out []string
+	for _, key := range slices.Sorted(maps.Keys(g.Spec.Components)) {
+		c := g.Spec.Components[key]
+		if why, ok := spec.NotRealised[c.Type]; ok {
+			out = append(out, fmt.Sprintf("component %q (%s): %s", key, c.Type, why))
+		}
+	}
+	return out
 }

@@ -246,6 +246,9 @@ type Info struct {
 	Registration json.RawMessage `json:"registration"`
 	// Disks are the files it has as disks, as judged at registration.
 	Disks []DiskUse `json:"disks,omitempty" doc:"The files the VMM has as disks, as judged at registration: where each really is, and the path its spec names when that differs (a delegated zvol)."`
+	// NotRealised are the components of its spec the guest does not get,
+	// and why (spec.NotRealised).
+	NotRealised []string `json:"not_realised,omitempty" doc:"The components of the VMM's spec its guest does not get on this sled, and why: each accepted and checked, and left out (a virtio socket, which upstream's Nexus gives every instance)."`
 	// RecordCopies are the copies of the VMM's record as last read or
 	// written (none when no record is kept).
 	RecordCopies []RecordCopy `json:"record_copies,omitempty"`

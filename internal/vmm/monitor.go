@@ -108,7 +108,7 @@ func (v *vmm) info() Info {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return Info{ID: v.id, Status: StatusKnown, InstanceID: v.reg.InstanceID, Zone: v.name, PropolisAddr: v.reg.PropolisAddr.String(), ServiceAddr: v.reach,
-		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.shown, Disks: slices.Clone(v.disks), RecordCopies: copies}
+		State: v.state, Detail: v.detail, History: slices.Clone(v.history), Registration: v.shown, Disks: slices.Clone(v.disks), NotRealised: v.reg.Guest.NotRealised(), RecordCopies: copies}
 }
 
 // set moves the VMM to state with detail, recording event; the generation

@@ -434,6 +434,9 @@ func (v *VM) machine(s *spec.Spec, files spec.Files) (qemu.Machine, error) {
 			m.Serial = append(m.Serial, qemu.SerialPort{Port: c.Serial, Socket: filepath.Join(v.sockDir, c.Serial+".sock")})
 		case spec.TypeQemuPvpanic:
 			m.Pvpanic = m.Pvpanic || c.Pvpanic.EnableISA
+		case spec.TypeVirtioSocket:
+			// Checked, not realised (spec.NotRealised): the guest runs
+			// without it, as our view of the VMM says.
 		}
 	}
 	for _, c := range s.Components {

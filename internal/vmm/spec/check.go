@@ -96,6 +96,8 @@ func CheckOpen(s *Spec, sled Sled) (Files, error) {
 			if _, ok := sled.NICs[strings.ToLower(c.NIC.InterfaceID)]; !ok {
 				add("component %q (virtio_nic): interface_id %q names no NIC of local_config.nics", key, c.NIC.InterfaceID)
 			}
+		case TypeVirtioSocket:
+			pci = &c.Vsock.PCI
 		case TypeSerialPort:
 			if other, ok := serials[c.Serial]; ok {
 				add("components %q and %q are both serial port %s", other, key, c.Serial)

@@ -54,7 +54,20 @@ var unrealisable = map[string]string{
 	TypeP9fs:             "P9 file systems need a propolis built with the falcon feature",
 	TypeMigrationFailure: "this agent does not migrate VMMs",
 	TypePciPciBridge:     "devices go on the root bus here: no PCI-PCI bridges",
-	TypeVirtioSocket:     "virtio sockets are not offered on this sled",
+}
+
+// NotRealised says why a component this sled accepts is not given to the
+// guest, by type: the guest runs without it, and our view of the VMM says
+// so.
+//
+// Upstream's Nexus gives every instance a virtio socket, guest CID 16 (omicron
+// nexus/src/app/instance_platform, b848b6d), which propolis realises in user
+// space, per VM. Here the only host side of a guest socket is the kernel's
+// vhost-vsock, whose CIDs are unique per host, so sixteen for every guest
+// cannot be had, and nothing on this sled would listen on it: the component is
+// checked and left out, rather than every instance Nexus sends refused.
+var NotRealised = map[string]string{
+	TypeVirtioSocket: "no host side for guest sockets on this sled (the kernel's vhost-vsock needs a CID unique per host; upstream's Nexus gives every guest 16): the guest has no virtio socket",
 }
 
 // Spec is an instance spec as this agent realises it.
@@ -98,6 +111,13 @@ type Component struct {
 	File    *FileBackend // file_storage_backend
 	Blob    *BlobBackend // blob_storage_backend
 	Network *NetBackend  // virtio_network_backend
+	Vsock   *Vsock       // virtio_socket: checked, not realised (NotRealised)
+}
+
+// Vsock is a virtio socket device.
+type Vsock struct {
+	GuestCID uint64  `json:"guest_cid"`
+	PCI      PCIPath `json:"pci_path"`
 }
 
 // Disk is a virtio or NVMe disk.
@@ -309,6 +329,17 @@ func decodeComponent(typ string, raw json.RawMessage) (Component, error) {
 	case TypeVirtioNetwork:
 		c.Network = &NetBackend{}
 		return c, strict(c.Network)
+	case TypeVirtioSocket:
+		c.Vsock = &Vsock{}
+		if err := strict(c.Vsock); err != nil {
+			return c, err
+		}
+		// 0 to 2 name the hypervisor, the loopback and the host; a
+		// CID is 32 bits, and all ones is VMADDR_CID_ANY.
+		if cid := c.Vsock.GuestCID; cid < 3 || cid >= 0xffffffff {
+			return c, fmt.Errorf("guest_cid %d: want 3 to %d (0 to 2 are the hypervisor's, the loopback's and the host's)", cid, uint32(0xfffffffe))
+		}
+		return c, nil
 	}
 	return c, errors.New("not a component type of propolis-server 6.0.0's InstanceSpec")
 }

@@ -97,6 +97,24 @@ func TestGoodSpec(t *testing.T) {
 	}
 }
 
+// A virtio socket, which upstream's Nexus gives every instance (guest CID
+// 16, device 0x19), is accepted and listed as not realised.
+func TestVirtioSocketAcceptedNotRealised(t *testing.T) {
+	w := newWorld(t)
+	doc := testSpec(w.disk)
+	set("vsock", comp("virtio_socket", map[string]any{"guest_cid": 16, "pci_path": pci(0x19)}))(doc)
+	s, err := decodeCheck(t, doc, w.sled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Components["vsock"].Vsock; got == nil || *got != (Vsock{GuestCID: 16, PCI: PCIPath{Device: 0x19}}) {
+		t.Errorf("vsock = %+v", got)
+	}
+	if _, ok := NotRealised[TypeVirtioSocket]; !ok {
+		t.Error("a virtio socket is not listed as not realised")
+	}
+}
+
 // Every refusal names the component and the problem.
 func TestRefusals(t *testing.T) {
 	w := newWorld(t)
@@ -170,6 +188,10 @@ func TestRefusals(t *testing.T) {
 		{"nvme serial", set("boot-disk", comp("nvme_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10), "serial_number": []int{1, 2}, "has_write_cache": true})), "serial_number: want 20 bytes"},
 		{"nvme without write cache member", set("boot-disk", comp("nvme_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10), "serial_number": make([]int, 20)})), "missing field `has_write_cache`"},
 		{"virtio disk with write cache member", set("boot-disk", comp("virtio_disk", map[string]any{"backend_id": "boot-disk-backend", "pci_path": pci(0x10), "has_write_cache": true})), `unknown field "has_write_cache"`},
+		{"vsock cid of the host", set("vsock", comp("virtio_socket", map[string]any{"guest_cid": 2, "pci_path": pci(0x19)})), "guest_cid 2: want 3 to 4294967294"},
+		{"vsock cid of any", set("vsock", comp("virtio_socket", map[string]any{"guest_cid": 0xffffffff, "pci_path": pci(0x19)})), "guest_cid 4294967295"},
+		{"vsock on a disk's path", set("vsock", comp("virtio_socket", map[string]any{"guest_cid": 16, "pci_path": pci(0x10)})), `components "boot-disk" and "vsock" are both at pci_path 00:10.0`},
+		{"vsock unknown member", set("vsock", comp("virtio_socket", map[string]any{"guest_cid": 16, "pci_path": pci(0x19), "port": 1})), `unknown field "port"`},
 		{"two boot settings", set("boot2", comp("boot_settings", map[string]any{"order": []any{}})), "at most one boot_settings"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
