@@ -77,6 +77,9 @@ const ZoneHistoryFile = "zone-history.json"
 type Config struct {
 	Listen  string `json:"listen"`
 	DataDir string `json:"data-dir"`
+	// Netns, if set, is the network namespace the agent runs in as a sled
+	// (internal/sledns): the command enters it before New.
+	Netns string `json:"netns"`
 	// MaxConnections caps the API's open connections; those beyond are
 	// closed at once (0: httpbound.MaxConns, a quarter of the file
 	// descriptor limit, at most 4096).

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/sledns"
 )
 
 // Main runs the command line and returns the exit code.
@@ -143,6 +144,7 @@ func newDaemonFlags() *daemonFlags {
 	f.StringVar(&c.Listen, "listen", agent.DefaultListen, "address the API listens on")
 	f.IntVar(&c.MaxConnections, "max-connections", 0, "most connections the API holds open; more are closed at once (default: a quarter of the file descriptor limit, at most 4096)")
 	f.StringVar(&c.DataDir, "data-dir", defaultDataDir(), "where the agent keeps its state")
+	f.StringVar(&c.Netns, "netns", "", "run as a sled inside this network namespace (/run/netns/NAME), which plays its host: its underlay address, routes, listen address and zones' host ends are there (several sleds on one machine; give each its own --zone-tag)")
 	f.StringVar(&c.RunDir, "run-dir", agent.DefaultRunDir, "where the linux runtime keeps per-boot state (a tmpfs is mounted there if it is not on one)")
 	f.StringArrayVar(&c.LedgerDirs, "ledger-dir", nil, "directory for a copy of the config ledger (repeatable; default: two under --data-dir)")
 	f.StringVar(&c.Runtime, "runtime", agent.DefaultRuntime, "zone runtime: sim (simulated zones) or linux (real ones; needs root)")
@@ -175,11 +177,10 @@ func newDaemonFlags() *daemonFlags {
 	f.StringVar(&c.VMMQEMUIDs, "vmm-qemu-ids", "", "user and group ids the VMM services run QEMU as, FIRST:COUNT (default: theirs, 1879048192:16777216); one per VMM, hashed from its id")
 	f.StringVar(&d.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	// Another ownership tag and namespace prefix for the linux runtime's OS
-	// objects, so that tests and the crash test never touch a real agent's.
-	f.StringVar(&c.ZoneTag, "zone-tag", "", "ownership tag of the linux runtime's objects (default sled-agent)")
-	f.StringVar(&c.NetnsPrefix, "netns-prefix", "", "prefix of the linux runtime's namespace names (default none)")
-	f.MarkHidden("zone-tag")
-	f.MarkHidden("netns-prefix")
+	// objects: each sled of several on one host has its own (--netns), and
+	// tests and the crash test never touch a real agent's.
+	f.StringVar(&c.ZoneTag, "zone-tag", "", "ownership tag of the linux runtime's links, cgroups, run state and host lock: 1-20 of [a-z0-9-] (default sled-agent; each sled on a host its own)")
+	f.StringVar(&c.NetnsPrefix, "netns-prefix", "", "prefix of the linux runtime's zone namespace names (default none; each sled on a host its own, e.g. <zone-tag>-)")
 	markConfigKeys(f)
 	return d
 }
@@ -400,6 +401,12 @@ func newRunCmd() *cobra.Command {
 			log, err := newLogger(d.logLevel)
 			if err != nil {
 				return err
+			}
+			if cfg.Netns != "" {
+				// Re-executes this binary there; returns there.
+				if err := sledns.Enter(cfg.Netns); err != nil {
+					return err
+				}
 			}
 			a, err := agent.New(cfg, log)
 			if err != nil {

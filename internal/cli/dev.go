@@ -162,7 +162,7 @@ devices, processes, and the data dir unless --keep.`,
 func devFlags(cmd *cobra.Command, d *daemonFlags) {
 	// Dev makes a Linux sled's disks, pools and image dir, and its NTP
 	// zone never sets the clock.
-	d.add(cmd, d.except("vdev-dir", "pool-root", "ntp-no-clock", "vmm-image-dir")...)
+	d.add(cmd, d.except("vdev-dir", "pool-root", "ntp-no-clock", "vmm-image-dir", "netns")...)
 	d.setDefault("runtime", "sim", "sim: simulated zones on loopback; linux: real zones, storage, time sync and a guest (needs root: sudo ./scripts/dev --linux)")
 	d.setDefault("data-dir", "", "where the agent keeps its state (default: a temporary dir; with --runtime linux "+devLinuxDataDir+"; removed at the end unless --keep)")
 	d.setDefault("run-dir", "", "the linux runtime's per-boot state (default "+devLinuxRunDir+")")

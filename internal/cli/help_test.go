@@ -140,7 +140,7 @@ func TestHelpOfTheDaemonCommands(t *testing.T) {
 	})
 	// dev makes a Linux sled's disks, pools and image dir itself, and its
 	// NTP zone never sets the clock.
-	devMakes := []string{"vdev-dir", "pool-root", "ntp-no-clock", "vmm-image-dir"}
+	devMakes := []string{"vdev-dir", "pool-root", "ntp-no-clock", "vmm-image-dir", "netns"}
 	var devWant []string
 	for _, n := range daemon {
 		if !slices.Contains(devMakes, n) {
@@ -153,7 +153,7 @@ func TestHelpOfTheDaemonCommands(t *testing.T) {
 	}{
 		{"run", append(slices.Clone(daemon), "config", "help")},
 		{"dev", append(devWant, "config", "help", "sled-config", "keep", "exit-when-converged")},
-		{"teardown", []string{"config", "data-dir", "runtime", "sled-id", "run-dir", "vdev-dir", "pool-root", "log-level", "yes", "help"}},
+		{"teardown", []string{"config", "data-dir", "netns", "zone-tag", "netns-prefix", "runtime", "sled-id", "run-dir", "vdev-dir", "pool-root", "log-level", "yes", "help"}},
 	} {
 		got := names(help(t, tc.cmd).flags)
 		slices.Sort(tc.want)

@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/sledns"
 )
 
 func newTeardownCmd() *cobra.Command {
@@ -42,6 +43,12 @@ data dir: --sled-id <its id> --data-dir <an empty dir>.`,
 			if err != nil {
 				return err
 			}
+			if cfg.Netns != "" {
+				// A sled in a namespace is torn down from inside it.
+				if err := sledns.Enter(cfg.Netns); err != nil {
+					return err
+				}
+			}
 			ctx, cancel := signalContext()
 			defer cancel()
 			r, err := agent.TeardownReport(ctx, cfg, log)
@@ -59,7 +66,7 @@ data dir: --sled-id <its id> --data-dir <an empty dir>.`,
 	}
 	// What teardown reads of the agent's config: whose sled, which
 	// runtime, and where the linux runtime's parts are.
-	d.add(cmd, "data-dir", "runtime", "sled-id", "run-dir", "vdev-dir", "pool-root", "log-level", "zone-tag", "netns-prefix")
+	d.add(cmd, "data-dir", "netns", "runtime", "sled-id", "run-dir", "vdev-dir", "pool-root", "log-level", "zone-tag", "netns-prefix")
 	d.all.Lookup("data-dir").Usage = "the agent's data dir: its sled's zones are destroyed"
 	d.all.Lookup("runtime").Usage = "the agent's zone runtime: sim or linux"
 	d.all.Lookup("sled-id").Usage = "the sled whose parts the linux runtime removes (default: the one kept in --data-dir)"
