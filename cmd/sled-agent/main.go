@@ -10,11 +10,15 @@ import (
 	"github.com/sled-agent/sled-agent/internal/cli"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
+	"github.com/sled-agent/sled-agent/internal/vmm/standin"
 )
 
 func main() {
 	// Started by the VMM service to shut QEMU in: nothing else runs.
 	qemujail.RunIfAsked()
+	// Started by a stand-in guest's service to hold the guest's network
+	// namespace: nothing else runs.
+	standin.RunIfAsked()
 	args := os.Args[1:]
 	// Started by runsv as a zone's service: the arguments are in the
 	// service directory (supervise.PrepareDirect).

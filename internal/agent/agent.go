@@ -169,6 +169,11 @@ type Config struct {
 	// VMMAccel is how the linux runtime's guests run: kvm, tcg, or auto
 	// (KVM only where hardware virtualisation is really there).
 	VMMAccel string `json:"vmm-accel"`
+	// VMMStandIn makes every VMM's guest a stand-in (internal/vmm/standin):
+	// simulated, its NICs veth pairs whose host ends are named and placed
+	// as its taps would be, into a network namespace of its own (tests of
+	// guests' networking; needs root).
+	VMMStandIn bool `json:"vmm-stand-in"`
 	// VMMQEMUIDs is the range of user and group ids the VMM services run
 	// QEMU as, FIRST:COUNT ("" for the services' default, see qemuvm).
 	VMMQEMUIDs string `json:"vmm-qemu-ids"`

@@ -35,6 +35,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/timesync/ntpzone/ntpzonetest"
 	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
+	"github.com/sled-agent/sled-agent/internal/vmm/standin"
 	"github.com/sled-agent/sled-agent/internal/zone"
 	"github.com/sled-agent/sled-agent/internal/zoneservice"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
@@ -45,6 +46,7 @@ import (
 // --zone N --id I --kind K`, `<binary> ntp-zone …`, `<binary> vmm-service …`.
 func TestMain(m *testing.M) {
 	qemujail.RunIfAsked() // a VMM service's QEMU, shut in
+	standin.RunIfAsked()  // a stand-in guest's namespace
 	zoneservicetest.ServeIfAsked()
 	ntpzonetest.ServeIfAsked()
 	serveVMMIfAsked()

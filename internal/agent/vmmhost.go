@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
+	"os"
 
 	"github.com/sled-agent/sled-agent/internal/hardware"
 	"github.com/sled-agent/sled-agent/internal/qemu"
@@ -10,6 +12,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/vmm/qemuvm"
 	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
+	"github.com/sled-agent/sled-agent/internal/vmm/standin"
 )
 
 // vmmHost decides how this sled runs guests: the VMM reservoir from the
@@ -28,6 +31,9 @@ func (a *Agent) vmmHost(cfg Config, rt any, hw hardware.Info) error {
 		}
 	}
 	a.guestSled = func() spec.Sled { return a.sledForGuests(cfg, hw) }
+	if cfg.VMMStandIn && os.Geteuid() != 0 {
+		return errors.New("vmm-stand-in: stand-in guests' NICs are links and network namespaces: it needs root")
+	}
 	mode := cfg.VMMAccel
 	if mode == "" {
 		mode = "auto"
@@ -39,7 +45,16 @@ func (a *Agent) vmmHost(cfg Config, rt any, hw hardware.Info) error {
 		if err != nil && mode != "kvm" {
 			return fmt.Errorf("vmm-accel: %w", err)
 		}
-		a.guestHost = vmm.InProcessHost{Sled: a.guestSled}
+		h := vmm.InProcessHost{Sled: a.guestSled}
+		if cfg.VMMStandIn {
+			h.Options.Attach = standin.AttachFor(a.log.With("component", "stand-in-guest"))
+		}
+		a.guestHost = h
+		return nil
+	}
+	if cfg.VMMStandIn {
+		a.log.Info("guests", "stand-in", true, "reservoir_bytes", size)
+		a.guestHost = vmm.LinuxHost{}
 		return nil
 	}
 	if err != nil {
@@ -67,6 +82,9 @@ func (a *Agent) sledForGuests(cfg Config, hw hardware.Info) spec.Sled {
 // made: a real guest, how it runs, its directory in the zone root, and
 // where its disks' files may lie (as the agent checked them).
 func (a *Agent) vmmServiceArgs() []string {
+	if a.cfg.VMMStandIn {
+		return []string{"--backend", "stand-in"}
+	}
 	if a.accel == "" {
 		return nil
 	}

@@ -169,6 +169,7 @@ func newDaemonFlags() *daemonFlags {
 	f.StringVar(&c.VdevDir, "vdev-dir", "", "directory of file-backed synthetic disks, u2_<name>.vdev (linux runtime)")
 	f.StringVar(&c.PoolRoot, "pool-root", "", "where the linux runtime's pools are mounted, <pool-root>/ext/<pool id> (default <data-dir>/storage)")
 	f.BoolVar(&c.SkipTimesync, "skip-timesync", false, "start zones that need synchronized time without waiting for the NTP zone to say it is (development)")
+	f.BoolVar(&c.VMMStandIn, "vmm-stand-in", false, "every VMM's guest is a stand-in: simulated, with each NIC a veth pair whose host end is named and placed as its tap would be (vn<mac>, in the VMM's zone) and whose guest end, with the NIC's MAC, is in a network namespace of its own (tests of guests' networking; needs root)")
 	f.BoolVar(&c.NTPNoClock, "ntp-no-clock", false, "the linux runtime's NTP zones only track time (chronyd -x) and never set the host's clock (development, tests)")
 	f.IntVar(&c.VMMReservoirPercentage, "vmm-reservoir-percentage", 0, "the VMM reservoir, guests' memory, as a percentage (1-99) of usable memory (default 60, as upstream's non-gimlet sleds; 91 on gimlets)")
 	f.Uint64Var(&c.VMMReservoirSizeMB, "vmm-reservoir-size-mb", 0, "the VMM reservoir as a size in MiB (instead of --vmm-reservoir-percentage)")

@@ -23,6 +23,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/syncbuf"
 	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
+	"github.com/sled-agent/sled-agent/internal/vmm/standin"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
 )
 
@@ -34,6 +35,7 @@ const runAgentEnv = "CLI_TEST_RUN_AGENT"
 
 func TestMain(m *testing.M) {
 	qemujail.RunIfAsked()
+	standin.RunIfAsked()
 	if argv, ok, _ := supervise.RunArgs(); ok && len(argv) > 1 && (argv[1] == "ntp-zone" || argv[1] == "vmm-service") {
 		supervise.SetTitle(argv)
 		os.Exit(Main(argv[1:]))

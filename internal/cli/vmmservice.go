@@ -20,6 +20,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/vmm/service"
 	"github.com/sled-agent/sled-agent/internal/vmm/simguest"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
+	"github.com/sled-agent/sled-agent/internal/vmm/standin"
 )
 
 // vmCloseTimeout bounds a QEMU machine's end once the service stops: QEMU
@@ -57,7 +58,7 @@ func newVMMServiceCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&fl.listen, "listen", "", "TCP address to listen on, e.g. [fd00:1122:3344:101::5]:12400")
 	f.StringVar(&fl.id, "id", "", "the VMM's propolis id (a UUID)")
-	f.StringVar(&fl.backend, "backend", "sim", "the guest: sim (simulated) or qemu")
+	f.StringVar(&fl.backend, "backend", "sim", "the guest: sim (simulated), stand-in (simulated, its NICs veth pairs into a network namespace of its own, internal/vmm/standin) or qemu")
 	f.DurationVar(&fl.sim.BootTime, "boot-time", simguest.DefaultBootTime, "sim: how long the simulated guest takes to boot")
 	f.DurationVar(&fl.sim.StopTime, "stop-time", simguest.DefaultStopTime, "sim: how long the simulated guest takes to stop")
 	f.DurationVar(&fl.sim.RebootTime, "reboot-time", simguest.DefaultRebootTime, "sim: how long the simulated guest takes to reboot")
@@ -91,7 +92,7 @@ func runVMMService(fl vmmServiceFlags) error {
 	var backend propolisapi.Backend
 	var vm *qemuvm.VM
 	switch fl.backend {
-	case "sim":
+	case "sim", "stand-in":
 		// Zero would silently mean the default: refuse it with the rest.
 		for _, d := range []struct {
 			flag string
@@ -102,6 +103,9 @@ func runVMMService(fl vmmServiceFlags) error {
 			}
 		}
 		fl.sim.Sled, fl.sim.Log = sled, log
+		if fl.backend == "stand-in" {
+			fl.sim.Attach = standin.AttachFor(log)
+		}
 		guest := simguest.New(fl.sim)
 		defer guest.Close()
 		backend = guest
@@ -127,7 +131,7 @@ func runVMMService(fl vmmServiceFlags) error {
 		vm = qemuvm.New(opts)
 		backend = vm
 	default:
-		return fmt.Errorf("--backend %q: want sim or qemu", fl.backend)
+		return fmt.Errorf("--backend %q: want sim, stand-in or qemu", fl.backend)
 	}
 
 	ctx, cancel := signalContext()

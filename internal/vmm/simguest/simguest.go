@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -53,7 +54,20 @@ type Options struct {
 	// the agent's in-process service resumes so a VMM it adopts after a
 	// restart.
 	Running bool
-	Log     *slog.Logger
+	// Attach, if set, gives the guest its NICs' network when it is made,
+	// as QEMU makes its taps (a stand-in guest, internal/vmm/standin): it
+	// is called with every virtio NIC's tap name (its backend's
+	// vnic_name) and MAC, outside the guest's lock, and the detach it
+	// returns once the guest halts or is closed; what it says of the
+	// network (note) the guest prints on its console as it boots.
+	Attach func(ctx context.Context, nics []NIC) (detach func(), note string, err error)
+	Log    *slog.Logger
+}
+
+// NIC is a guest NIC's tap name and MAC, for Options.Attach.
+type NIC struct {
+	Tap string
+	MAC net.HardwareAddr
 }
 
 func (o Options) withDefaults() Options {
@@ -108,6 +122,11 @@ type Guest struct {
 	line   []byte // console input since the last end of line
 	lastCR bool   // the last input byte ended a line with '\r'
 	closed bool
+	// attaching: an Ensure is making the guest's network (Options.Attach)
+	// outside mu; detach undoes what it made, once.
+	attaching bool
+	detach    func()
+	note      string // Attach's, printed at every boot
 }
 
 var _ propolisapi.Backend = (*Guest)(nil)
@@ -136,6 +155,24 @@ func (g *Guest) Ensure(ctx context.Context, props propolisapi.Properties, raw js
 	defer g.mu.Unlock()
 	if g.ensured {
 		return g.sameLocked(props, raw)
+	}
+	if g.opts.Attach != nil {
+		if g.attaching {
+			return errEnsuring
+		}
+		g.attaching = true
+		g.mu.Unlock()
+		detach, note, err := g.opts.Attach(ctx, nicsOf(s, sled))
+		g.mu.Lock()
+		g.attaching = false
+		if err != nil {
+			return fmt.Errorf("the guest's network: %w", err)
+		}
+		if g.closed {
+			go detach()
+			return errClosed
+		}
+		g.detach, g.note = detach, note
 	}
 	g.ensured, g.props, g.raw = true, props, bytes.Clone(raw)
 	g.board, g.mac = s.Board, firstMAC(s, sled)
@@ -181,6 +218,42 @@ func (g *Guest) check(raw json.RawMessage) (*spec.Spec, spec.Sled, error) {
 		return nil, sled, &propolisapi.SpecError{Msg: se.Error()}
 	}
 	return s, sled, err
+}
+
+// Errors of an Ensure that cannot make the guest now.
+var (
+	errEnsuring = errors.New("another ensure of this instance is making its network")
+	errClosed   = errors.New("the guest's service is closing")
+)
+
+// nicsOf is every virtio NIC of s with its tap name and MAC, in PCI order.
+func nicsOf(s *spec.Spec, sled spec.Sled) []NIC {
+	var devs []*spec.NIC
+	for _, c := range s.Components {
+		if c.Type == spec.TypeVirtioNIC {
+			devs = append(devs, c.NIC)
+		}
+	}
+	slices.SortFunc(devs, func(a, b *spec.NIC) int {
+		if pciLess(a.PCI, b.PCI) {
+			return -1
+		}
+		return 1
+	})
+	var nics []NIC
+	for _, d := range devs {
+		nics = append(nics, NIC{Tap: s.Components[d.BackendID].Network.VNICName, MAC: sled.NICs[strings.ToLower(d.InterfaceID)]})
+	}
+	return nics
+}
+
+// undoNetworkLocked lets go of the guest's network, if it has one, without
+// waiting for it.
+func (g *Guest) undoNetworkLocked() {
+	if d := g.detach; d != nil {
+		g.detach = nil
+		go d()
+	}
 }
 
 // firstMAC is the MAC of the guest's first NIC, the one at the lowest PCI
@@ -310,6 +383,9 @@ func (g *Guest) bootLocked(state propolisapi.InstanceState, detail string, d tim
 	g.setLocked(state, detail)
 	g.armLocked(d, func() {
 		g.booted = true
+		if g.note != "" {
+			g.console.Append([]byte(g.note + "\r\n"))
+		}
 		g.console.Append(kernelLines(g.board, g.mac))
 		g.setLocked(propolisapi.StateRunning, detailRunning)
 	})
@@ -324,6 +400,7 @@ func (g *Guest) haltLocked() {
 	g.setLocked(propolisapi.StateStopped, detailStopped)
 	g.setLocked(propolisapi.StateDestroyed, detailDestroyed)
 	g.console.Close()
+	g.undoNetworkLocked()
 }
 
 // NMI is taken by a running guest, whose kernel says so on its console; a
@@ -345,6 +422,7 @@ func (g *Guest) Close() {
 	defer g.mu.Unlock()
 	g.closed = true
 	g.stopTimerLocked()
+	g.undoNetworkLocked()
 }
 
 // setLocked moves the guest to state with detail, a new generation.
