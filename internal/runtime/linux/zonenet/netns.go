@@ -183,6 +183,21 @@ func RunIn(name string, f func() error) error {
 		return ErrNoNetns
 	}
 	defer ns.Close()
+	return runInHandle(ns, f)
+}
+
+// RunInPath is RunIn for the network namespace at path: a file a namespace
+// is mounted on, or a process's /proc/<pid>/ns/net.
+func RunInPath(path string, f func() error) error {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("opening namespace %s: %w", path, err)
+	}
+	defer ns.Close()
+	return runInHandle(ns, f)
+}
+
+func runInHandle(ns netns.NsHandle, f func() error) error {
 	errc := make(chan error, 1)
 	go inNamespace(func() error {
 		if err := netns.Set(ns); err != nil {

@@ -1,0 +1,127 @@
+// Package netio is the VPC data path's I/O, below its engine: a port's
+// frames, read and written on the host end of the port's link (a guest's
+// tap, a service zone's NIC, a stand-in's veth) through a packet socket
+// opened in that link's network namespace; and the underlay, one UDP socket
+// per sled on [underlay]:6081 that sends and accepts Geneve with a zero UDP
+// checksum, as OPTE and the switch do. Sockets stay in the namespace they
+// were made in, so the data path reaches links of any namespace from its
+// own threads. Reads and writes go through Go's poller: deadlines work and
+// Close ends a blocked read.
+package netio
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+)
+
+// Port is a packet socket bound to one link: it reads every frame the link
+// receives (what the guest sends), and writes frames out of it (to the
+// guest). Frames this socket writes are not read back.
+type Port struct {
+	f    *os.File
+	rc   syscall.RawConn
+	link string
+}
+
+// htons is the protocol number as a packet socket takes it.
+func htons(v uint16) uint16 { return binary.BigEndian.Uint16([]byte{byte(v), byte(v >> 8)}) }
+
+// OpenPort opens a packet socket on the link called link in the network
+// namespace at nsPath ("" for this process's): a file a namespace is
+// mounted on (/run/netns/NAME) or a process's /proc/<pid>/ns/net.
+func OpenPort(nsPath, link string) (*Port, error) {
+	var fd int
+	open := func() error {
+		ifi, err := net.InterfaceByName(link)
+		if err != nil {
+			return fmt.Errorf("netio: link %s: %w", link, err)
+		}
+		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return fmt.Errorf("netio: packet socket for %s: %w", link, err)
+		}
+		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("netio: %s: PACKET_IGNORE_OUTGOING: %w", link, err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("netio: binding to %s: %w", link, err)
+		}
+		return nil
+	}
+	var err error
+	if nsPath == "" {
+		err = open()
+	} else {
+		err = zonenet.RunInPath(nsPath, open)
+	}
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "packet:"+link)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Port{f: f, rc: rc, link: link}, nil
+}
+
+// Link is the link's name.
+func (p *Port) Link() string { return p.link }
+
+// Read reads one frame into b and returns its length; a frame longer than
+// b is cut (ErrTruncated with the bytes that fit).
+func (p *Port) Read(b []byte) (int, error) {
+	var n int
+	var rerr error
+	err := p.rc.Read(func(fd uintptr) bool {
+		n, _, rerr = unix.Recvfrom(int(fd), b, unix.MSG_TRUNC)
+		return rerr != unix.EAGAIN
+	})
+	if err != nil {
+		return 0, err
+	}
+	if rerr != nil {
+		return 0, fmt.Errorf("netio: reading %s: %w", p.link, rerr)
+	}
+	if n > len(b) {
+		return len(b), ErrTruncated
+	}
+	return n, nil
+}
+
+// ErrTruncated is a frame longer than the buffer it was read into.
+var ErrTruncated = errors.New("netio: frame longer than the buffer")
+
+// Write sends one whole frame (destination MAC first) out of the link.
+func (p *Port) Write(frame []byte) error {
+	var werr error
+	err := p.rc.Write(func(fd uintptr) bool {
+		werr = unix.Send(int(fd), frame, 0)
+		return werr != unix.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	if werr != nil {
+		return fmt.Errorf("netio: writing to %s: %w", p.link, werr)
+	}
+	return nil
+}
+
+// SetReadDeadline bounds the reads in progress and to come.
+func (p *Port) SetReadDeadline(t time.Time) error { return p.f.SetReadDeadline(t) }
+
+// Close closes the socket; a Read in progress returns.
+func (p *Port) Close() error { return p.f.Close() }
