@@ -64,6 +64,11 @@ type Instance struct {
 	PropolisAddr string // [ipv6]:port
 	Hostname     string
 	NICID, MAC   string // the one NIC of local_config
+	// NICIP is the NIC's private IPv4 address in NICSubnet, and VNI its
+	// VPC's (defaults: 172.30.0.5 in 172.30.0.0/22, Nexus's default VPC
+	// subnet, and VNI 7777, a guest VNI; 100 is the services VPC's).
+	NICIP, NICSubnet string
+	VNI              uint32
 	// ProjectID and SiloID are the metadata, kept by the agent as sent.
 	ProjectID, SiloID string
 	// TimeUpdated is vmm_runtime's time_updated (a fixed time when zero).
@@ -77,6 +82,13 @@ func Body(in Instance, spec map[string]any, extra map[string]any) []byte {
 	if t.IsZero() {
 		t = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	}
+	ip, subnet, vni := in.NICIP, in.NICSubnet, in.VNI
+	if ip == "" {
+		ip, subnet = "172.30.0.5", "172.30.0.0/22"
+	}
+	if vni == 0 {
+		vni = 7777
+	}
 	b := map[string]any{
 		"instance_id":   in.InstanceID,
 		"propolis_addr": in.PropolisAddr,
@@ -87,7 +99,8 @@ func Body(in Instance, spec map[string]any, extra map[string]any) []byte {
 			"external_ips": map[string]any{},
 			"nics": []any{map[string]any{
 				"id": in.NICID, "kind": map[string]any{"type": "instance", "id": in.InstanceID}, "name": "net0", "mac": in.MAC,
-				"ip_config": map[string]any{}, "primary": true, "slot": 0, "vni": 100,
+				"ip_config": map[string]any{"type": "v4", "value": map[string]any{"ip": ip, "subnet": subnet, "transit_ips": []any{}}},
+				"primary":   true, "slot": 0, "vni": vni,
 			}},
 		},
 		"metadata": map[string]any{"project_id": in.ProjectID, "silo_id": in.SiloID},
