@@ -74,7 +74,8 @@ func (w *worker) run(ctx context.Context) {
 // creates the missing ones. An entry refused because another sled's
 // overlaps it is a conflict: reported, not overwritten.
 func (w *worker) pass(ctx context.Context) error {
-	want := Desired(w.r.zones.RunningSpecs(), w.r.opts.Underlay)
+	want, ignored := desired(w.r.zones.RunningSpecs(), w.r.opts.Underlay)
+	w.r.noteIgnored(ignored)
 	var all []dpd.NatEntry
 	err := w.call(ctx, func(ctx context.Context) (err error) { all, err = w.sw.AllNAT(ctx); return err })
 	if err != nil {
@@ -89,8 +90,8 @@ func (w *worker) pass(ctx context.Context) error {
 	var kept []string
 	unjudged := w.r.zones.Unmanaged()
 	for _, e := range all {
-		if e.Target.InternalIP != w.r.opts.Underlay {
-			continue // another sled's
+		if !w.r.owned(e) {
+			continue // another sled's, or outside the services VPC (an instance's)
 		}
 		if wanted[e] {
 			held[e] = true
