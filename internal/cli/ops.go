@@ -17,6 +17,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
@@ -175,6 +176,9 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			found += " (DNS: " + n.Discovery.DNSError + ")"
 		}
 		fmt.Fprintf(tw, "nat\t%s; %d entries wanted\n", found, len(n.Desired))
+		for _, z := range n.Ignored {
+			fmt.Fprintf(tw, "  ignored\t%s: its NIC is outside the services VPC (VNI %d), so it gets no NAT entry\n", z, nat.ServicesVNI)
+		}
 		for _, sw := range n.Switches {
 			slot := "?"
 			if sw.Slot != nil {
