@@ -192,7 +192,7 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			}
 			fmt.Fprintf(tw, "  switch %s (slot %s, %s)\t%d/%d entries; %s\n", sw.Address, slot, sw.FoundBy, sw.Present, sw.Desired, state)
 			for _, c := range sw.Conflicts {
-				fmt.Fprintf(tw, "    conflict\t%s held by another sled\n", c)
+				fmt.Fprintf(tw, "    conflict\t%s overlaps an entry not ours (another sled's or an instance's)\n", c)
 			}
 			for _, k := range sw.Kept {
 				fmt.Fprintf(tw, "    kept\t%s: no zone of the config wants it, but zones run that no readable config judges\n", k)

@@ -17,8 +17,9 @@
 // VNIs) whose target is this sled's underlay address. Those not desired (or
 // different) are deleted, missing ones created. Entries in any other VNI
 // are never touched, though they target this sled too: Nexus writes them
-// for its instances' external IPs. An entry of another sled that overlaps
-// one of ours (dpd answers 409) is reported, never overwritten.
+// for its instances' external IPs. An entry not ours that overlaps one of
+// ours (dpd answers 409: another sled's, or an instance's) is reported,
+// never overwritten.
 package nat
 
 import (
@@ -132,8 +133,9 @@ type SwitchStatus struct {
 	LastSuccess *time.Time `json:"last_success,omitempty"`
 	LastError   string     `json:"last_error,omitempty"`
 	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
-	// Conflicts are wanted entries the switch refused because another
-	// sled's entry overlaps them; they are reported, not overwritten.
+	// Conflicts are wanted entries the switch refused because an entry
+	// not ours (another sled's, or an instance's) overlaps them; they are
+	// reported, not overwritten.
 	Conflicts []string `json:"conflicts,omitempty"`
 	// Kept are this sled's entries no zone of the config wants, not
 	// deleted because zones run that no readable config judges (the

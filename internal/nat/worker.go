@@ -70,9 +70,10 @@ func (w *worker) run(ctx context.Context) {
 }
 
 // pass makes the switch hold exactly this sled's desired entries: it lists
-// them, deletes those of this sled that are not wanted (or differ), then
-// creates the missing ones. An entry refused because another sled's
-// overlaps it is a conflict: reported, not overwritten.
+// them, deletes those it owns (this sled's, in the services VPC) that are
+// not wanted (or differ), then creates the missing ones. An entry refused
+// because one not ours overlaps it is a conflict: reported, not
+// overwritten.
 func (w *worker) pass(ctx context.Context) error {
 	want, ignored := desired(w.r.zones.RunningSpecs(), w.r.opts.Underlay)
 	w.r.noteIgnored(ignored)
@@ -118,7 +119,7 @@ func (w *worker) pass(ctx context.Context) error {
 		switch {
 		case errors.Is(err, dpd.ErrConflict):
 			conflicts = append(conflicts, describe(e))
-			w.r.opts.Log.Warn("NAT entry held by another sled; not overwritten", "switch", w.addr, "entry", describe(e), "err", err)
+			w.r.opts.Log.Warn("NAT entry overlaps one not ours (another sled's or an instance's); not overwritten", "switch", w.addr, "entry", describe(e), "err", err)
 		case err != nil:
 			errs = append(errs, fmt.Errorf("creating %s: %w", describe(e), err))
 		default:
