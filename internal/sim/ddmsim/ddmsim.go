@@ -37,10 +37,11 @@
 // one originated set, which real sleds do not (a test that needs a set per
 // sled runs a simulator per sled, and then nothing is learned across them).
 // The learned routes are all of them, not ddmd's effective set (metric
-// above zero preferred), as ddmd answers. Errors carry the
-// upstream body {"request_id","error_code","message"}: 400 for bad input or
-// version, 404 for unknown paths, 405 for a wrong method, 500 for internal
-// (simulated) failures.
+// above zero preferred), as ddmd answers.
+//
+// Errors carry the upstream body {"request_id","error_code","message"}: 400
+// for bad input or version, 404 for unknown paths, 405 for a wrong method,
+// 500 for internal (simulated) failures.
 //
 // Simulator-only control endpoints, under /__sim/, need no api-version
 // header and are not counted by Requests:
