@@ -28,7 +28,7 @@ type AgentInventory struct {
 	ZoneStates         []ZoneSummary            `json:"zone_states" doc:"Every zone the agent manages, sorted by name."`
 	VMMs               []VMMSummary             `json:"vmms" doc:"Every VMM: its zone, state and what last happened to it (details in GET /agent/vmms)."`
 	VMMHost            VMMHost                  `json:"vmm_host" doc:"How this sled runs guests: the accelerator chosen and why, and the VMM reservoir with what its VMMs hold."`
-	NAT                *nat.Status              `json:"nat" doc:"This sled's NAT entries on every switch: how the switches were found, each switch's slot, last success and error, entries wanted and present, conflicts; null when the agent manages none."`
+	NAT                *nat.Status              `json:"nat" doc:"This sled's service NAT entries (VNI 100; instances' entries are left alone) on every switch: how the switches were found, each switch's slot, last success and error, entries wanted and present, conflicts, zones ignored for a NIC outside VNI 100; null when the agent manages none."`
 	DDM                *DDMStatus               `json:"ddm" doc:"The routing prefixes this sled originates in DDM: desired, last observed, last success and error, recent changes; null when the agent manages none."`
 	Restore            reconciler.RestoreStatus `json:"restore" doc:"What the agent found at start-up and did about it (as GET /agent/restore)."`
 	Storage            *storage.Status          `json:"storage" doc:"The storage reconciler's status: every configured disk's and dataset's result, attempts, next retry and call in flight; the disks, pools and datasets last observed; the orphaned datasets kept (with why) and the last destroyed; null when the agent manages no storage."`

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
+	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
@@ -175,6 +176,9 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			found += " (DNS: " + n.Discovery.DNSError + ")"
 		}
 		fmt.Fprintf(tw, "nat\t%s; %d entries wanted\n", found, len(n.Desired))
+		for _, z := range n.Ignored {
+			fmt.Fprintf(tw, "  ignored\t%s: its NIC is outside the services VPC (VNI %d), so it gets no NAT entry\n", z, nat.ServicesVNI)
+		}
 		for _, sw := range n.Switches {
 			slot := "?"
 			if sw.Slot != nil {
@@ -188,7 +192,7 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 			}
 			fmt.Fprintf(tw, "  switch %s (slot %s, %s)\t%d/%d entries; %s\n", sw.Address, slot, sw.FoundBy, sw.Present, sw.Desired, state)
 			for _, c := range sw.Conflicts {
-				fmt.Fprintf(tw, "    conflict\t%s held by another sled\n", c)
+				fmt.Fprintf(tw, "    conflict\t%s overlaps an entry not ours (another sled's or an instance's)\n", c)
 			}
 			for _, k := range sw.Kept {
 				fmt.Fprintf(tw, "    kept\t%s: no zone of the config wants it, but zones run that no readable config judges\n", k)

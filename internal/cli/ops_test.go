@@ -13,6 +13,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/api"
+	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
@@ -96,6 +97,18 @@ func TestInventoryStorageAndTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := "time synchronized since 2026-01-02 03:04:05; source ntp.example, stratum 2"; !strings.Contains(oneLine(b.String()), want) {
+		t.Errorf("inventory does not show %q:\n%s", want, b.String())
+	}
+}
+
+// A zone the NAT reconciler ignores for its NIC's VNI is shown, and why.
+func TestInventoryNATIgnored(t *testing.T) {
+	inv := &api.AgentInventory{NAT: &nat.Status{Discovery: nat.Discovery{Source: "dns"}, Desired: []string{}, Ignored: []string{"oxz_nexus_x: vni 7777"}}}
+	var b bytes.Buffer
+	if err := printInventory(&b, inv); err != nil {
+		t.Fatal(err)
+	}
+	if want := "oxz_nexus_x: vni 7777: its NIC is outside the services VPC (VNI 100), so it gets no NAT entry"; !strings.Contains(oneLine(b.String()), want) {
 		t.Errorf("inventory does not show %q:\n%s", want, b.String())
 	}
 }

@@ -27,15 +27,20 @@ func newSimDDMCmd() *cobra.Command {
 		Short: "Run a simulated DDM admin server (maghemite ddmd)",
 		Long: `Run a simulated DDM admin server (maghemite ddmd) until SIGINT or SIGTERM.
 
-It serves GET /originated, PUT and DELETE /prefix, GET /peers and GET /prefixes
-like ddmd (api-version 2.0.0), keeping the originated prefixes in memory. As
-with ddmd, requests need an api-version header, and bodies must be sent as
-JSON (curl -H 'Content-Type: application/json').
+It serves GET /originated, PUT and DELETE /prefix, GET /peers, GET /prefixes,
+PUT and DELETE /tunnel_endpoint, GET /originated_tunnel_endpoints and
+GET /tunnel_endpoints like ddmd (api-version 2.0.0), keeping the originated
+prefixes and tunnel endpoints in memory. A tunnel endpoint is
+{"overlay_prefix": "0.0.0.0/0", "boundary_addr": "<ipv6>", "vni": 99, "metric": 0}.
+The simulator stands for the whole underlay: every tunnel endpoint originated
+here is also answered by GET /tunnel_endpoints, as learned through one peer,
+fe80::aa:1. As with ddmd, requests need an api-version header, and bodies must
+be sent as JSON (curl -H 'Content-Type: application/json').
 
 Simulator-only control endpoints (no api-version header needed):
   PUT  /__sim/fault          {"fault": "none"|"hang"|"error"|"refuse", "refuse_for": "5s"}
-  POST /__sim/restart-empty  forget every prefix and drop every connection
-  GET  /__sim/state          fault, originated prefixes, request counts
+  POST /__sim/restart-empty  forget every prefix and tunnel endpoint and drop every connection
+  GET  /__sim/state          fault, originated prefixes and tunnel endpoints, request counts
 A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
 "refuse_for" to have it end by itself.`,
 		Args: cobra.NoArgs,

@@ -1,5 +1,6 @@
 // Package ddm is a client of the DDM admin API (maghemite's ddmd), through
-// which the agent advertises and withdraws the sled's underlay prefixes.
+// which the agent advertises and withdraws the sled's underlay prefixes and
+// learns the tunnel endpoints (boundary services) the rack originates.
 package ddm
 
 import (

@@ -11,11 +11,15 @@
 // Desired: one entry per running zone with external connectivity (nexus:
 // its external_ip; external_dns: its dns_address's IP; both with ports
 // 0–65535; boundary_ntp: its snat_cfg IP and port range), targeting this
-// sled's underlay address, the zone NIC's MAC and VNI. A switch's entries
-// owned by this sled are those whose target is this sled's underlay address:
-// those not desired (or different) are deleted, missing ones created. An
-// entry of another sled that overlaps one of ours (dpd answers 409) is
-// reported, never overwritten.
+// sled's underlay address, the zone NIC's MAC and VNI. The entries of a
+// switch this reconciler owns are this sled's service entries: those in the
+// services VPC (VNI 100, as upstream's reconciler owns only the service
+// VNIs) whose target is this sled's underlay address. Those not desired (or
+// different) are deleted, missing ones created. Entries in any other VNI
+// are never touched, though they target this sled too: Nexus writes them
+// for its instances' external IPs. An entry not ours that overlaps one of
+// ours (dpd answers 409: another sled's, or an instance's) is reported,
+// never overwritten.
 package nat
 
 import (
@@ -31,6 +35,11 @@ import (
 	"github.com/sled-agent/sled-agent/internal/dpd"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
+
+// ServicesVNI is the VNI of the services VPC (upstream's
+// Vni::SERVICES_VNI): every service zone's NIC is in it, and the NAT
+// entries this reconciler owns are those in it.
+const ServicesVNI = 100
 
 // Switch is what the reconciler needs of one switch daemon
 // (internal/dpd.Client).
@@ -87,6 +96,7 @@ type Reconciler struct {
 	mu        sync.Mutex
 	discovery Discovery          // guarded by mu
 	workers   map[string]*worker // guarded by mu; by switch address
+	ignored   []string           // guarded by mu; the last Status.Ignored logged
 }
 
 // Discovery is what the last search for switches found.
@@ -102,7 +112,11 @@ type Discovery struct {
 type Status struct {
 	Discovery Discovery `json:"discovery"`
 	// Desired are this sled's entries, as "external low-high → target".
-	Desired  []string       `json:"desired"`
+	Desired []string `json:"desired"`
+	// Ignored are running zones with external connectivity whose NIC is
+	// not in the services VPC: no entry is made for them, since an entry
+	// outside VNI 100 is not this reconciler's to delete again.
+	Ignored  []string       `json:"ignored,omitempty"`
 	Switches []SwitchStatus `json:"switches"`
 }
 
@@ -119,8 +133,9 @@ type SwitchStatus struct {
 	LastSuccess *time.Time `json:"last_success,omitempty"`
 	LastError   string     `json:"last_error,omitempty"`
 	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
-	// Conflicts are wanted entries the switch refused because another
-	// sled's entry overlaps them; they are reported, not overwritten.
+	// Conflicts are wanted entries the switch refused because an entry
+	// not ours (another sled's, or an instance's) overlaps them; they are
+	// reported, not overwritten.
 	Conflicts []string `json:"conflicts,omitempty"`
 	// Kept are this sled's entries no zone of the config wants, not
 	// deleted because zones run that no readable config judges (the
@@ -161,9 +176,11 @@ func (r *Reconciler) Status() Status {
 		ws = append(ws, w)
 	}
 	r.mu.Unlock()
-	for _, e := range Desired(r.zones.RunningSpecs(), r.opts.Underlay) {
+	want, ignored := desired(r.zones.RunningSpecs(), r.opts.Underlay)
+	for _, e := range want {
 		st.Desired = append(st.Desired, describe(e))
 	}
+	st.Ignored = ignored
 	if st.Desired == nil {
 		st.Desired = []string{}
 	}
@@ -201,6 +218,17 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			// switches themselves are looked for again at the period.
 			r.kickAll()
 		}
+	}
+}
+
+// noteIgnored logs the zones Desired ignores when they change.
+func (r *Reconciler) noteIgnored(ignored []string) {
+	r.mu.Lock()
+	changed := !slices.Equal(ignored, r.ignored)
+	r.ignored = ignored
+	r.mu.Unlock()
+	if changed && len(ignored) > 0 {
+		r.opts.Log.Warn("zones with a NIC outside the services VPC get no NAT entry", "zones", ignored, "services_vni", ServicesVNI)
 	}
 }
 
@@ -283,9 +311,22 @@ func (r *Reconciler) discover(ctx context.Context, wg *sync.WaitGroup) {
 }
 
 // Desired returns the NAT entries of the running zones, targeting underlay.
-// Zones without a NIC have no target and so no entry.
+// Zones without a NIC have no target and so no entry; nor have zones whose
+// NIC is outside the services VPC (see Status.Ignored).
 func Desired(running []zone.Spec, underlay netip.Addr) []dpd.NatEntry {
-	var out []dpd.NatEntry
+	out, _ := desired(running, underlay)
+	return out
+}
+
+// owned reports whether e is one of the entries the reconciler makes
+// exactly the desired ones: this sled's, in the services VPC.
+func (r *Reconciler) owned(e dpd.NatEntry) bool {
+	return e.Target.InternalIP == r.opts.Underlay && e.Target.VNI == ServicesVNI
+}
+
+// desired is Desired, and the zones it ignores for their NIC's VNI, as
+// "zone: vni N".
+func desired(running []zone.Spec, underlay netip.Addr) (out []dpd.NatEntry, ignored []string) {
 	for _, s := range running {
 		t := s.Config.ZoneType
 		if t.NIC == nil {
@@ -317,10 +358,15 @@ func Desired(running []zone.Spec, underlay netip.Addr) []dpd.NatEntry {
 		if err != nil || !ext.IsValid() {
 			continue
 		}
+		if t.NIC.VNI != ServicesVNI {
+			ignored = append(ignored, fmt.Sprintf("%s: vni %d", s.Name, t.NIC.VNI))
+			continue
+		}
 		out = append(out, dpd.NatEntry{External: ext.Unmap(), Low: low, High: high, Target: target})
 	}
 	slices.SortFunc(out, compareEntries)
-	return out
+	slices.Sort(ignored)
+	return out, ignored
 }
 
 func compareEntries(a, b dpd.NatEntry) int {

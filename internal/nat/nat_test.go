@@ -32,6 +32,7 @@ type fakeSwitch struct {
 	hang    bool
 	fail    error
 	calls   int
+	deleted []string // every DeleteNAT asked, as key(ip, low)
 }
 
 func newSwitch(slot uint16) *fakeSwitch {
@@ -89,6 +90,7 @@ func (s *fakeSwitch) DeleteNAT(ctx context.Context, ip netip.Addr, low uint16) e
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.deleted = append(s.deleted, key(ip, low))
 	delete(s.entries, key(ip, low))
 	return nil
 }

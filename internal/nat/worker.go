@@ -70,11 +70,13 @@ func (w *worker) run(ctx context.Context) {
 }
 
 // pass makes the switch hold exactly this sled's desired entries: it lists
-// them, deletes those of this sled that are not wanted (or differ), then
-// creates the missing ones. An entry refused because another sled's
-// overlaps it is a conflict: reported, not overwritten.
+// them, deletes those it owns (this sled's, in the services VPC) that are
+// not wanted (or differ), then creates the missing ones. An entry refused
+// because one not ours overlaps it is a conflict: reported, not
+// overwritten.
 func (w *worker) pass(ctx context.Context) error {
-	want := Desired(w.r.zones.RunningSpecs(), w.r.opts.Underlay)
+	want, ignored := desired(w.r.zones.RunningSpecs(), w.r.opts.Underlay)
+	w.r.noteIgnored(ignored)
 	var all []dpd.NatEntry
 	err := w.call(ctx, func(ctx context.Context) (err error) { all, err = w.sw.AllNAT(ctx); return err })
 	if err != nil {
@@ -89,8 +91,8 @@ func (w *worker) pass(ctx context.Context) error {
 	var kept []string
 	unjudged := w.r.zones.Unmanaged()
 	for _, e := range all {
-		if e.Target.InternalIP != w.r.opts.Underlay {
-			continue // another sled's
+		if !w.r.owned(e) {
+			continue // another sled's, or outside the services VPC (an instance's)
 		}
 		if wanted[e] {
 			held[e] = true
@@ -117,7 +119,7 @@ func (w *worker) pass(ctx context.Context) error {
 		switch {
 		case errors.Is(err, dpd.ErrConflict):
 			conflicts = append(conflicts, describe(e))
-			w.r.opts.Log.Warn("NAT entry held by another sled; not overwritten", "switch", w.addr, "entry", describe(e), "err", err)
+			w.r.opts.Log.Warn("NAT entry overlaps one not ours (another sled's or an instance's); not overwritten", "switch", w.addr, "entry", describe(e), "err", err)
 		case err != nil:
 			errs = append(errs, fmt.Errorf("creating %s: %w", describe(e), err))
 		default:

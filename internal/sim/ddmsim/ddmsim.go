@@ -10,19 +10,45 @@
 //	DELETE /prefix      ["<ipv6 net>", ...] → 204 (withdraw; absent is fine)
 //	GET    /peers       → 200 {}
 //	GET    /prefixes    → 200 {}
+//	PUT    /tunnel_endpoint  [TunnelOrigin, ...] → 204 (originate; idempotent)
+//	DELETE /tunnel_endpoint  [TunnelOrigin, ...] → 204 (withdraw; absent is fine)
+//	GET    /originated_tunnel_endpoints → 200 sorted [TunnelOrigin, ...]
+//	GET    /tunnel_endpoints → 200 sorted [{"nexthop", "origin": TunnelOrigin}, ...]
+//
+// A TunnelOrigin is {"overlay_prefix": "<ip net>", "boundary_addr":
+// "<ipv6>", "vni": <24 bits>, "metric": <u64, 0 if absent>}; unknown fields
+// are ignored, as by ddmd, and a VNI over 24 bits is refused (ddmd stores
+// it, but no Geneve header can carry it).
 //
 // Entries are keyed by address bits and width with host bits not masked, as
-// in ddmd: fd00::1/64 and fd00::/64 are two entries. Errors carry the
-// upstream body {"request_id","error_code","message"}: 400 for bad input or
-// version, 404 for unknown paths, 405 for a wrong method, 500 for internal
-// (simulated) failures.
+// in ddmd: fd00::1/64 and fd00::/64 are two entries. Tunnel origins are
+// keyed by every field, as in ddmd: the same prefix at two metrics is two
+// origins.
+//
+// Tunnel endpoints: ddmd answers GET /tunnel_endpoints with the routes it
+// learned from its peers (the nexthop is the peer's address), not with what
+// it originates. In a rack the sleds originate none: each switch's mgd
+// originates boundary services (VNI 99), and every sled learns them through
+// each switch, which hands every origin to all its peers, the originator
+// included. One simulator stands for the whole underlay: every endpoint
+// originated here (PUT by whoever plays the switch: a test, curl) is also
+// answered as learned through one peer, Peer. Sleds sharing one simulator
+// thus learn each other's endpoints as sleds of a rack do; they also share
+// one originated set, which real sleds do not (a test that needs a set per
+// sled runs a simulator per sled, and then nothing is learned across them).
+// The learned routes are all of them, not ddmd's effective set (metric
+// above zero preferred), as ddmd answers.
+//
+// Errors carry the upstream body {"request_id","error_code","message"}: 400
+// for bad input or version, 404 for unknown paths, 405 for a wrong method,
+// 500 for internal (simulated) failures.
 //
 // Simulator-only control endpoints, under /__sim/, need no api-version
 // header and are not counted by Requests:
 //
 //	PUT  /__sim/fault          {"fault": "none"|"hang"|"error"|"refuse", "refuse_for": "5s"} → 204
 //	POST /__sim/restart-empty  → 204 (as RestartEmpty)
-//	GET  /__sim/state          → 200 {"fault", "originated", "requests"}
+//	GET  /__sim/state          → 200 {"fault", "originated", "tunnel_originated", "requests"}
 //
 // A "refuse" fault closes the listener, so nothing can clear it over HTTP:
 // give "refuse_for" (a Go duration; it implies "refuse") to have it clear
@@ -41,6 +67,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sled-agent/sled-agent/internal/ddm"
 	"github.com/sled-agent/sled-agent/internal/sim/simhttp"
 )
 
@@ -73,21 +100,26 @@ type httpServer = simhttp.Server
 type Server struct {
 	*httpServer
 
-	// mu guards originated. It is never held while calling into
-	// httpServer.
+	// mu guards originated and tunnels. It is never held while calling
+	// into httpServer.
 	mu         sync.Mutex
 	originated map[netip.Prefix]struct{}
+	tunnels    map[ddm.TunnelOrigin]struct{} // originated tunnel endpoints
 }
 
 // New returns a simulator that is not listening yet. log may be nil.
 func New(log *slog.Logger) *Server {
-	s := &Server{originated: map[netip.Prefix]struct{}{}}
+	s := &Server{originated: map[netip.Prefix]struct{}{}, tunnels: map[ddm.TunnelOrigin]struct{}{}}
 	api := &simhttp.Router{}
 	api.Handle("GET /originated", s.serveOriginated)
 	api.Handle("PUT /prefix", s.servePrefix)
 	api.Handle("DELETE /prefix", s.servePrefix)
 	api.Handle("GET /peers", serveEmptyMap)
 	api.Handle("GET /prefixes", serveEmptyMap)
+	api.Handle("PUT /tunnel_endpoint", s.serveTunnel)
+	api.Handle("DELETE /tunnel_endpoint", s.serveTunnel)
+	api.Handle("GET /originated_tunnel_endpoints", s.serveOriginatedTunnels)
+	api.Handle("GET /tunnel_endpoints", s.serveTunnelRoutes)
 	control := &simhttp.Router{}
 	control.Handle("GET /__sim/state", s.serveState)
 	s.httpServer = simhttp.New(simhttp.Config{
@@ -136,17 +168,18 @@ func (s *Server) Inject(prefixes ...netip.Prefix) {
 	}
 }
 
-// RestartEmpty simulates ddmd restarting: every originated prefix is lost
-// and every open connection is dropped, so in-flight requests fail and
+// RestartEmpty simulates ddmd restarting: every originated prefix and
+// tunnel endpoint is lost and every open connection is dropped, so in-flight requests fail and
 // kept-alive connections are reset. The listener stays open and the fault
 // stays in force.
 func (s *Server) RestartEmpty() { s.httpServer.RestartEmpty() }
 
-// forget drops every originated prefix.
+// forget drops every originated prefix and tunnel endpoint.
 func (s *Server) forget() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.originated)
+	clear(s.tunnels)
 }
 
 func (s *Server) serveOriginated(rp *simhttp.Reply, _ *http.Request) {
@@ -208,9 +241,10 @@ func readPrefixes(r *http.Request) ([]netip.Prefix, error) {
 // serveState serves GET /__sim/state.
 func (s *Server) serveState(rp *simhttp.Reply, _ *http.Request) {
 	st := struct {
-		Fault      Fault          `json:"fault"`
-		Originated []netip.Prefix `json:"originated"`
-		Requests   map[string]int `json:"requests"`
-	}{s.Fault(), append([]netip.Prefix{}, s.Originated()...), s.Requests()}
+		Fault            Fault              `json:"fault"`
+		Originated       []netip.Prefix     `json:"originated"`
+		TunnelOriginated []ddm.TunnelOrigin `json:"tunnel_originated"`
+		Requests         map[string]int     `json:"requests"`
+	}{s.Fault(), append([]netip.Prefix{}, s.Originated()...), append([]ddm.TunnelOrigin{}, s.TunnelOrigins()...), s.Requests()}
 	rp.JSON(http.StatusOK, st)
 }

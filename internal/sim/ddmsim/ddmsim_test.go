@@ -155,7 +155,10 @@ func TestUnknownPathsAndMethods(t *testing.T) {
 	}{
 		{"GET", "/nonesuch", 404},
 		{"GET", "/", 404},
-		{"GET", "/tunnel_endpoints", 404}, // real, but not simulated
+		{"PUT", "/sync", 404}, // real, but not simulated
+		{"GET", "/tunnel_endpoint", 405},
+		{"POST", "/tunnel_endpoint", 405},
+		{"PUT", "/tunnel_endpoints", 405},
 		{"POST", "/prefix", 405},
 		{"GET", "/prefix", 405},
 		{"DELETE", "/originated", 405},

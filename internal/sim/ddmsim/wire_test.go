@@ -43,6 +43,19 @@ func TestWireIsUpstreams(t *testing.T) {
 	if _, err := c.Prefixes(ctx); err != nil {
 		t.Fatal(err)
 	}
+	origins := []ddm.TunnelOrigin{boundary("0.0.0.0/0", "fd00:99::1", 0), boundary("::/0", "fd00:99::1", 5), boundary("0.0.0.0/0", "fd00:99::1", 0)}
+	if err := c.AdvertiseTunnelEndpoints(ctx, origins); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.OriginatedTunnelEndpoints(ctx); err != nil || len(got) != 2 {
+		t.Fatalf("OriginatedTunnelEndpoints: %v, %v", got, err)
+	}
+	if got, err := c.TunnelEndpoints(ctx); err != nil || len(got) != 2 {
+		t.Fatalf("TunnelEndpoints: %v, %v", got, err)
+	}
+	if err := c.WithdrawTunnelEndpoints(ctx, origins[:1]); err != nil {
+		t.Fatal(err)
+	}
 
 	// Errors: a fault (500), and requests our client never sends (no
 	// api-version, a newer one, a body that is no array of nets).
@@ -62,6 +75,8 @@ func TestWireIsUpstreams(t *testing.T) {
 		{http.MethodGet, "/originated", "", ""},
 		{http.MethodGet, "/originated", "99.0.0", ""},
 		{http.MethodPut, "/prefix", ddm.APIVersion, `{"prefix":"fd00::/64"}`},
+		{http.MethodPut, "/tunnel_endpoint", ddm.APIVersion, `[{"overlay_prefix":"0.0.0.0/0","boundary_addr":"192.0.2.1","vni":99}]`},
+		{http.MethodDelete, "/tunnel_endpoint", ddm.APIVersion, `[{"overlay_prefix":"0.0.0.0/0","vni":99}]`},
 	} {
 		req, err := http.NewRequestWithContext(ctx, r.method, proxy.URL+r.path, bytes.NewReader([]byte(r.body)))
 		if err != nil {
@@ -80,6 +95,25 @@ func TestWireIsUpstreams(t *testing.T) {
 			t.Errorf("%s %s (api-version %q, body %s): %d, want 400", r.method, r.path, r.version, r.body, resp.StatusCode)
 		}
 	}
+	// A VNI over 24 bits is a valid request by the document, refused (as
+	// ddmd does not) with a valid answer.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, proxy.URL+"/tunnel_endpoint",
+		bytes.NewReader([]byte(`[{"overlay_prefix":"0.0.0.0/0","boundary_addr":"fd00:99::1","vni":16777216}]`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("api-version", ddm.APIVersion)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("PUT /tunnel_endpoint with a VNI over 24 bits: %d, want 400", resp.StatusCode)
+	}
 	proxy.WantSeen("GET /originated 200", "GET /originated 500", "GET /originated 400", "PUT /prefix 204",
-		"DELETE /prefix 204", "GET /peers 200", "GET /prefixes 200")
+		"DELETE /prefix 204", "GET /peers 200", "GET /prefixes 200",
+		"PUT /tunnel_endpoint 204", "PUT /tunnel_endpoint 400", "DELETE /tunnel_endpoint 204", "DELETE /tunnel_endpoint 400",
+		"GET /originated_tunnel_endpoints 200", "GET /tunnel_endpoints 200")
 }
