@@ -94,3 +94,19 @@ func PutARP(b []byte, a *ARP) error {
 	copy(b[24:28], t[:])
 	return nil
 }
+
+// MulticastMAC is the Ethernet group address of an IP multicast address:
+// 01:00:5e and the low 23 bits for IPv4 (RFC 1112), 33:33 and the low 32
+// bits for IPv6 (RFC 2464), as OPTE's multicast_mac. ok is false for a
+// unicast address.
+func MulticastMAC(a netip.Addr) (m MAC, ok bool) {
+	if !a.IsMulticast() {
+		return MAC{}, false
+	}
+	if a.Is4() {
+		v := a.As4()
+		return MAC{0x01, 0x00, 0x5e, v[1] & 0x7f, v[2], v[3]}, true
+	}
+	v := a.As16()
+	return MAC{0x33, 0x33, v[12], v[13], v[14], v[15]}, true
+}

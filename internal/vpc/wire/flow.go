@@ -133,7 +133,18 @@ func (k FlowKey) CRC32() uint32 {
 		binary.LittleEndian.PutUint16(buf[n+2:], k.EchoID)
 	}
 	n += 4
-	return crc32.ChecksumIEEE(buf[:n])
+	return crc32IEEE(buf[:n])
+}
+
+// crc32IEEE is crc32.ChecksumIEEE byte at a time over crc32.IEEETable: for
+// these 39 or 63 bytes it is faster than the library's dispatch, and its
+// argument does not escape (the library's does, costing an allocation).
+func crc32IEEE(b []byte) uint32 {
+	c := ^uint32(0)
+	for _, x := range b {
+		c = crc32.IEEETable[byte(c)^x] ^ c>>8
+	}
+	return ^c
 }
 
 // Entropy is the outer UDP source port OPTE puts on a flow's encapsulated
