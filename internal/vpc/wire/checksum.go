@@ -135,7 +135,7 @@ func (f *Frame) L4ChecksumValid(b []byte) bool {
 	if f.Proto == ProtoUDP && got == 0 && f.L3 == L3IPv4 {
 		return true
 	}
-	return got == L4Checksum(f.SrcIP, f.DstIP, f.Proto, b[f.L4Off:f.End])
+	return got == L4Checksum(f.SrcIP, f.DstIP, f.Proto, b[f.L4Off:f.L4End])
 }
 
 // SetChecksums recomputes the IPv4 header checksum and, for an unfragmented
@@ -152,7 +152,7 @@ func (f *Frame) SetChecksums(b []byte) {
 	if f.Proto == ProtoUDP && f.L3 == L3IPv4 && binary.BigEndian.Uint16(b[off:]) == 0 {
 		return
 	}
-	binary.BigEndian.PutUint16(b[off:], L4Checksum(f.SrcIP, f.DstIP, f.Proto, b[f.L4Off:f.End]))
+	binary.BigEndian.PutUint16(b[off:], L4Checksum(f.SrcIP, f.DstIP, f.Proto, b[f.L4Off:f.L4End]))
 }
 
 // l4CsumOff returns the offset of the transport checksum to update when

@@ -270,9 +270,13 @@ func DecapFrame(b []byte, d *Decap) error {
 	if d.DstPort != GenevePort {
 		return ErrNotGeneve
 	}
-	if int(binary.BigEndian.Uint16(u[4:6])) != len(u) {
+	// The UDP length may fall short of the IPv6 payload (OPTE's
+	// validate_udp allows it), never past it.
+	ul := int(binary.BigEndian.Uint16(u[4:6]))
+	if ul < UDPLen || ul > len(u) {
 		return ErrUDPLength
 	}
+	u = u[:ul]
 	d.UDPChecksum = binary.BigEndian.Uint16(u[6:8])
 	if d.UDPChecksum != 0 && L4Checksum(d.Src, d.Dst, ProtoUDP, u) != d.UDPChecksum {
 		return ErrUDPChecksum
@@ -281,6 +285,6 @@ func DecapFrame(b []byte, d *Decap) error {
 		return err
 	}
 	d.InnerOff = OuterLen + d.Geneve.InnerOff
-	d.InnerEnd = EthernetLen + IPv6Len + plen
+	d.InnerEnd = EthernetLen + IPv6Len + ul
 	return nil
 }

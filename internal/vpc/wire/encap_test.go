@@ -267,7 +267,8 @@ func TestDecapFrameRefuses(t *testing.T) {
 		{"tcp outer", mod(func(b []byte) { b[20] = ProtoTCP }), ErrNotGeneve},
 		{"port 4789", mod(func(b []byte) { b[56], b[57] = 0x12, 0xb5 }), ErrNotGeneve},
 		{"payload length past end", mod(func(b []byte) { b[19] = 0x60 }), ErrTruncated},
-		{"udp length", mod(func(b []byte) { b[59] = 0x50 }), ErrUDPLength},
+		{"udp length past payload", mod(func(b []byte) { b[59] = 0x60 }), ErrUDPLength},
+		{"udp length below header", mod(func(b []byte) { b[58], b[59] = 0, 7 }), ErrUDPLength},
 		{"bad checksum", mod(func(b []byte) { b[60], b[61] = 0x12, 0x34 }), ErrUDPChecksum},
 		{"geneve version", mod(func(b []byte) { b[62] |= 0x40 }), ErrGeneveVersion},
 		{"geneve protocol", mod(func(b []byte) { b[64] = 0x08; b[65] = 0x00 }), ErrGeneveProtocol},
@@ -277,6 +278,12 @@ func TestDecapFrameRefuses(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
+	// A UDP length short of the IPv6 payload bounds the inner frame.
+	short := mod(func(b []byte) { b[59] -= 2 })
+	var ds Decap
+	if err := DecapFrame(short, &ds); err != nil || ds.InnerEnd != len(short)-2 {
+		t.Errorf("short UDP length: %v, inner end %d of %d", err, ds.InnerEnd, len(short))
+	}
 	// A switch frame whose checksum has been corrupted is refused, the intact one not.
 	b := append([]byte(nil), goldenSwitchUDP...)
 	b[len(b)-1] ^= 0xff
@@ -284,4 +291,18 @@ func TestDecapFrameRefuses(t *testing.T) {
 	if err := DecapFrame(b, &d); !errors.Is(err, ErrUDPChecksum) {
 		t.Errorf("corrupted switch UDP: %v", err)
 	}
+}
+
+func FuzzDecapFrame(f *testing.F) {
+	f.Add(goldenInternalTCP)
+	f.Add(goldenSwitchUDP)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var d Decap
+		if DecapFrame(b, &d) != nil {
+			return
+		}
+		if d.InnerOff > d.InnerEnd || d.InnerEnd > len(b) {
+			t.Fatalf("inner %d..%d of %d", d.InnerOff, d.InnerEnd, len(b))
+		}
+	})
 }

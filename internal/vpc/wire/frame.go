@@ -67,10 +67,12 @@ type Frame struct {
 	L3        L3
 
 	// L3Off is where the ARP or IP header starts (14). L4Off is where the
-	// TCP, UDP or ICMP header starts and PayloadOff where its payload starts;
-	// both are 0 when HasL4 is false. End is the end of the IP packet:
-	// Ethernet padding after it is not part of the packet.
-	L3Off, L4Off, PayloadOff, End int
+	// TCP, UDP or ICMP header starts, PayloadOff where its payload starts
+	// and L4End where the segment ends; all three are 0 when HasL4 is false.
+	// End is the end of the IP packet: Ethernet padding after it is not part
+	// of the packet. L4End is End but for a UDP datagram shorter than its IP
+	// payload (its length field rules, as in OPTE's validate_udp and Linux).
+	L3Off, L4Off, PayloadOff, L4End, End int
 
 	ARP ARP // when L3 == L3ARP
 
@@ -238,13 +240,14 @@ func parseL4(b []byte, off int, f *Frame) error {
 			return ErrTruncated
 		}
 		ul := int(binary.BigEndian.Uint16(l4[4:6]))
-		// A fragmented datagram's UDP length covers the whole datagram.
-		if ul < UDPLen || (!f.MoreFragments && ul != len(l4)) {
+		// A first fragment's UDP length covers the whole datagram.
+		if ul < UDPLen || (!f.MoreFragments && ul > len(l4)) {
 			return ErrUDPLength
 		}
 		f.SrcPort = binary.BigEndian.Uint16(l4[0:2])
 		f.DstPort = binary.BigEndian.Uint16(l4[2:4])
 		f.PayloadOff = off + UDPLen
+		f.L4End = off + min(ul, len(l4))
 	case ProtoICMP, ProtoICMPv6:
 		if (f.Proto == ProtoICMP) != (f.L3 == L3IPv4) {
 			return nil // ICMP over IPv6 or ICMPv6 over IPv4: not a transport we know
@@ -269,5 +272,8 @@ func parseL4(b []byte, off int, f *Frame) error {
 	}
 	f.HasL4 = true
 	f.L4Off = off
+	if f.L4End == 0 {
+		f.L4End = len(b)
+	}
 	return nil
 }

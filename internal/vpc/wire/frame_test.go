@@ -111,6 +111,12 @@ func TestParseIPv4OptionsAndFragments(t *testing.T) {
 		f.FlowKey().SrcPort != 0 {
 		t.Errorf("later fragment: %v %+v", err, f)
 	}
+	// A UDP length short of the IP payload bounds the datagram (OPTE's
+	// validate_udp accepts it); the checksum covers only the datagram.
+	trailing := ipv6Frame(ProtoUDP, []byte{0x14, 0xe9, 0x00, 0x35, 0x00, 0x0d, 0xac, 0xd5, 'h', 'e', 'l', 'l', 'o', 0xee, 0xee})
+	if err := Parse(trailing, &f); err != nil || f.L4End != f.End-2 || !f.L4ChecksumValid(trailing) {
+		t.Errorf("UDP shorter than its IP payload: %v %+v", err, f)
+	}
 	// Ethernet padding after a short packet is not part of it
 	short := append(ipv4Frame(ProtoUDP, nil, 0, udp), make([]byte, 6)...)
 	if err := Parse(short, &f); err != nil || f.End != len(short)-6 {
@@ -180,7 +186,8 @@ func TestParseRefuses(t *testing.T) {
 		{"tcp offset", mod(func(b []byte) { b[46] = 0x40 }), ErrTCPHeaderLen},
 		{"tcp offset past end", mod(func(b []byte) { b[46] = 0xf0 }), ErrTruncated},
 		{"ipv6 short", ipv6Frame(ProtoUDP, nil)[:40], ErrTruncated},
-		{"udp length", ipv6Frame(ProtoUDP, []byte{0, 1, 0, 2, 0, 9, 0, 0}), ErrUDPLength},
+		{"udp length past payload", ipv6Frame(ProtoUDP, []byte{0, 1, 0, 2, 0, 9, 0, 0}), ErrUDPLength},
+		{"udp length below header", ipv6Frame(ProtoUDP, []byte{0, 1, 0, 2, 0, 7, 0, 0}), ErrUDPLength},
 		{"icmp short", ipv6Frame(ProtoICMPv6, []byte{128, 0, 0, 0}), ErrTruncated},
 	} {
 		var f Frame
@@ -199,7 +206,7 @@ func FuzzParse(f *testing.F) {
 		if Parse(b, &fr) != nil {
 			return
 		}
-		if fr.End > len(b) || fr.L4Off > fr.End || fr.PayloadOff > fr.End {
+		if fr.End > len(b) || fr.L4Off > fr.End || fr.PayloadOff > fr.End || fr.L4End > fr.End || fr.PayloadOff > fr.L4End && fr.HasL4 {
 			t.Fatalf("offsets past the frame: %+v (len %d)", fr, len(b))
 		}
 		if fr.HasL4 {
