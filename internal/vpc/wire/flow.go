@@ -96,7 +96,8 @@ const (
 //	                                 or the bytes type, code and the echo id
 //
 // The stream was checked against rustc's derive(Hash) on replicas of the
-// structs; TestFlowHashMatchesOPTE pins values computed independently.
+// structs, and the result reproduces the entropy OPTE's own integration
+// tests assert (TestEntropyMatchesOPTEIntegrationTests).
 func (k FlowKey) CRC32() uint32 {
 	var buf [1 + 2 + 8 + 16 + 8 + 16 + 8 + 4]byte
 	buf[0] = k.Proto

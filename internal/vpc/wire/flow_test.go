@@ -52,6 +52,30 @@ func TestFlowKeyMirror(t *testing.T) {
 	}
 }
 
+// OPTE's own assertions of the outer UDP source port ("Geneve entropy") in
+// lib/oxide-vpc/tests/integration_tests.rs, on the flows of
+// opte-test-utils' http_syn (sport 44490, dport 80) as the overlay layer sees
+// them: guest_to_guest (g1 172.30.0.5 to g2 172.30.0.6), and
+// guest_to_internet_ipv4 and _ipv6 after SNAT to g1's external address and
+// the last port of its range (EXT_IP4 10.77.77.13 port 4096; 2001:db8::1
+// port 8192). The last two show the hash is taken after NAT.
+func TestEntropyMatchesOPTEIntegrationTests(t *testing.T) {
+	v := netip.MustParseAddr
+	for _, c := range []struct {
+		name string
+		k    FlowKey
+		want uint16
+	}{
+		{"guest_to_guest", FlowKey{Proto: ProtoTCP, Src: v("172.30.0.5"), Dst: v("172.30.0.6"), SrcPort: 44490, DstPort: 80}, 9655},
+		{"guest_to_internet_ipv4", FlowKey{Proto: ProtoTCP, Src: v("10.77.77.13"), Dst: v("52.10.128.69"), SrcPort: 4096, DstPort: 80}, 1428},
+		{"guest_to_internet_ipv6", FlowKey{Proto: ProtoTCP, Src: v("2001:db8::1"), Dst: v("2606:2800:220:1:248:1893:25c8:1946"), SrcPort: 8192, DstPort: 80}, 22425},
+	} {
+		if got := c.k.Entropy(); got != c.want {
+			t.Errorf("%s: entropy %d, OPTE asserts %d", c.name, got, c.want)
+		}
+	}
+}
+
 func TestCRC32IEEEMatchesLibrary(t *testing.T) {
 	b := make([]byte, 64)
 	for i := range b {
