@@ -5,7 +5,9 @@
 // Parse, ParseGeneve, DecapGeneve and DecapFrame fill a caller-owned struct
 // of fields and offsets over the caller's bytes, and the Encap methods
 // write into a caller-supplied buffer (with headroom, the inner frame is
-// not copied).
+// not copied). PutEthernet, PutARP, PutIPv4, PutIPv6 and PutUDP build the
+// replies the data path makes itself; Frame's Set methods rewrite addresses,
+// ports and echo identifiers for NAT with checksums kept right.
 //
 // What is exactly OPTE's (opte 21df7210; omicron pins the same API 41) or
 // the switch's (dendrite 2df9101e):
