@@ -28,7 +28,12 @@
 //     inner destination TunnelEndpointMAC). The outer Ethernet addresses
 //     are the driver's (from the underlay route): callers supply them.
 //   - The entropy is InnerFlowId::crc32() as u16, byte for byte (see
-//     FlowKey.CRC32).
+//     FlowKey.CRC32); it reproduces the values OPTE's integration tests
+//     assert. OPTE hashes the flow after NAT.
+//   - OPTE takes an inbound Geneve packet only with an inner IPv4 or IPv6
+//     packet and a TCP, UDP, ICMP or ICMPv6 header (engine/parse.rs
+//     GeneveOverV6); DecapFrame leaves that check to the caller's Parse of
+//     the inner frame (Frame.HasL4).
 //   - The switch's NAT ingress encapsulation (sidecar.p4 add_encap_headers
 //     and IngressDeparser): source ::, 6081→6081, hop limit 255, the
 //     External option only, inner source MAC 0, and a real outer UDP
@@ -38,6 +43,7 @@
 //
 // Deliberate differences:
 //   - VLAN-tagged frames are refused (ErrVLAN); a VPC port is untagged.
+//     OPTE parses them with no L3 and leaves them to its layers.
 //   - IPv6 extension headers are recognised and flagged (Frame.IPv6Ext),
 //     not walked: the transport is not parsed. OPTE walks some of them.
 //   - Inner checksums are not verified by Parse; Frame.L4ChecksumValid and

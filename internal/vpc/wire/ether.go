@@ -26,7 +26,8 @@ const (
 	EtherTypeARP  = 0x0806
 	EtherTypeIPv6 = 0x86dd
 	// EtherTypeVLAN (802.1Q), QinQ (802.1ad) and the old QinQ value are
-	// refused: OPTE's VPC parser accepts only untagged IPv4, IPv6 and ARP.
+	// refused: a VPC port is untagged, and OPTE's parser (engine/parse.rs)
+	// knows no VLAN header, so a tagged frame has no L3 for it.
 	EtherTypeVLAN   = 0x8100
 	EtherTypeQinQ   = 0x88a8
 	EtherTypeQinQv1 = 0x9100

@@ -126,8 +126,8 @@ func IsIPv6ExtHeader(next uint8) bool {
 }
 
 // Parse parses the Ethernet frame in b into f. VLAN-tagged frames are
-// refused with ErrVLAN (a VPC port is untagged, and OPTE's parser takes only
-// IPv4, IPv6 and ARP ethertypes); other ethertypes give ErrEtherType.
+// refused with ErrVLAN (a VPC port is untagged; OPTE's parser knows no VLAN
+// header); other ethertypes than IPv4, IPv6 and ARP give ErrEtherType.
 // IP fragments after the first and IPv6 packets with extension headers are
 // accepted with HasL4 false, for the caller to decide.
 func Parse(b []byte, f *Frame) error {
