@@ -34,6 +34,15 @@ func (r *FirewallRule) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// MarshalJSON writes upstream's shape: targets is a list even when nil.
+func (r FirewallRule) MarshalJSON() ([]byte, error) {
+	type plain FirewallRule
+	if r.Targets == nil {
+		r.Targets = []NIC{}
+	}
+	return json.Marshal(plain(r))
+}
+
 // Status is upstream VpcFirewallRuleStatus.
 type Status string
 

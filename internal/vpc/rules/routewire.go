@@ -276,6 +276,15 @@ type RouteSet struct {
 	Routes  []Route        `json:"routes"`
 }
 
+// MarshalJSON writes upstream's shape: routes is a list even when nil.
+func (s RouteSet) MarshalJSON() ([]byte, error) {
+	type plain RouteSet
+	if s.Routes == nil {
+		s.Routes = []Route{}
+	}
+	return json.Marshal(plain(s))
+}
+
 func (s *RouteSet) UnmarshalJSON(b []byte) error {
 	type plain RouteSet
 	var p plain

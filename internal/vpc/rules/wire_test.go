@@ -57,6 +57,8 @@ func TestFirewallRuleShape(t *testing.T) {
 	for _, r := range rs {
 		validate(t, spec, "ResolvedVpcFirewallRule", r)
 	}
+	validate(t, spec, "ResolvedVpcFirewallRule", FirewallRule{Status: Enabled, Direction: Outbound, Action: RuleDeny,
+		Hosts: []HostFilter{VPCHost(9)}, Protocols: []ProtocolFilter{{Proto: ProtoICMP, ICMP: &ICMPFilter{Type: 3, Code: &CodeRange{3, 4}}}}})
 	// Re-encoding keeps what came in.
 	b, err := json.Marshal(rs[:3])
 	if err != nil {
@@ -151,6 +153,7 @@ func TestRouteShapes(t *testing.T) {
 			t.Errorf("%s came back as %+v, %v", b, back, err)
 		}
 	}
+	validate(t, spec, "ResolvedVpcRouteSet", RouteSet{ID: SystemRouter(5)})
 	for _, st := range []RouteState{{ID: sets[0].ID, Version: sets[0].Version}, {ID: sets[1].ID}} {
 		validate(t, spec, "ResolvedVpcRouteState", st)
 	}
