@@ -59,4 +59,7 @@
 //     of the other IP family) is left out of the table and reported, while
 //     the rest of the delta is applied (upstream stops the whole update at
 //     the first such route, after recording the new version).
+//   - A VNI beyond 24 bits is refused when decoding, wherever it appears
+//     (upstream's Vni decodes any u32, and its sled agent panics on one in
+//     a vpc host filter, omicron illumos-utils/src/opte/firewall_rules.rs:70-72).
 package rules
