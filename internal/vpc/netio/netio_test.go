@@ -146,17 +146,22 @@ func TestPortReadsAndWritesFrames(t *testing.T) {
 			t.Fatal("the port read its own write")
 		}
 	}
-	// Close ends a read in progress.
+	// Close ends a read in progress (frames the link gets meanwhile, its
+	// neighbour discovery, are read and passed over).
 	pb.SetReadDeadline(time.Time{})
 	done := make(chan error, 1)
-	go func() { _, err := pb.Read(buf); done <- err }()
+	go func() {
+		for {
+			if _, err := pb.Read(buf); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
 	time.Sleep(50 * time.Millisecond)
 	pb.Close()
 	select {
-	case err := <-done:
-		if err == nil {
-			t.Error("a read ended by Close returned no error")
-		}
+	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not end a read in progress")
 	}
