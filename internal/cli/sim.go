@@ -1,11 +1,14 @@
 package cli
 
 import (
+	"net/netip"
+
 	"fmt"
 	"log/slog"
 
 	"github.com/spf13/cobra"
 
+	"github.com/sled-agent/sled-agent/internal/sim/boundary"
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
 	"github.com/sled-agent/sled-agent/internal/sim/dpdsim"
 	"github.com/sled-agent/sled-agent/internal/sim/nexussim"
@@ -42,7 +45,16 @@ Simulator-only control endpoints (no api-version header needed):
   POST /__sim/restart-empty  forget every prefix and tunnel endpoint and drop every connection
   GET  /__sim/state          fault, originated prefixes and tunnel endpoints, request counts
 A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
-"refuse_for" to have it end by itself.`,
+"refuse_for" to have it end by itself.
+
+With --tep and --external it is also the switch's boundary services data
+path (internal/sim/boundary; needs root): Geneve that sleds send to the
+tunnel endpoint [--tep]:6081 is decapsulated and its inner packet routed out
+through the external link --external; packets arriving there are matched
+against the NAT entries (destination, and TCP/UDP port or ICMP echo id) and
+encapsulated to the entry's sled with its VNI, its MAC and the External
+option. --netns runs that side in another network namespace (a path, e.g.
+/run/netns/switch0), which must not forward IP itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serveSim("ddm", listen, logLevel, func(log *slog.Logger) simServer { return ddmsim.New(log) })
@@ -54,7 +66,7 @@ A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
 }
 
 func newSimDPDCmd() *cobra.Command {
-	var listen, logLevel string
+	var listen, logLevel, tep, external, netns string
 	var slot uint16
 	cmd := &cobra.Command{
 		Use:   "dpd",
@@ -78,15 +90,40 @@ Simulator-only control endpoints (no api-version header needed):
                              another sled made it (replaces overlapping ones)
   GET  /__sim/state          fault, entries, request counts
 A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
-"refuse_for" to have it end by itself.`,
+"refuse_for" to have it end by itself.
+
+With --tep and --external it is also the switch's boundary services data
+path (internal/sim/boundary; needs root): Geneve that sleds send to the
+tunnel endpoint [--tep]:6081 is decapsulated and its inner packet routed out
+through the external link --external; packets arriving there are matched
+against the NAT entries (destination, and TCP/UDP port or ICMP echo id) and
+encapsulated to the entry's sled with its VNI, its MAC and the External
+option. --netns runs that side in another network namespace (a path, e.g.
+/run/netns/switch0), which must not forward IP itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if slot > 1 {
 				return fmt.Errorf("--slot %d: a rack's switches are in slots 0 and 1", slot)
 			}
-			return serveSim("dpd", listen, logLevel, func(log *slog.Logger) simServer { return dpdsim.New(log, slot) })
+			if (tep == "") != (external == "") {
+				return fmt.Errorf("--tep and --external go together: the boundary services data path needs both")
+			}
+			if tep == "" {
+				return serveSim("dpd", listen, logLevel, func(log *slog.Logger) simServer { return dpdsim.New(log, slot) })
+			}
+			addr, err := netip.ParseAddr(tep)
+			if err != nil || !addr.Is6() {
+				return fmt.Errorf("--tep %q: want an IPv6 address", tep)
+			}
+			return serveSim("dpd", listen, logLevel, func(log *slog.Logger) simServer {
+				s := dpdsim.New(log, slot)
+				return &boundarySim{Server: s, opts: boundary.Options{Netns: netns, TEP: addr, External: external, NAT: s, Log: log.With("component", "boundary")}}
+			})
 		},
 	}
+	cmd.Flags().StringVar(&tep, "tep", "", "the switch's tunnel endpoint address (IPv6): with --external, run the boundary services data path")
+	cmd.Flags().StringVar(&external, "external", "", "the switch's external link, where packets leave for and come from outside the rack")
+	cmd.Flags().StringVar(&netns, "netns", "", "the network namespace of the tunnel endpoint and the external link (a path; default this process's)")
 	cmd.Flags().StringVar(&listen, "listen", "[::1]:12224", "address to serve the dpd API on")
 	cmd.Flags().Uint16Var(&slot, "slot", 0, "the simulated switch's slot: 0 or 1")
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -121,7 +158,16 @@ Simulator-only control endpoints (no api-version header needed):
   DELETE /__sim/vmm-faults              end every VMM fault
   GET    /__sim/state                   fault, sleds, VMM updates, VMM faults, request counts
 A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
-"refuse_for" to have it end by itself.`,
+"refuse_for" to have it end by itself.
+
+With --tep and --external it is also the switch's boundary services data
+path (internal/sim/boundary; needs root): Geneve that sleds send to the
+tunnel endpoint [--tep]:6081 is decapsulated and its inner packet routed out
+through the external link --external; packets arriving there are matched
+against the NAT entries (destination, and TCP/UDP port or ICMP echo id) and
+encapsulated to the entry's sled with its VNI, its MAC and the External
+option. --netns runs that side in another network namespace (a path, e.g.
+/run/netns/switch0), which must not forward IP itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serveSim("nexus", listen, logLevel, func(log *slog.Logger) simServer { return nexussim.New(nexussim.Config{Log: log}) })
@@ -154,4 +200,32 @@ func serveSim(name, listen, logLevel string, build func(*slog.Logger) simServer)
 	<-ctx.Done()
 	log.Info(name + " simulator stopping")
 	return s.Close()
+}
+
+// boundarySim is a dpd simulator with the switch's boundary services data
+// path over its NAT entries.
+type boundarySim struct {
+	*dpdsim.Server
+	opts boundary.Options
+	sw   *boundary.Switch
+}
+
+func (b *boundarySim) Start(addr string) error {
+	sw, err := boundary.Start(b.opts)
+	if err != nil {
+		return err
+	}
+	if err := b.Server.Start(addr); err != nil {
+		sw.Close()
+		return err
+	}
+	b.sw = sw
+	return nil
+}
+
+func (b *boundarySim) Close() error {
+	if b.sw != nil {
+		b.sw.Close()
+	}
+	return b.Server.Close()
 }

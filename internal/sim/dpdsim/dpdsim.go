@@ -163,6 +163,20 @@ func (s *Server) Entries() []dpd.NatEntry {
 	return out
 }
 
+// Lookup is the target of the entry holding port on ip, as the switch
+// matches a packet from outside (its destination and L4 destination port or
+// ICMP echo identifier).
+func (s *Server) Lookup(ip netip.Addr, port uint16) (dpd.NatTarget, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.nat[ip.Unmap()] {
+		if e.Low <= port && port <= e.High {
+			return e.Target, true
+		}
+	}
+	return dpd.NatTarget{}, false
+}
+
 // addressesLocked is the sorted addresses with entries that keep accepts.
 func (s *Server) addressesLocked(keep func(netip.Addr) bool) []netip.Addr {
 	var out []netip.Addr
