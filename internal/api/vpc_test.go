@@ -2,76 +2,19 @@ package api_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/openapitest"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/vpc/told"
+	"github.com/sled-agent/sled-agent/internal/vpc/told/toldtest"
 )
-
-// recordingPath is a data path that records what it is asked, and fails
-// every call while err is set.
-type recordingPath struct {
-	mu    sync.Mutex
-	calls []string
-	err   error
-}
-
-func (f *recordingPath) do(format string, args ...any) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.calls = append(f.calls, fmt.Sprintf(format, args...))
-	return f.err
-}
-
-func (f *recordingPath) took() []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	out := f.calls
-	f.calls = nil
-	return out
-}
-
-func (f *recordingPath) CreatePort(_ context.Context, p told.PortConfig) error {
-	return f.do("create %s rules=%d system=%d custom=%d", p.Port.Ref(), len(p.Rules), len(p.System), len(p.Custom))
-}
-func (f *recordingPath) DeletePort(_ context.Context, r told.PortRef) error {
-	return f.do("delete %s", r)
-}
-func (f *recordingPath) SetV2P(_ context.Context, m told.V2P) error {
-	return f.do("set-v2p %d %s %s %s", m.VNI, m.VirtualIP, m.VirtualMAC, m.PhysicalHostIP)
-}
-func (f *recordingPath) ClearV2P(_ context.Context, m told.V2P) error {
-	return f.do("clear-v2p %d %s", m.VNI, m.VirtualIP)
-}
-func (f *recordingPath) SetFirewallRules(_ context.Context, r told.PortRef, rules []told.FirewallRule) error {
-	return f.do("fw %s %d", r, len(rules))
-}
-func (f *recordingPath) AddRouterEntry(_ context.Context, r told.PortRef, c told.RouterClass, rt told.Route) error {
-	return f.do("add-route %s %s %s %s", r, c, rt.Dest, rt.Target.Type)
-}
-func (f *recordingPath) DelRouterEntry(_ context.Context, r told.PortRef, c told.RouterClass, rt told.Route) error {
-	return f.do("del-route %s %s %s %s", r, c, rt.Dest, rt.Target.Type)
-}
-func (f *recordingPath) SetExternalIPs(_ context.Context, r told.PortRef, ips told.ExternalIPs, gw map[string][]string) error {
-	b, _ := json.Marshal(ips)
-	return f.do("ext %s %s gw=%d", r, b, len(gw))
-}
-func (f *recordingPath) AttachSubnet(_ context.Context, r told.PortRef, s told.AttachedSubnet) error {
-	return f.do("attach %s %s", r, s.Subnet)
-}
-func (f *recordingPath) DetachSubnet(_ context.Context, r told.PortRef, s string) error {
-	return f.do("detach %s %s", r, s)
-}
 
 // fakeSled has one VMM, active, with $NIC_A of VPC.md §4.
 type fakeSled struct{ vmms []told.VMM }
@@ -102,7 +45,7 @@ func vmmWithNICA(t *testing.T) told.VMM {
 // upstream's document, with what the data path is asked for each.
 func TestVPCOperationsOverTheWire(t *testing.T) {
 	spec := openapitest.Load(t, openapitest.SledAgent)
-	dp := &recordingPath{}
+	dp := &toldtest.Recorder{}
 	store, err := told.Open(told.Options{Dirs: []string{t.TempDir()}, Sled: fakeSled{vmms: []told.VMM{vmmWithNICA(t)}}, DataPath: dp})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +85,7 @@ func TestVPCOperationsOverTheWire(t *testing.T) {
 	}
 	want := func(calls ...string) {
 		t.Helper()
-		got := dp.took()
+		got := dp.Took()
 		if strings.Join(got, "\n") != strings.Join(calls, "\n") {
 			t.Errorf("data path calls:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(calls, "\n"))
 		}
@@ -158,7 +101,7 @@ func TestVPCOperationsOverTheWire(t *testing.T) {
 
 	// S2: the gateways, then the routes; the port is made first.
 	do("PUT", "/eip-gateways", `{"mappings":{"a0000000-0000-4000-8000-0000000000c1":{"192.0.2.20":["1a5e0c5e-0000-4000-8000-0000000000a1"]}}}`, 204, "")
-	want("create "+port+" rules=0 system=0 custom=0",
+	want("create "+port+` rules=0 system=[] custom=[] ext={"v4":{"source_nat":{"ip":"192.0.2.20","first_port":16384,"last_port":32767},"floating_ips":[]}} gw={"192.0.2.20":["1a5e0c5e-0000-4000-8000-0000000000a1"]} subnets=null`,
 		`ext `+port+` {"v4":{"source_nat":{"ip":"192.0.2.20","first_port":16384,"last_port":32767},"floating_ips":[]}} gw=1`)
 	routes := `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":3},
 	  "routes":[{"dest":"172.30.0.0/22","target":{"type":"vpc_subnet","value":"172.30.0.0/22"}},
@@ -240,7 +183,7 @@ func TestVPCOperationsOverTheWire(t *testing.T) {
 	  "interface":{"id":"f0000000-0000-4000-8000-0000000000c1","kind":{"type":"probe","id":"f0000000-0000-4000-8000-000000000001"},"name":"probe0",
 	  "ip_config":{"type":"v4","value":{"ip":"172.31.0.5","subnet":"172.31.0.0/24"}},"mac":"A8:40:25:F0:00:09","vni":9999,"primary":true,"slot":0}}]}`
 	do("PUT", "/probes", probe, 204, "")
-	want("create probe/f0000000-0000-4000-8000-0000000000c1 rules=1 system=0 custom=0")
+	want(`create probe/f0000000-0000-4000-8000-0000000000c1 rules=1 system=[] custom=[] ext={"v4":{"source_nat":{"ip":"192.0.2.40","first_port":0,"last_port":16383},"floating_ips":[]}} gw=null subnets=null`)
 	if got := string(do("GET", "/vpc-routes", "", 200, "")); !strings.Contains(got, `{"id":{"vni":9999,"kind":{"type":"system"}},"version":null}`) {
 		t.Errorf("GET /vpc-routes with a probe: %s", got)
 	}
@@ -248,10 +191,10 @@ func TestVPCOperationsOverTheWire(t *testing.T) {
 	want("delete probe/f0000000-0000-4000-8000-0000000000c1")
 
 	// A data path failure is a 500 (upstream's OPTE errors are).
-	dp.err = errors.New("port on fire")
+	dp.Fail(errors.New("port on fire"))
 	do("PUT", "/v2p", m2, 500, "port on fire")
-	dp.err = nil
-	dp.took()
+	dp.Fail(nil)
+	dp.Took()
 
 	// Bad input: a 400 naming it, nothing asked of the data path.
 	do("PUT", "/v2p", `{"virtual_ip":"172.30.0.7","virtual_mac":"A8:40:25:F0:00:07","physical_host_ip":"10.0.0.1","vni":7777}`, 400, "physical_host_ip")
