@@ -205,11 +205,18 @@ func (s *Server) vpcError(ctx context.Context, err error) error {
 		e := apiError(ctx, http.StatusConflict, err.Error())
 		e.ErrorCode = SubnetAlreadyAttached
 		return e
+	case errors.Is(err, told.ErrDataPath):
+		// After the record was written: upstream answers its port
+		// manager's OPTE errors with a 500.
+		s.deps.Log.Error("vpc data path", "err", err)
+		return apiError(ctx, http.StatusInternalServerError, err.Error())
 	case errors.Is(err, told.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		// The record not written, or an earlier change not done in
+		// time: nothing changed, and the same request may be sent again.
 		return apiError(ctx, http.StatusServiceUnavailable, err.Error())
 	default:
-		// Upstream answers a port manager's errors (an ephemeral IP
-		// attached already, a missing port, OPTE's) with a 500.
+		// Upstream answers its instance's and port manager's errors (an
+		// ephemeral IP attached already, a missing port) with a 500.
 		s.deps.Log.Error("vpc", "err", err)
 		return apiError(ctx, http.StatusInternalServerError, err.Error())
 	}

@@ -200,6 +200,7 @@ func TestVPCOperationsOverTheWire(t *testing.T) {
 	do("PUT", "/v2p", `{"virtual_ip":"172.30.0.7","virtual_mac":"A8:40:25:F0:00:07","physical_host_ip":"10.0.0.1","vni":7777}`, 400, "physical_host_ip")
 	do("PUT", "/vpc-routes", `[{"id":{"vni":7777,"kind":{"type":"custom","subnet":"nope"}},"routes":[]}]`, 400, "subnet")
 	do("PUT", "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", `{"vni":7777,"rules":[{"status":"enabled","direction":"sideways","targets":[],"action":"allow","priority":1}]}`, 400, "direction")
+	do("PUT", "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", `{"vni":7777,"rules":[{"status":"enabled","direction":"inbound","targets":[`+strings.Replace(nicA, "A8:40:25:F0:00:01", "A8:40:25", 1)+`],"action":"allow","priority":1}]}`, 400, "rules[0].targets[0].mac")
 	do("PUT", "/vmms/"+vmmA+"/external-ip", `{"type":"ephemeral","value":"nope"}`, 400, "value")
 	do("POST", "/vmms/"+vmmA+"/attached-subnets", `{"subnet":"10.5.0.0/24","kind":"moon"}`, 400, "kind")
 	do("DELETE", "/vmms/"+vmmA+"/attached-subnets/nope", "", 400, "subnet")

@@ -105,7 +105,13 @@ type Options struct {
 	Log      *slog.Logger
 	// Now is the clock (time.Now).
 	Now func() time.Time
+	// CallTimeout bounds the data path's calls of one operation or sync
+	// (DefaultCallTimeout), whatever the caller's deadline.
+	CallTimeout time.Duration
 }
+
+// DefaultCallTimeout bounds the data path's calls of one operation.
+const DefaultCallTimeout = 10 * time.Second
 
 // Store is the record and its operations. Changes are made one at a time
 // (op, a semaphore taken with the request's deadline, held across the
@@ -144,6 +150,9 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = DefaultCallTimeout
 	}
 	s := &Store{opts: opts, log: opts.Log, op: make(chan struct{}, 1), st: newState(), made: map[PortRef]string{}}
 	if len(opts.Dirs) == 0 {
@@ -261,6 +270,8 @@ func (s *Store) update(ctx context.Context, c change) error {
 	if dp == nil {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+	defer cancel()
 	s.syncLocked(ctx, dp, st, ports)
 	if apply == nil {
 		return nil
@@ -325,8 +336,9 @@ func (s *Store) write(st *state) error {
 // Sync makes the data path's ports the sled's: a port made for each new
 // one with all it was told, a port deleted for each gone; after a start,
 // every v2p mapping is given again first (Nexus re-sends those only when
-// it finds them missing). The agent calls it when its VMMs or config
-// change; every operation calls it before it acts.
+// it finds them missing). Whoever gives the store a data path calls it
+// when the VMMs or the sled config change; every operation calls it
+// before it acts.
 func (s *Store) Sync(ctx context.Context) error {
 	dp := s.opts.DataPath
 	if dp == nil {
@@ -338,6 +350,8 @@ func (s *Store) Sync(ctx context.Context) error {
 	defer s.unlock()
 	st := s.current()
 	ports, _ := s.ports(st)
+	ctx, cancel := context.WithTimeout(ctx, s.opts.CallTimeout)
+	defer cancel()
 	return s.syncLocked(ctx, dp, st, ports)
 }
 
@@ -407,7 +421,9 @@ func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 // portConfig is everything port p is made with, given st.
 func (s *Store) portConfig(st *state, p Port) PortConfig {
 	c := PortConfig{Port: p, Rules: p.Rules}
-	if r, ok := st.firewall[p.NIC.VNI]; ok && !r.ToldAt.Before(p.Since) {
+	// A probe's port is made with upstream's one rule, whatever its VNI
+	// was told; the VNI's next rules replace it, as upstream's do.
+	if r, ok := st.firewall[p.NIC.VNI]; ok && p.NIC.Kind.Type != "probe" && !r.ToldAt.Before(p.Since) {
 		c.Rules = r.Rules
 	}
 	if p.NIC.Kind.Type == "instance" && p.NIC.Primary {

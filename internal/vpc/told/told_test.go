@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -247,4 +248,67 @@ func TestFirewallRulesRemembered(t *testing.T) {
 func toldJSON(t *testing.T, v any) string {
 	t.Helper()
 	return string(must(json.Marshal(v)))
+}
+
+// stuckPath is a data path whose SetV2P waits until release is closed.
+type stuckPath struct {
+	toldtest.Recorder
+	release chan struct{}
+}
+
+func (s *stuckPath) SetV2P(ctx context.Context, m told.V2P) error {
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Changes are made one at a time, but a change waits for the one before
+// only until its own deadline; readers never wait.
+func TestChangeWaitsWithItsDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dp := &stuckPath{release: make(chan struct{})}
+		st := must(told.Open(told.Options{Sled: &sled{}, DataPath: dp}))
+		m := must(told.V2P{VirtualIP: "172.30.0.6", VirtualMAC: "A8:40:25:F0:00:02", PhysicalHostIP: "fd00:1122:3344:102::1", VNI: 7777}.Check())
+		first := make(chan error, 1)
+		go func() { first <- st.SetV2P(context.Background(), m) }()
+		synctest.Wait()
+		if got := st.V2P(); len(got) != 1 {
+			t.Errorf("a reader during a change: %+v, want the mapping written", got)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := st.ClearV2P(ctx, m); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("a change behind a stuck one: %v, want its deadline", err)
+		}
+		close(dp.release)
+		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+		if got := st.V2P(); len(got) != 1 {
+			t.Errorf("the change that gave up changed the record: %+v", got)
+		}
+	})
+}
+
+// A data path that does not answer is given up at CallTimeout, whatever
+// the caller's deadline: the change is written, and answered an error.
+func TestDataPathCallsHaveADeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dp := &stuckPath{release: make(chan struct{})}
+		st := must(told.Open(told.Options{Sled: &sled{}, DataPath: dp, CallTimeout: time.Minute}))
+		m := must(told.V2P{VirtualIP: "172.30.0.6", VirtualMAC: "A8:40:25:F0:00:02", PhysicalHostIP: "fd00:1122:3344:102::1", VNI: 7777}.Check())
+		start := time.Now()
+		if err := st.SetV2P(context.Background(), m); !errors.Is(err, told.ErrDataPath) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("a stuck data path: %v, want ErrDataPath and the deadline", err)
+		}
+		if waited := time.Since(start); waited != time.Minute {
+			t.Errorf("gave up after %s, want CallTimeout", waited)
+		}
+		if len(st.V2P()) != 1 {
+			t.Error("the mapping is not in the record")
+		}
+	})
 }
