@@ -3,11 +3,13 @@ package agent_test
 import (
 	"encoding/json"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/openapitest"
 	"github.com/sled-agent/sled-agent/internal/vpc/told"
 )
 
@@ -155,4 +157,58 @@ func jsonEqual(t *testing.T, a, b any) bool {
 		t.Fatal(err)
 	}
 	return string(x) == string(y)
+}
+
+// The sled config's service zones have ports (VPC.md S7): with the
+// example config (a nexus and an external DNS zone), GET /vpc-routes lists
+// the services VPC's system router and each zone's subnet's, before Nexus
+// pushed anything; the services' firewall rules are kept while they have
+// ports, and a config without those zones drops them.
+func TestVPCServicePorts(t *testing.T) {
+	a, _ := start(t, agent.Config{DataDir: t.TempDir(), UnderlayIP: exampleSled})
+	w := newWire(t, a)
+	doc, err := os.ReadFile(openapitest.UpstreamPath(t, "example-sled-config-v14.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.do(http.MethodPut, "/omicron-config", doc, http.StatusNoContent)
+	want := []string{`{"id":{"vni":100,"kind":{"type":"custom","subnet":"172.30.1.0/24"}},"version":null}`,
+		`{"id":{"vni":100,"kind":{"type":"custom","subnet":"172.30.2.0/24"}},"version":null}`,
+		`{"id":{"vni":100,"kind":{"type":"system"}},"version":null}`}
+	if got := routeIDs(t, w.do(http.MethodGet, "/vpc-routes", nil, http.StatusOK).Body); !slices.Equal(got, want) {
+		t.Errorf("GET /vpc-routes: %q, want %q", got, want)
+	}
+	w.do(http.MethodPut, "/vpc/001de000-074c-4000-8000-000000000000/firewall/rules", []byte(`{"vni":100,"rules":[
+	  {"status":"enabled","direction":"inbound","targets":[],"filter_protocols":[{"type":"udp"}],"filter_ports":["53"],"action":"allow","priority":65534}]}`), http.StatusNoContent)
+	v := a.VPC().View()
+	if len(v.Ports) != 2 || len(v.Firewall) != 1 || v.Firewall[0].VNI != 100 {
+		t.Errorf("GET /agent/vpc: ports %+v, firewall %+v", v.Ports, v.Firewall)
+	}
+	for _, p := range v.Ports {
+		if p.Kind != "service" || p.External.V4 == nil || len(p.External.V4.FloatingIPs) != 1 {
+			t.Errorf("a service port: %+v, want its zone's external IP floating", p)
+		}
+	}
+
+	// The next generation without them: no port, nothing routed, and at
+	// the next change the rules are dropped.
+	var cfg map[string]any
+	if err := json.Unmarshal(doc, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["generation"] = cfg["generation"].(float64) + 1
+	zones := cfg["zones"].(map[string]any)
+	for id, z := range zones {
+		if typ := z.(map[string]any)["zone_type"].(map[string]any)["type"]; typ == "nexus" || typ == "external_dns" {
+			delete(zones, id)
+		}
+	}
+	w.do(http.MethodPut, "/omicron-config", mustJSON(t, cfg), http.StatusNoContent)
+	if got := strings.TrimSpace(string(w.do(http.MethodGet, "/vpc-routes", nil, http.StatusOK).Body)); got != "[]" {
+		t.Errorf("GET /vpc-routes without service zones: %s", got)
+	}
+	w.do(http.MethodPut, "/v2p", []byte(`{"virtual_ip":"172.30.0.6","virtual_mac":"A8:40:25:F0:00:02","physical_host_ip":"fd00:1122:3344:102::1","vni":7777}`), http.StatusNoContent)
+	if v := a.VPC().View(); len(v.Ports) != 0 || len(v.Firewall) != 0 || len(v.V2P) != 1 {
+		t.Errorf("GET /agent/vpc without service zones: %+v", v)
+	}
 }
