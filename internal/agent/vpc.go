@@ -31,7 +31,7 @@ func (s vpcSled) VMMs() []told.VMM {
 		}
 		v, err := told.ParseVMM(info.ID, info.Registration)
 		if err != nil {
-			s.a.log.Warn("a VMM's NICs cannot be read; it has no ports", "component", "vpc", "vmm", info.ID, "err", err)
+			s.a.log.Debug("a VMM's NICs cannot be read; it has no ports", "component", "vpc", "vmm", info.ID, "err", err)
 			v = told.VMM{ID: info.ID}
 		}
 		v.Active = slices.Contains(activeVMMStates, info.State.State)
