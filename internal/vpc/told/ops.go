@@ -386,7 +386,7 @@ func (s *Store) View() View {
 		Generation: gen, LoadProblem: problem, Ports: []PortView{}}
 	ports, _ := s.ports(st)
 	for _, p := range ports {
-		pv := PortView{PortRef: p.Ref(), Owner: p.Owner, MAC: p.NIC.MAC, VNI: p.NIC.VNI, Primary: p.NIC.Primary, External: p.External, RouterKeys: p.RouterKeys()}
+		pv := PortView{PortRef: p.Ref(), Owner: p.Owner, IPs: []string{}, MAC: p.NIC.MAC, VNI: p.NIC.VNI, Primary: p.NIC.Primary, External: p.External, RouterKeys: p.RouterKeys()}
 		val := p.NIC.IPConfig.Value
 		for _, ip := range []string{val.IP} {
 			if _, err := netip.ParseAddr(ip); err == nil {
