@@ -46,6 +46,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/vmm/qemuvm"
 	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
+	"github.com/sled-agent/sled-agent/internal/vpc/told"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -254,6 +255,9 @@ type Agent struct {
 	// ntpServers, if set, keeps the internal NTP zones on the rack's
 	// boundary NTP servers (linux runtime with --dns-server; timesync.go).
 	ntpServers *servers.Follower
+	// vpc is the record of what Nexus told the sled about guest
+	// networking (vpc.go).
+	vpc *told.Store
 	// wanted is the config the reconcilers were last given.
 	wanted atomic.Pointer[sledconfig.Config]
 }
@@ -512,6 +516,14 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		onRunningChange = append(onRunningChange, a.ntpServers.Poke)
 	}
 
+	if a.vpc, err = told.Open(told.Options{
+		Dirs: cfg.LedgerDirs,
+		Sled: vpcSled{a},
+		Log:  a.log.With("component", "vpc"),
+	}); err != nil {
+		return nil, fmt.Errorf("opening the record of what the sled was told: %w", err)
+	}
+
 	a.ln = ln
 	// Other sleds and the control plane reach the agent at the sled's
 	// underlay address, on the port it listens on.
@@ -548,6 +560,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		deps.NAT = a.nat
 	}
 	deps.VMMs, deps.SledUnderlay = a.vmms, underlay
+	deps.VPC = a.vpc
 	if a.nexus != nil {
 		deps.Nexus = a.nexus
 	}

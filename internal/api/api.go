@@ -33,6 +33,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/timesync"
 	"github.com/sled-agent/sled-agent/internal/timesync/servers"
 	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vpc/told"
 )
 
 // Version is the sled-agent API version whose paths and shapes this API
@@ -116,6 +117,11 @@ type Deps struct {
 	// LocalStorage, if set, is the pools' local storage allocations,
 	// behind /local-storage.
 	LocalStorage LocalStorage
+	// VPC, if set, is the record of what Nexus told the sled about guest
+	// networking, behind /v2p, /vpc-routes, /eip-gateways,
+	// /vpc/{vpc_id}/firewall/rules, /vmms/{id}/external-ip,
+	// /vmms/{id}/attached-subnets, /probes and /agent/vpc.
+	VPC VPC
 	// Storage, if set, is the storage reconciler, reported in inventory;
 	// nil: the agent manages no storage (no disks, pools or datasets).
 	Storage Storage
@@ -247,6 +253,9 @@ func (s *Server) register() {
 	if s.deps.LocalStorage != nil || s.every {
 		s.registerLocalStorage()
 	}
+	if s.deps.VPC != nil || s.every {
+		s.registerVPC()
+	}
 	if s.deps.Faults != nil || s.every {
 		s.registerFaults()
 	}
@@ -294,11 +303,33 @@ var upstreamNames = map[reflect.Type]string{
 	reflect.TypeFor[timesync.Status]():        "TimeSyncStatus",
 	reflect.TypeFor[servers.Status]():         "NTPServersStatus",
 	reflect.TypeFor[servers.ZoneStatus]():     "NTPServersZoneStatus",
+	reflect.TypeFor[told.V2P]():               "VirtualNetworkInterfaceHost",
+	reflect.TypeFor[told.RouterID]():          "RouterId",
+	reflect.TypeFor[told.RouterKind]():        "RouterKind",
+	reflect.TypeFor[told.RouterVersion]():     "RouterVersion",
+	reflect.TypeFor[told.RouteState]():        "ResolvedVpcRouteState",
+	reflect.TypeFor[told.RouteSet]():          "ResolvedVpcRouteSet",
+	reflect.TypeFor[told.Route]():             "ResolvedVpcRoute",
+	reflect.TypeFor[told.RouterTarget]():      "RouterTarget",
+	reflect.TypeFor[told.Gateway]():           "InternetGatewayRouterTarget",
+	reflect.TypeFor[told.EIPGateways]():       "ExternalIpGatewayMap",
+	reflect.TypeFor[told.FirewallRulesBody](): "VpcFirewallRulesEnsureBody",
+	reflect.TypeFor[told.FirewallRule]():      "ResolvedVpcFirewallRule",
+	reflect.TypeFor[told.HostIdentifier]():    "HostIdentifier",
+	reflect.TypeFor[told.Protocol]():          "VpcFirewallRuleProtocol",
+	reflect.TypeFor[told.IcmpFilter]():        "VpcFirewallIcmpFilter",
+	reflect.TypeFor[told.ExternalIPBody]():    "InstanceExternalIpBody",
+	reflect.TypeFor[told.AttachedSubnets]():   "AttachedSubnets",
+	reflect.TypeFor[told.AttachedSubnet]():    "AttachedSubnet",
+	reflect.TypeFor[told.ProbeSet]():          "ProbeSet",
+	reflect.TypeFor[told.Probe]():             "ProbeCreate",
+	reflect.TypeFor[told.ProbeExternalIP]():   "ExternalIp",
 }
 
 var (
 	storagePkg = reflect.TypeFor[storage.Status]().PkgPath()
 	nexusPkg   = reflect.TypeFor[nexus.Status]().PkgPath()
+	toldPkg    = reflect.TypeFor[told.View]().PkgPath()
 )
 
 func schemaName(t reflect.Type, hint string) string {
@@ -312,6 +343,10 @@ func schemaName(t reflect.Type, hint string) string {
 		// The storage reconciler's types share names with upstream's
 		// (DiskIdentity, Dataset) and with other packages' (Status).
 		return "Storage" + huma.DefaultSchemaNamer(t, hint)
+	}
+	if t.PkgPath() == toldPkg && t.Name() != "" {
+		// Ours, beside upstream's (RecordCopy, View, Port…).
+		return "Vpc" + huma.DefaultSchemaNamer(t, hint)
 	}
 	if t.PkgPath() == nexusPkg && t.Name() != "" {
 		// So are the Nexus link's (Status, VmmRuntimeState).

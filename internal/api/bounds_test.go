@@ -27,6 +27,7 @@ func boundedSled(t *testing.T) (*sled, string) {
 	s := newSled(t, sim.Options{}, func(d *api.Deps) {
 		d.VMMs = noVMMs{}
 		d.LocalStorage = &fakeLocalStorage{}
+		d.VPC = boundedVPC(t)
 		d.BodyReadTimeout = 100 * time.Millisecond
 	})
 	srv := httptest.NewServer(s.server.Handler())
@@ -48,7 +49,7 @@ func rawConn(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
 
 // concretePath fills an operation's path parameters.
 func concretePath(path string) string {
-	return strings.NewReplacer("{propolis_id}", "0b8e3a44-3c1f-4b7e-9d41-6f0f4a9a1c11", "{zone}", "oxz_ntp").Replace(path)
+	return strings.NewReplacer("{propolis_id}", "0b8e3a44-3c1f-4b7e-9d41-6f0f4a9a1c11", "{zone}", "oxz_ntp", "{vpc_id}", "9b5e0c5e-0000-4000-8000-000000000001", "{subnet}", "10.0.0.0%2F24").Replace(path)
 }
 
 // Every operation has a body limit and a read deadline, documented, and

@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/danielgtaylor/huma/v2"
@@ -39,12 +40,12 @@ var rawBodies = []struct {
 func (s *Server) document() {
 	doc := s.api.OpenAPI()
 	reg := doc.Components.Schemas
-	for _, b := range rawBodies {
+	for _, b := range append(slices.Clone(rawBodies), vpcBodies...) {
 		item := doc.Paths[b.path]
 		if item == nil {
 			continue // not served by this server
 		}
-		op := item.Put
+		op := map[string]*huma.Operation{http.MethodPut: item.Put, http.MethodPost: item.Post, http.MethodDelete: item.Delete}[b.method]
 		if op == nil || op.RequestBody == nil {
 			continue
 		}
@@ -115,6 +116,16 @@ func nullablePointers(reg huma.Registry) {
 		for f := range structFields(t) {
 			tag := f.Tag.Get("json")
 			jname, opts, _ := strings.Cut(tag, ",")
+			if p := s.Properties[jname]; p != nil && f.Tag.Get("null") == "true" {
+				// A member that may be null or absent (null:"true"), as
+				// upstream's Option members are when sent to us.
+				if p.Ref != "" {
+					s.Properties[jname] = &huma.Schema{Description: p.Description, AnyOf: []*huma.Schema{{Ref: p.Ref}, {Type: "null"}}}
+				} else {
+					p.Nullable = true
+				}
+				continue
+			}
 			if jname == "" || jname == "-" || strings.Contains(opts, "omitempty") || strings.Contains(opts, "omitzero") || f.Tag.Get("nullable") == "false" {
 				continue
 			}

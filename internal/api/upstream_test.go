@@ -57,7 +57,11 @@ func TestDocumentMatchesUpstream(t *testing.T) {
 	}
 	for _, want := range []string{"PUT /omicron-config", "GET /inventory", "GET /zones", "PUT /vmms/{propolis_id}",
 		"DELETE /vmms/{propolis_id}", "PUT /vmms/{propolis_id}/state", "GET /vmms/{propolis_id}/state",
-		"POST /local-storage", "DELETE /local-storage"} {
+		"POST /local-storage", "DELETE /local-storage",
+		"GET /v2p", "PUT /v2p", "DELETE /v2p", "GET /vpc-routes", "PUT /vpc-routes", "PUT /eip-gateways",
+		"PUT /vpc/{vpc_id}/firewall/rules", "PUT /vmms/{propolis_id}/external-ip", "DELETE /vmms/{propolis_id}/external-ip",
+		"PUT /vmms/{propolis_id}/attached-subnets", "POST /vmms/{propolis_id}/attached-subnets",
+		"DELETE /vmms/{propolis_id}/attached-subnets", "DELETE /vmms/{propolis_id}/attached-subnets/{subnet}", "PUT /probes"} {
 		if !slices.Contains(compared, want) {
 			t.Errorf("%s was not compared with upstream's (compared: %v)", want, compared)
 		}

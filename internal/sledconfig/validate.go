@@ -820,3 +820,15 @@ func parseMAC(s string) (net.HardwareAddr, bool) {
 	hw, err := net.ParseMAC(s)
 	return hw, err == nil && len(hw) == 6
 }
+
+// NICProblems checks a NIC given outside a sled config (a VMM's
+// local_config.nics, a probe's interface, a firewall rule's targets) by
+// the rules a zone's NIC is checked by; each problem's path starts with at.
+func NICProblems(at string, n *NIC) []Problem {
+	var v validator
+	v.nic(where{}, n)
+	for i := range v.problems {
+		v.problems[i].Path = at + strings.TrimPrefix(v.problems[i].Path, `[""]`)
+	}
+	return v.problems
+}
