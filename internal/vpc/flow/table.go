@@ -1,0 +1,374 @@
+// Package flow holds the VPC data path's flow tables, as OPTE keeps them: a
+// table from a flow key to a layer's per-flow state that forgets idle flows,
+// a TCP connection tracker whose state sets how long a TCP flow may idle, and
+// the port's unified flow table, a cache of compiled per-flow transforms that
+// a port epoch invalidates. Nothing here does I/O; time comes from a clock the
+// caller injects.
+package flow
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	// DefaultTTL is how long a flow may idle before it expires, OPTE's
+	// FLOW_DEF_EXPIRE_SECS (lib/opte/src/engine/flow_table.rs:38).
+	DefaultTTL = 60 * time.Second
+
+	// DefaultLimit is OPTE's default number of entries a flow table holds,
+	// FLOW_TABLE_DEF_MAX_ENTRIES (lib/opte/src/engine/flow_table.rs:41).
+	DefaultLimit = 8192
+
+	// PortLimit is the number of entries xde gives a port's firewall layer,
+	// its unified flow tables and its TCP flow table, FW_FT_LIMIT
+	// (xde/src/xde.rs:334, applied at :3259 and :3275): 2^19. It is larger
+	// than the NAT layer's need of one entry per port number and family
+	// (lib/oxide-vpc/src/cfg.rs:207).
+	PortLimit = 524288
+)
+
+// ErrFull is the decision a full table makes about a new flow when no entry
+// may be evicted: OPTE's OpteError::MaxCapacity. The flow's packet is dropped.
+var ErrFull = errors.New("flow table full")
+
+// FullError says which table was full; it matches ErrFull.
+type FullError struct {
+	Limit int
+}
+
+func (e *FullError) Error() string {
+	return fmt.Sprintf("flow table full: %d entries, none evictable", e.Limit)
+}
+
+// Unwrap makes errors.Is(err, ErrFull) hold.
+func (e *FullError) Unwrap() error { return ErrFull }
+
+// Priority is how eligible an entry is to be evicted from a full table to
+// make room for a new flow, OPTE's EvictionPriority
+// (lib/opte/src/engine/flow_table.rs:72): Protected entries never are; among
+// the others a higher number goes first, and at equal numbers the entry idle
+// longest.
+type Priority uint16
+
+const (
+	// Protected entries are never evicted.
+	Protected Priority = 0
+	// MinEvictable is the least eligible evictable priority.
+	MinEvictable Priority = 1
+	// MaxEvictable is the most eligible.
+	MaxEvictable Priority = 65535
+)
+
+// Config sets up a Table. The zero value is OPTE's default table: 8192
+// entries, 60 s idle, nothing evictable, the wall clock.
+type Config[V any] struct {
+	// Limit is the most entries the table holds (DefaultLimit if 0).
+	Limit int
+	// TTL is how long an entry may idle (DefaultTTL if 0), unless TTLOf is set.
+	TTL time.Duration
+	// TTLOf, if set, gives each entry its own idle limit from its value,
+	// read at every sweep: TCP flows use it to follow their connection state.
+	// It must be safe to call while other goroutines use the value.
+	TTLOf func(v V) time.Duration
+	// Evict, if set, gives an entry's eviction priority from its value and
+	// how long it has idled. If nil, nothing is evicted and a full table
+	// refuses new flows with a *FullError.
+	Evict func(v V, idle time.Duration) Priority
+	// Now is the clock (time.Now if nil). Tests run in a synctest bubble.
+	Now func() time.Time
+}
+
+// Entry is a snapshot of one flow: what the table reports when it gives an
+// entry up (expired, evicted, replaced, removed or cleared), so that the
+// caller can give back what the flow held, such as a NAT port.
+type Entry[K comparable, V any] struct {
+	Key     K
+	Value   V
+	LastHit time.Time
+	Hits    uint64
+}
+
+// Table maps flow keys to per-flow state, with OPTE's expiry and capacity.
+//
+// A Table is safe for concurrent use: a port's two directions, its sweeper
+// and the control plane (which clears a layer's table when its rules change)
+// may share it. Lookups take only the read lock and record the hit with
+// atomics, so they never wait for one another; Insert, Remove and Clear take
+// the write lock; Expire scans under the read lock and takes the write lock
+// only to delete what it found. A value's own fields are the caller's to
+// guard (TCPEntry guards its own).
+type Table[K comparable, V any] struct {
+	limit int
+	ttl   time.Duration
+	ttlOf func(V) time.Duration
+	evict func(V, time.Duration) Priority
+	now   func() time.Time
+	base  time.Time // instant 0 of the entries' hit times
+
+	mu sync.RWMutex
+	m  map[K]*entry[V] // guarded by mu
+}
+
+type entry[V any] struct {
+	val     V
+	lastHit atomic.Int64 // nanoseconds since the table's base
+	hits    atomic.Uint64
+}
+
+// New makes an empty table.
+func New[K comparable, V any](cfg Config[V]) *Table[K, V] {
+	t := &Table[K, V]{
+		limit: cfg.Limit,
+		ttl:   cfg.TTL,
+		ttlOf: cfg.TTLOf,
+		evict: cfg.Evict,
+		now:   cfg.Now,
+		m:     make(map[K]*entry[V]),
+	}
+	if t.limit <= 0 {
+		t.limit = DefaultLimit
+	}
+	if t.ttl <= 0 {
+		t.ttl = DefaultTTL
+	}
+	if t.now == nil {
+		t.now = time.Now
+	}
+	t.base = t.now()
+	return t
+}
+
+// Limit is the most entries the table holds.
+func (t *Table[K, V]) Limit() int { return t.limit }
+
+// Len is the number of entries.
+func (t *Table[K, V]) Len() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.m)
+}
+
+func (t *Table[K, V]) stamp(now time.Time) int64 { return int64(now.Sub(t.base)) }
+
+func (t *Table[K, V]) snapshot(k K, e *entry[V]) Entry[K, V] {
+	return Entry[K, V]{
+		Key:     k,
+		Value:   e.val,
+		LastHit: t.base.Add(time.Duration(e.lastHit.Load())),
+		Hits:    e.hits.Load(),
+	}
+}
+
+// Lookup returns k's value and counts a hit on it now.
+func (t *Table[K, V]) Lookup(k K) (V, bool) { return t.LookupAt(k, t.now()) }
+
+// LookupAt returns k's value and counts a hit at now, a time the caller read
+// from the table's clock once for the whole packet (OPTE's hit_at,
+// lib/opte/src/engine/flow_table.rs:622).
+func (t *Table[K, V]) LookupAt(k K, now time.Time) (V, bool) {
+	t.mu.RLock()
+	e, ok := t.m[k]
+	t.mu.RUnlock()
+	if !ok {
+		var zero V
+		return zero, false
+	}
+	e.hits.Add(1)
+	e.lastHit.Store(t.stamp(now))
+	return e.val, true
+}
+
+// Peek returns k's value without counting a hit.
+func (t *Table[K, V]) Peek(k K) (V, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	e, ok := t.m[k]
+	if !ok {
+		var zero V
+		return zero, false
+	}
+	return e.val, true
+}
+
+// Inherit moves k's last hit forward to at, if that is later: a flow whose
+// dependent entries in other tables were used more recently lives as long
+// as they did (OPTE's inherit_last_hit, lib/opte/src/engine/flow_table.rs:153).
+// It reports whether k was there.
+func (t *Table[K, V]) Inherit(k K, at time.Time) bool {
+	t.mu.RLock()
+	e, ok := t.m[k]
+	t.mu.RUnlock()
+	if !ok {
+		return false
+	}
+	s := t.stamp(at)
+	for {
+		old := e.lastHit.Load()
+		if old >= s || e.lastHit.CompareAndSwap(old, s) {
+			return true
+		}
+	}
+}
+
+// Insert adds k with value v, hit now, or replaces k's entry (OPTE's add
+// overwrites, lib/opte/src/engine/flow_table.rs:238). If the table is full it
+// first evicts the most eligible entry (flow_table.rs:346-409); if none may
+// be evicted it changes nothing and returns a *FullError. When an entry made
+// way, the replaced one or the evicted one, Insert returns it and true: what
+// it held is the caller's to give back.
+func (t *Table[K, V]) Insert(k K, v V) (Entry[K, V], bool, error) {
+	now := t.now()
+	n := &entry[V]{val: v}
+	n.lastHit.Store(t.stamp(now))
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.m[k]; ok {
+		t.m[k] = n
+		return t.snapshot(k, old), true, nil
+	}
+	if len(t.m) < t.limit {
+		t.m[k] = n
+		return Entry[K, V]{}, false, nil
+	}
+	vk, ve, ok := t.evictableLocked(now)
+	if !ok {
+		return Entry[K, V]{}, false, &FullError{Limit: t.limit}
+	}
+	delete(t.m, vk)
+	t.m[k] = n
+	return t.snapshot(vk, ve), true, nil
+}
+
+// evictableLocked finds the entry with the highest eviction priority, the
+// one idle longest among equals (flow_table.rs:364-409). t.mu is held.
+func (t *Table[K, V]) evictableLocked(now time.Time) (K, *entry[V], bool) {
+	var (
+		bestK    K
+		bestE    *entry[V]
+		bestPrio Priority
+		bestHit  int64
+	)
+	if t.evict == nil {
+		return bestK, nil, false
+	}
+	s := t.stamp(now)
+	for k, e := range t.m {
+		hit := e.lastHit.Load()
+		p := t.evict(e.val, idle(s, hit))
+		if p == Protected {
+			continue
+		}
+		if bestE == nil || p > bestPrio || (p == bestPrio && hit < bestHit) {
+			bestK, bestE, bestPrio, bestHit = k, e, p, hit
+		}
+	}
+	return bestK, bestE, bestE != nil
+}
+
+// idle is how long since hit, never negative: a hit may be stamped with a
+// time read before a later sweep's (OPTE saturates the same way, ddi/time.rs:66).
+func idle(now, hit int64) time.Duration {
+	if now <= hit {
+		return 0
+	}
+	return time.Duration(now - hit)
+}
+
+// Remove deletes k's entry and returns it.
+func (t *Table[K, V]) Remove(k K) (Entry[K, V], bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.m[k]
+	if !ok {
+		return Entry[K, V]{}, false
+	}
+	delete(t.m, k)
+	return t.snapshot(k, e), true
+}
+
+// removeIf deletes k's entry if it is still e.
+func (t *Table[K, V]) removeIf(k K, e *entry[V]) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m[k] == e {
+		delete(t.m, k)
+	}
+}
+
+// Clear empties the table and returns what it held: a layer's rules changed,
+// so its flows must be decided again (OPTE's set_rules,
+// lib/opte/src/engine/layer.rs:1545).
+func (t *Table[K, V]) Clear() []Entry[K, V] {
+	t.mu.Lock()
+	old := t.m
+	t.m = make(map[K]*entry[V])
+	t.mu.Unlock()
+	out := make([]Entry[K, V], 0, len(old))
+	for k, e := range old {
+		out = append(out, t.snapshot(k, e))
+	}
+	return out
+}
+
+// Entries returns a snapshot of every entry, in no order.
+func (t *Table[K, V]) Entries() []Entry[K, V] {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make([]Entry[K, V], 0, len(t.m))
+	for k, e := range t.m {
+		out = append(out, t.snapshot(k, e))
+	}
+	return out
+}
+
+// Expire removes every entry idle for at least its TTL (OPTE's Ttl::is_expired
+// is now - last_hit >= ttl, flow_table.rs:59) and returns them, so that the
+// caller can give back what they held. OPTE sweeps every port once a second
+// (xde/src/xde.rs:1140-1147).
+func (t *Table[K, V]) Expire() []Entry[K, V] { return t.ExpireAt(t.now()) }
+
+// ExpireAt is Expire as of now.
+func (t *Table[K, V]) ExpireAt(now time.Time) []Entry[K, V] {
+	s := t.stamp(now)
+	type found struct {
+		k K
+		e *entry[V]
+	}
+	var cands []found
+	t.mu.RLock()
+	for k, e := range t.m {
+		if t.expired(e, s) {
+			cands = append(cands, found{k, e})
+		}
+	}
+	t.mu.RUnlock()
+	if len(cands) == 0 {
+		return nil
+	}
+	out := make([]Entry[K, V], 0, len(cands))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range cands {
+		// Between the scan and now the flow may have been hit, replaced
+		// or removed: only what is still there and still idle goes.
+		if t.m[c.k] != c.e || !t.expired(c.e, s) {
+			continue
+		}
+		delete(t.m, c.k)
+		out = append(out, t.snapshot(c.k, c.e))
+	}
+	return out
+}
+
+func (t *Table[K, V]) expired(e *entry[V], now int64) bool {
+	ttl := t.ttl
+	if t.ttlOf != nil {
+		ttl = t.ttlOf(e.val)
+	}
+	return idle(now, e.lastHit.Load()) >= ttl
+}
