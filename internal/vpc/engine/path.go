@@ -1,0 +1,191 @@
+package engine
+
+import (
+	"net/netip"
+
+	"github.com/sled-agent/sled-agent/internal/vpc/rules"
+	"github.com/sled-agent/sled-agent/internal/vpc/wire"
+)
+
+// Verdict is where a packet goes.
+type Verdict uint8
+
+const (
+	// Drop: nowhere (Result.Reason says why).
+	Drop Verdict = iota
+	// ToPort: Result.Data, a frame, out of Result.Port's link, to its guest.
+	ToPort
+	// ToUnderlay: Result.Data, a Geneve payload, to [Result.Dst]:6081.
+	ToUnderlay
+)
+
+// Result is what became of a packet.
+type Result struct {
+	Verdict Verdict
+	Reason  Reason
+	Port    *Port
+	Dst     netip.Addr
+	// Data is a slice of the caller's buffer.
+	Data []byte
+}
+
+func dropped(r Reason) Result { return Result{Verdict: Drop, Reason: r} }
+
+func (e *Engine) unmatchedDrop(r Reason) Result {
+	e.unmatched.dropped[r].Add(1)
+	return dropped(r)
+}
+
+func (p *Port) drop(r Reason) Result {
+	p.stats.dropped[r].Add(1)
+	return dropped(r)
+}
+
+// Outbound runs a frame the guest of port p sent, buf[Headroom:Headroom+n],
+// through the port's layers. What leaves the sled is encapsulated in place,
+// in the headroom.
+func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
+	p.stats.out.Add(1)
+	if n < 0 || len(buf) < Headroom+n {
+		return p.drop(ReasonTooBig)
+	}
+	frame := buf[Headroom : Headroom+n]
+	var f wire.Frame
+	if err := wire.Parse(frame, &f); err != nil {
+		return p.drop(ReasonParse)
+	}
+	// Gateway: what the gateway answers is not answered yet; anything
+	// else must come from the guest's own MAC and addresses.
+	if p.forGateway(&f) {
+		return p.drop(ReasonGateway)
+	}
+	if f.Src != p.cfg.MAC || !p.owns(f.SrcIP) {
+		return p.drop(ReasonSpoof)
+	}
+	if !f.HasL4 {
+		return p.drop(ReasonParse)
+	}
+	key := f.FlowKey()
+	fl := rules.Flow{Dir: rules.Out, Proto: rules.Proto(f.Proto), Src: f.SrcIP, Dst: f.DstIP,
+		SrcPort: f.SrcPort, DstPort: f.DstPort, ICMPType: f.ICMPType, ICMPCode: f.ICMPCode}
+	if vni, ok := e.cfg.V2P.VNIOf(f.DstIP); ok {
+		fl.VNI = rules.Tag(vni)
+	}
+	if r := p.firewall(&fl, key); r != ReasonNone {
+		return p.drop(r)
+	}
+	rt := p.router.Load().Lookup(&fl)
+	if rt.Action == rules.Deny || rt.Multicast {
+		return p.drop(ReasonNoRoute)
+	}
+	recipient := f.DstIP
+	switch rt.Target.Kind {
+	case rules.TargetIP:
+		recipient = rt.Target.IP
+	case rules.TargetVPCSubnet:
+	case rules.TargetInternetGateway:
+		return p.drop(ReasonNAT)
+	default:
+		return p.drop(ReasonNoRoute)
+	}
+	phys, ok := e.cfg.V2P.Get(p.cfg.VNI, recipient)
+	if !ok {
+		return p.drop(ReasonNoV2P)
+	}
+	copy(frame[0:6], phys.MAC[:]) // the inner destination: the v2p MAC
+	if phys.Sled == e.cfg.Underlay {
+		// On this sled: into the other port's inbound path, as OPTE loops
+		// it (xde.rs:2905), tagged with this port's VNI.
+		dst, ok := e.portByAddr(p.cfg.VNI, phys.MAC)
+		if !ok {
+			return p.drop(ReasonNoV2P)
+		}
+		f.Dst = phys.MAC
+		return e.deliver(dst, frame, &f, rules.Tag(p.cfg.VNI))
+	}
+	enc := wire.InternalEncap(p.cfg.VNI, e.cfg.Underlay, phys.Sled, key)
+	hl := enc.GeneveHeaderLen()
+	if hl > Headroom {
+		return p.drop(ReasonTooBig)
+	}
+	out := buf[Headroom-hl:]
+	m, err := enc.EncapGeneve(out, frame)
+	if err != nil {
+		return p.drop(ReasonTooBig)
+	}
+	return Result{Verdict: ToUnderlay, Port: p, Dst: phys.Sled, Data: out[:m]}
+}
+
+// forGateway reports whether f is for the port's gateway: ARP, NDP, DHCP
+// and DHCPv6, or an IP packet to the gateway's address.
+func (p *Port) forGateway(f *wire.Frame) bool {
+	switch {
+	case f.L3 == wire.L3ARP, f.IsNDP():
+		return true
+	case f.HasL4 && f.Proto == wire.ProtoUDP && (f.DstPort == 67 || f.DstPort == 547):
+		return true
+	}
+	if ip := p.cfg.IPv4; ip != nil && f.DstIP == ip.Subnet.Addr().Next() {
+		return true
+	}
+	return f.DstIP.IsLinkLocalUnicast()
+}
+
+// firewall decides fl of key: a flow it allowed before passes, both ways;
+// a new one is matched against the rules and, allowed, kept.
+func (p *Port) firewall(fl *rules.Flow, key wire.FlowKey) Reason {
+	if _, ok := p.fwFlows.Lookup(key); ok {
+		return ReasonNone
+	}
+	v := p.fw.Load().Match(fl)
+	if v.Action == rules.Deny {
+		return ReasonFirewall
+	}
+	if _, _, err := p.fwFlows.Insert(key, fwFlow{dir: fl.Dir, rule: v.Rule}); err != nil {
+		return ReasonFirewall // a full table takes no new flow
+	}
+	p.fwFlows.Insert(key.Mirror(), fwFlow{dir: fl.Dir, rule: v.Rule, mirror: true})
+	return ReasonNone
+}
+
+// Inbound runs Geneve from the underlay, pkt (a UDP payload), through the
+// port its VNI and inner destination MAC name. The frame delivered is a
+// slice of pkt.
+func (e *Engine) Inbound(pkt []byte) Result {
+	var d wire.Decap
+	if err := wire.DecapGeneve(pkt, &d); err != nil {
+		return e.unmatchedDrop(ReasonNoPort)
+	}
+	inner := d.Inner(pkt)
+	var f wire.Frame
+	if err := wire.Parse(inner, &f); err != nil || !f.HasL4 {
+		return e.unmatchedDrop(ReasonParse)
+	}
+	p, ok := e.portByAddr(d.Geneve.VNI, f.Dst)
+	if !ok {
+		return e.unmatchedDrop(ReasonNoPort)
+	}
+	var tag rules.VNITag
+	if !d.Geneve.External {
+		tag = rules.Tag(d.Geneve.VNI)
+	}
+	return e.deliver(p, inner, &f, tag)
+}
+
+// deliver runs a frame for port p's guest through the port's layers, last
+// to first, with its VNI tag.
+func (e *Engine) deliver(p *Port, frame []byte, f *wire.Frame, tag rules.VNITag) Result {
+	p.stats.in.Add(1)
+	// Gateway, inbound: only for the guest's MAC and addresses.
+	if f.Dst != p.cfg.MAC || !p.owns(f.DstIP) {
+		return p.drop(ReasonSpoof)
+	}
+	fl := rules.Flow{Dir: rules.In, Proto: rules.Proto(f.Proto), Src: f.SrcIP, Dst: f.DstIP,
+		SrcPort: f.SrcPort, DstPort: f.DstPort, ICMPType: f.ICMPType, ICMPCode: f.ICMPCode, VNI: tag}
+	if r := p.firewall(&fl, f.FlowKey()); r != ReasonNone {
+		return p.drop(r)
+	}
+	// What a guest receives comes from its gateway.
+	copy(frame[6:12], GatewayMAC[:])
+	return Result{Verdict: ToPort, Port: p, Data: frame}
+}

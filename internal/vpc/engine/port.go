@@ -1,0 +1,181 @@
+package engine
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+
+	"github.com/sled-agent/sled-agent/internal/vpc/flow"
+	"github.com/sled-agent/sled-agent/internal/vpc/mappings"
+	"github.com/sled-agent/sled-agent/internal/vpc/rules"
+	"github.com/sled-agent/sled-agent/internal/vpc/wire"
+)
+
+// IPConfig is a port's address in one family: its private address in its
+// subnet, and the other addresses it may send from and receive for
+// (transit IPs, attached subnets).
+type IPConfig struct {
+	Private netip.Addr
+	Subnet  netip.Prefix
+	Transit []netip.Prefix
+}
+
+// PortConfig is what a port is made with (OPTE's VpcCfg, as the port
+// manager fills it).
+type PortConfig struct {
+	// Name is the port's link: a guest's tap, a service zone's NIC's host
+	// end.
+	Name string
+	VNI  uint32
+	MAC  wire.MAC
+	// IPv4 and IPv6 are the port's addresses; at least one.
+	IPv4, IPv6 *IPConfig
+	// Service is a service zone's port (services VPC), not a guest's.
+	Service bool
+}
+
+func (c PortConfig) check() error {
+	if c.Name == "" {
+		return fmt.Errorf("engine: a port needs a name")
+	}
+	if c.VNI > mappings.MaxVNI {
+		return fmt.Errorf("engine: port %s: VNI %d: want at most %d", c.Name, c.VNI, mappings.MaxVNI)
+	}
+	if c.IPv4 == nil && c.IPv6 == nil {
+		return fmt.Errorf("engine: port %s has no address", c.Name)
+	}
+	for _, ip := range []*IPConfig{c.IPv4, c.IPv6} {
+		if ip == nil {
+			continue
+		}
+		if !ip.Subnet.Contains(ip.Private) {
+			return fmt.Errorf("engine: port %s: %s is not in its subnet %s", c.Name, ip.Private, ip.Subnet)
+		}
+	}
+	if c.IPv4 != nil && !c.IPv4.Private.Is4() || c.IPv6 != nil && !c.IPv6.Private.Is6() {
+		return fmt.Errorf("engine: port %s: an address of the wrong family", c.Name)
+	}
+	return nil
+}
+
+// Port is one port: its config, its layers' rules and flows, and what it
+// did.
+type Port struct {
+	e   *Engine
+	cfg PortConfig
+
+	fw     atomic.Pointer[rules.Firewall]
+	router atomic.Pointer[rules.Table]
+	// fwFlows are the flows the firewall allowed, each under its key and
+	// its mirror, so that either direction of it passes.
+	fwFlows *flow.Table[wire.FlowKey, fwFlow]
+
+	stats counters
+}
+
+// fwFlow is a flow the firewall allowed: which way it began and by which
+// rule (-1: the direction's default).
+type fwFlow struct {
+	dir  rules.Dir
+	rule int
+	// mirror: this entry is the flow's under the key of its other
+	// direction.
+	mirror bool
+}
+
+func newPort(e *Engine, cfg PortConfig) (*Port, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	p := &Port{e: e, cfg: cfg, fwFlows: flow.New[wire.FlowKey, fwFlow](flow.Config[fwFlow]{Now: e.cfg.Now})}
+	fw, err := rules.CompileFirewall(nil, rules.Port{VNI: cfg.VNI, MAC: rules.MAC(cfg.MAC)})
+	if err != nil {
+		return nil, err
+	}
+	p.fw.Store(fw)
+	p.router.Store(rules.NewTable())
+	return p, nil
+}
+
+// Config is what the port was made with.
+func (p *Port) Config() PortConfig { return p.cfg }
+
+// SetFirewall replaces the port's firewall rules (OPTE's set_fw_rules), and
+// forgets the flows the old ones allowed: they are decided again.
+func (p *Port) SetFirewall(rs []rules.FirewallRule) error {
+	fw, err := rules.CompileFirewall(rs, rules.Port{VNI: p.cfg.VNI, MAC: rules.MAC(p.cfg.MAC)})
+	if err != nil {
+		return err
+	}
+	p.fw.Store(fw)
+	p.fwFlows.Clear()
+	return nil
+}
+
+// Firewall is the port's compiled rules.
+func (p *Port) Firewall() *rules.Firewall { return p.fw.Load() }
+
+// ApplyRoutes removes del from the port's router table and adds add, in
+// class (OPTE's del_router_entry, then add_router_entry). Routes that
+// cannot be entries are reported; the rest is applied.
+func (p *Port) ApplyRoutes(class rules.Class, del, add []rules.Route) error {
+	// The port manager applies one change at a time: the swap cannot lose
+	// another's entries.
+	t, err := p.router.Load().Apply(class, del, add)
+	p.router.Store(t)
+	return err
+}
+
+// Routes is the port's router table.
+func (p *Port) Routes() []rules.Entry { return p.router.Load().Entries() }
+
+// Flow is an allowed flow of the port's firewall, for the operator's view.
+type Flow struct {
+	Key     wire.FlowKey
+	Dir     rules.Dir
+	Rule    int
+	Hits    uint64
+	LastHit int64 // Unix nanoseconds
+}
+
+// Flows lists the flows the port's firewall allowed, each once (under the
+// key of the direction it began in).
+func (p *Port) Flows() []Flow {
+	var out []Flow
+	for _, e := range p.fwFlows.Entries() {
+		if e.Value.mirror {
+			continue
+		}
+		out = append(out, Flow{Key: e.Key, Dir: e.Value.dir, Rule: e.Value.rule, Hits: e.Hits, LastHit: e.LastHit.UnixNano()})
+	}
+	slices.SortFunc(out, func(a, b Flow) int {
+		return cmp.Or(a.Key.Src.Compare(b.Key.Src), a.Key.Dst.Compare(b.Key.Dst), cmp.Compare(a.Key.SrcPort, b.Key.SrcPort), cmp.Compare(a.Key.DstPort, b.Key.DstPort), cmp.Compare(a.Key.Proto, b.Key.Proto))
+	})
+	return out
+}
+
+// owns reports whether the port may send from or receive for a: its private
+// address or one of its transit prefixes.
+func (p *Port) owns(a netip.Addr) bool {
+	ip := p.cfg.IPv4
+	if a.Is6() {
+		ip = p.cfg.IPv6
+	}
+	if ip == nil {
+		return false
+	}
+	if a == ip.Private {
+		return true
+	}
+	for _, t := range ip.Transit {
+		if t.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// Stats is what the port did.
+func (p *Port) Stats() Stats { return p.stats.snapshot() }

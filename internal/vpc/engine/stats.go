@@ -1,0 +1,66 @@
+package engine
+
+import "sync/atomic"
+
+// Reason is why a packet was dropped.
+type Reason uint8
+
+// Why packets are dropped, by layer.
+const (
+	ReasonNone Reason = iota
+	// A frame the engine cannot read: not Ethernet II with IPv4, IPv6 or
+	// ARP, truncated, a fragment after the first, an IPv6 extension header.
+	ReasonParse
+	// Gateway traffic (ARP, ICMP echo to the gateway, DHCP, NDP) that the
+	// gateway does not answer yet.
+	ReasonGateway
+	// A guest's frame from another MAC or address than its own, or one for
+	// another MAC or address than the guest's.
+	ReasonSpoof
+	// The firewall's decision.
+	ReasonFirewall
+	// No router entry for the destination, or a drop route.
+	ReasonNoRoute
+	// The router sends the flow to an internet gateway: NAT is not done yet.
+	ReasonNAT
+	// No v2p mapping for the destination in the port's VNI.
+	ReasonNoV2P
+	// Geneve whose VNI and inner destination MAC are no port's, not Geneve,
+	// or with an unknown critical option.
+	ReasonNoPort
+	// A frame too big for the buffer with its encapsulation.
+	ReasonTooBig
+	numReasons
+)
+
+var reasonNames = [numReasons]string{"", "unreadable frame", "gateway traffic not answered yet", "spoofed", "firewall", "no route", "internet gateway (no NAT yet)", "no v2p mapping", "no such port", "too big"}
+
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// Stats count a port's packets.
+type Stats struct {
+	// Out: frames from the guest; In: frames to the guest.
+	OutPackets, InPackets uint64
+	// Dropped counts drops by Reason.
+	Dropped map[string]uint64
+}
+
+type counters struct {
+	out, in atomic.Uint64
+	dropped [numReasons]atomic.Uint64
+}
+
+func (c *counters) snapshot() Stats {
+	s := Stats{OutPackets: c.out.Load(), InPackets: c.in.Load(), Dropped: map[string]uint64{}}
+	for r := Reason(1); r < numReasons; r++ {
+		if n := c.dropped[r].Load(); n > 0 {
+			s.Dropped[r.String()] = n
+		}
+	}
+	return s
+}
