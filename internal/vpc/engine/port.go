@@ -128,6 +128,17 @@ func (p *Port) ApplyRoutes(class rules.Class, del, add []rules.Route) error {
 	return err
 }
 
+// SetRoutes makes the port's entries of class exactly routes.
+func (p *Port) SetRoutes(class rules.Class, routes []rules.Route) error {
+	var del []rules.Route
+	for _, e := range p.router.Load().Entries() {
+		if e.Class == class {
+			del = append(del, rules.Route{Dest: e.Dest, Target: e.Target})
+		}
+	}
+	return p.ApplyRoutes(class, del, routes)
+}
+
 // Routes is the port's router table.
 func (p *Port) Routes() []rules.Entry { return p.router.Load().Entries() }
 

@@ -104,21 +104,29 @@ func (p *Port) Read(b []byte) (int, error) {
 // ErrTruncated is a frame longer than the buffer it was read into.
 var ErrTruncated = errors.New("netio: frame longer than the buffer")
 
-// Write sends one whole frame (destination MAC first) out of the link.
+// Write sends one whole frame (destination MAC first) out of the link. It
+// never waits: a link whose queue is full drops the frame (ErrBusy), as a
+// switch port would.
 func (p *Port) Write(frame []byte) error {
 	var werr error
 	err := p.rc.Write(func(fd uintptr) bool {
-		werr = unix.Send(int(fd), frame, 0)
-		return werr != unix.EAGAIN
+		werr = unix.Send(int(fd), frame, unix.MSG_DONTWAIT)
+		return true
 	})
 	if err != nil {
 		return err
+	}
+	if werr == unix.EAGAIN {
+		return ErrBusy
 	}
 	if werr != nil {
 		return fmt.Errorf("netio: writing to %s: %w", p.link, werr)
 	}
 	return nil
 }
+
+// ErrBusy is a frame dropped because the link's queue is full.
+var ErrBusy = errors.New("netio: the link's queue is full")
 
 // SetReadDeadline bounds the reads in progress and to come.
 func (p *Port) SetReadDeadline(t time.Time) error { return p.f.SetReadDeadline(t) }

@@ -1,0 +1,248 @@
+package vpcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/vpc/engine"
+	"github.com/sled-agent/sled-agent/internal/vpc/netio"
+	"github.com/sled-agent/sled-agent/internal/vpc/rules"
+	"github.com/sled-agent/sled-agent/internal/vpc/wire"
+)
+
+// IPSpec is a port's address in one family.
+type IPSpec struct {
+	Private netip.Addr     `json:"private"`
+	Subnet  netip.Prefix   `json:"subnet"`
+	Transit []netip.Prefix `json:"transit,omitempty"`
+}
+
+// PortSpec is all a port is (OPTE's create_xde with what the port manager
+// sets on it next: firewall rules and router entries).
+type PortSpec struct {
+	Link     Link                 `json:"link"`
+	VNI      uint32               `json:"vni"`
+	MAC      rules.MAC            `json:"mac"`
+	IPv4     *IPSpec              `json:"ipv4,omitempty"`
+	IPv6     *IPSpec              `json:"ipv6,omitempty"`
+	Service  bool                 `json:"service"`
+	Firewall []rules.FirewallRule `json:"firewall_rules"`
+	System   []rules.Route        `json:"system_routes"`
+	Custom   []rules.Route        `json:"custom_routes"`
+}
+
+// identity is what a port is that cannot change without making it again.
+func (s PortSpec) identity() PortSpec {
+	s.Firewall, s.System, s.Custom = nil, nil, nil
+	return s
+}
+
+func sameIdentity(a, b PortSpec) bool {
+	a, b = a.identity(), b.identity()
+	if a.Link != b.Link || a.VNI != b.VNI || a.MAC != b.MAC || a.Service != b.Service {
+		return false
+	}
+	same := func(x, y *IPSpec) bool {
+		if x == nil || y == nil {
+			return x == y
+		}
+		return x.Private == y.Private && x.Subnet == y.Subnet && slices.Equal(x.Transit, y.Transit)
+	}
+	return same(a.IPv4, b.IPv4) && same(a.IPv6, b.IPv6)
+}
+
+func (s PortSpec) engineConfig(name string) engine.PortConfig {
+	c := engine.PortConfig{Name: name, VNI: s.VNI, MAC: wire.MAC(s.MAC), Service: s.Service}
+	if s.IPv4 != nil {
+		c.IPv4 = &engine.IPConfig{Private: s.IPv4.Private, Subnet: s.IPv4.Subnet, Transit: s.IPv4.Transit}
+	}
+	if s.IPv6 != nil {
+		c.IPv6 = &engine.IPConfig{Private: s.IPv6.Private, Subnet: s.IPv6.Subnet, Transit: s.IPv6.Transit}
+	}
+	return c
+}
+
+// attached is a port and its link: the loop that attaches to the link,
+// reads what the guest sends and hands it to the engine.
+type attached struct {
+	d    *Daemon
+	port *engine.Port
+	spec PortSpec
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	io     *netio.Port
+	status string
+	since  time.Time
+}
+
+// EnsurePort makes the port called name as spec says, or makes an existing
+// one so: its rules and routes are replaced, and a port whose link, VNI,
+// MAC or addresses change is made again.
+func (d *Daemon) EnsurePort(name string, spec PortSpec) error {
+	if spec.Link.Name == "" {
+		return fmt.Errorf("%w: port %s has no link", ErrBadPort, name)
+	}
+	// One change of the ports at a time; the lock of the map is never held
+	// while a port's loop is waited for (it takes that lock to deliver).
+	d.opMu.Lock()
+	defer d.opMu.Unlock()
+	d.mu.Lock()
+	old, ok := d.ports[name]
+	if ok && sameIdentity(old.spec, spec) {
+		d.mu.Unlock()
+		if err := setRules(old.port, spec); err != nil {
+			return wrapBad(err)
+		}
+		d.mu.Lock()
+		old.spec = spec
+		d.mu.Unlock()
+		return nil
+	}
+	delete(d.ports, name)
+	d.mu.Unlock()
+	if ok {
+		old.stop()
+		d.eng.DeletePort(name)
+	}
+	p, err := d.eng.CreatePort(spec.engineConfig(name))
+	if err != nil {
+		return wrapBad(err)
+	}
+	if err := setRules(p, spec); err != nil {
+		d.eng.DeletePort(name)
+		return wrapBad(err)
+	}
+	ctx, cancel := context.WithCancel(d.ctx)
+	a := &attached{d: d, port: p, spec: spec, cancel: cancel, done: make(chan struct{}), status: "attaching", since: time.Now()}
+	d.mu.Lock()
+	d.ports[name] = a
+	d.mu.Unlock()
+	go a.run(ctx)
+	return nil
+}
+
+// setRules gives p spec's firewall rules and router entries.
+func setRules(p *engine.Port, spec PortSpec) error {
+	if err := p.SetFirewall(spec.Firewall); err != nil {
+		return err
+	}
+	return errors.Join(p.SetRoutes(rules.System, spec.System), p.SetRoutes(rules.Custom, spec.Custom))
+}
+
+// DeletePort removes the port called name; it reports whether there was
+// one.
+func (d *Daemon) DeletePort(name string) bool {
+	d.opMu.Lock()
+	defer d.opMu.Unlock()
+	d.mu.Lock()
+	a, ok := d.ports[name]
+	delete(d.ports, name)
+	d.mu.Unlock()
+	if !ok {
+		return false
+	}
+	a.stop()
+	d.eng.DeletePort(name)
+	return true
+}
+
+// Port is the port called name, for its rules and routes.
+func (d *Daemon) Port(name string) (*engine.Port, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a, ok := d.ports[name]
+	if !ok {
+		return nil, false
+	}
+	return a.port, true
+}
+
+func (a *attached) setIO(p *netio.Port, status string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.io, a.status, a.since = p, status, time.Now()
+}
+
+func (a *attached) state() (status string, since time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status, a.since
+}
+
+// run attaches the port to its link, again whenever it is lost, until ctx
+// ends.
+func (a *attached) run(ctx context.Context) {
+	defer close(a.done)
+	const first = 50 * time.Millisecond
+	delay := first
+	ns := a.spec.Link.Netns
+	if ns == "" {
+		ns = a.d.opts.Netns
+	}
+	for ctx.Err() == nil {
+		p, err := netio.OpenPort(ns, a.spec.Link.Name)
+		if err != nil {
+			a.setIO(nil, "waiting for its link: "+err.Error())
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, a.d.opts.MaxAttachDelay)
+			continue
+		}
+		delay = first
+		a.setIO(p, "attached")
+		err = a.read(ctx, p)
+		p.Close()
+		if ctx.Err() == nil {
+			a.setIO(nil, "its link went: "+err.Error())
+		}
+	}
+}
+
+// read hands what the guest sends to the engine until the link fails or
+// ctx ends.
+func (a *attached) read(ctx context.Context, p *netio.Port) error {
+	buf := make([]byte, engine.Headroom+1<<16)
+	for ctx.Err() == nil {
+		n, err := p.Read(buf[engine.Headroom:])
+		if errors.Is(err, netio.ErrTruncated) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		a.d.dispatch(a.d.eng.Outbound(a.port, buf, n))
+	}
+	return ctx.Err()
+}
+
+// write sends a frame to the guest, if the port is attached.
+func (a *attached) write(frame []byte) {
+	a.mu.Lock()
+	p := a.io
+	a.mu.Unlock()
+	if p != nil {
+		p.Write(frame)
+	}
+}
+
+// stop ends the port's loop and lets go of its link.
+func (a *attached) stop() {
+	a.cancel()
+	a.mu.Lock()
+	if a.io != nil {
+		a.io.Close() // ends a read in progress
+	}
+	a.mu.Unlock()
+	<-a.done
+}
