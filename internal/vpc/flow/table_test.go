@@ -8,6 +8,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 )
 
 // key is a 5-tuple like OPTE's InnerFlowId, to key the tests' tables.
@@ -290,5 +291,13 @@ func TestConcurrentUse(t *testing.T) {
 	wg.Wait()
 	if n := tb.Len(); n > 512 {
 		t.Fatalf("%d entries, limit 512", n)
+	}
+}
+
+// Each shard fills one cache line, so two cores' lookups on different
+// shards do not share one.
+func TestShardSize(t *testing.T) {
+	if n := unsafe.Sizeof(shard[key, int]{}); n != 64 {
+		t.Fatalf("shard is %d bytes, want 64", n)
 	}
 }

@@ -78,9 +78,7 @@ func (c *Cache[K, T]) Lookup(k K) (T, bool) { return c.LookupAt(k, c.t.now()) }
 // LookupAt is Lookup with a hit at now.
 func (c *Cache[K, T]) LookupAt(k K, now time.Time) (T, bool) {
 	cur := c.epoch.Load()
-	c.t.mu.RLock()
-	e, ok := c.t.m[k]
-	c.t.mu.RUnlock()
+	e, ok := c.t.find(k)
 	var zero T
 	if !ok {
 		return zero, false
