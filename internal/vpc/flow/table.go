@@ -114,6 +114,8 @@ type Table[K comparable, V any] struct {
 	base  time.Time // instant 0 of the entries' hit times
 	seed  maphash.Seed
 
+	afterScan func() // tests: runs between Expire's scan and its deletions
+
 	mu     sync.Mutex // held by every change
 	n      int        // entries; guarded by mu
 	shards [shardCount]shard[K, V]
@@ -247,7 +249,11 @@ func (t *Table[K, V]) Inherit(k K, at time.Time) bool {
 // way, the replaced one or the evicted one, Insert returns it and true: what
 // it held is the caller's to give back.
 func (t *Table[K, V]) Insert(k K, v V) (Entry[K, V], bool, error) {
-	now := t.now()
+	return t.InsertAt(k, v, t.now())
+}
+
+// InsertAt is Insert with the new entry hit at now, the packet's time.
+func (t *Table[K, V]) InsertAt(k K, v V, now time.Time) (Entry[K, V], bool, error) {
 	n := &entry[V]{val: v}
 	n.lastHit.Store(t.stamp(now))
 
@@ -413,6 +419,9 @@ func (t *Table[K, V]) ExpireAt(now time.Time) []Entry[K, V] {
 	}
 	if len(cands) == 0 {
 		return nil
+	}
+	if t.afterScan != nil {
+		t.afterScan()
 	}
 	out := make([]Entry[K, V], 0, len(cands))
 	t.mu.Lock()

@@ -123,6 +123,55 @@ func TestExpireReports(t *testing.T) {
 	})
 }
 
+// A flow hit or replaced between a sweep's scan and its deletions stays.
+func TestExpireRace(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		between func(tb *Table[key, string])
+		left    string
+	}{
+		{"untouched goes", func(*Table[key, string]) {}, ""},
+		{"hit stays", func(tb *Table[key, string]) { tb.Lookup(k(1)) }, "old"},
+		{"replaced stays", func(tb *Table[key, string]) { tb.Insert(k(1), "new") }, "new"},
+		{"removed is not reported", func(tb *Table[key, string]) { tb.Remove(k(1)) }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tb := New[key](Config[string]{})
+				tb.Insert(k(1), "old")
+				time.Sleep(DefaultTTL)
+				tb.afterScan = func() { tc.between(tb) }
+				gone := tb.Expire()
+				v, _ := tb.Peek(k(1))
+				if v != tc.left || (len(gone) == 1) != (tc.name == "untouched goes") {
+					t.Fatalf("left %q, expired %+v", v, gone)
+				}
+			})
+		})
+	}
+}
+
+// The clock is the one the table is given.
+func TestInjectedClock(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tb := New[key](Config[string]{TTL: time.Minute, Now: func() time.Time { return now }})
+	tb.Insert(k(1), "v")
+	now = now.Add(time.Minute - 1)
+	if len(tb.Expire()) != 0 {
+		t.Fatal("expired early")
+	}
+	now = now.Add(1)
+	if gone := tb.Expire(); len(gone) != 1 || !gone[0].LastHit.Equal(now.Add(-time.Minute)) {
+		t.Fatalf("expired %+v", gone)
+	}
+	// A packet's own time, read once, stamps what it inserts and hits.
+	at := now.Add(time.Hour)
+	tb.InsertAt(k(2), "v", at)
+	if len(tb.ExpireAt(at.Add(time.Minute-1))) != 0 || len(tb.ExpireAt(at.Add(time.Minute))) != 1 {
+		t.Fatal("InsertAt did not stamp the entry with its time")
+	}
+}
+
 // A full table refuses a new flow with a typed error and changes nothing
 // (flow_table.rs:233-237, 355); replacing a flow it has needs no room.
 func TestFull(t *testing.T) {

@@ -147,6 +147,13 @@ func TestTCPExpiry(t *testing.T) {
 		open(4, seg{dir: Out, flags: ACK}, seg{dir: In, flags: RST})        // CLOSED
 		open(5, seg{dir: In, flags: ACK}, seg{dir: In, flags: FIN | ACK})   // CLOSE_WAIT
 		open(6, seg{dir: In, flags: SYN}, seg{dir: Out, flags: SYN | ACK})  // SYN_RCVD
+		open(7, seg{dir: In, flags: SYN})                                   // LISTEN
+		open(8, seg{dir: Out, flags: ACK}, seg{dir: Out, flags: FIN | ACK, seq: 5},
+			seg{dir: In, flags: ACK, ack: 6}) // FIN_WAIT_2
+		open(9, seg{dir: Out, flags: ACK}, seg{dir: Out, flags: FIN | ACK, seq: 5},
+			seg{dir: In, flags: FIN | ACK, ack: 6}) // TIME_WAIT
+		open(10, seg{dir: In, flags: ACK}, seg{dir: In, flags: FIN | ACK},
+			seg{dir: Out, flags: FIN | ACK}) // LAST_ACK
 
 		for _, step := range []struct {
 			at   time.Duration
@@ -154,9 +161,9 @@ func TestTCPExpiry(t *testing.T) {
 		}{
 			{0, []uint16{4}},
 			{TCPIncipientTTL - time.Millisecond, nil},
-			{TCPIncipientTTL, []uint16{1, 6}},
+			{TCPIncipientTTL, []uint16{1, 6, 7, 10}},
 			{TCPTimeWaitTTL - time.Millisecond, nil},
-			{TCPTimeWaitTTL, []uint16{3, 5}},
+			{TCPTimeWaitTTL, []uint16{3, 5, 8, 9}},
 			{TCPKeepaliveTTL - time.Millisecond, nil},
 			{TCPKeepaliveTTL, []uint16{2}},
 		} {

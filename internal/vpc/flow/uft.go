@@ -97,7 +97,12 @@ func (c *Cache[K, T]) LookupAt(k K, now time.Time) (T, bool) {
 // already stale and the next lookup drops it. It fails, as Table.Insert
 // does, only when the cache is full and nothing may be evicted.
 func (c *Cache[K, T]) Insert(k K, v T, epoch uint64) error {
-	_, _, err := c.t.Insert(k, cached[T]{epoch: epoch, val: v})
+	return c.InsertAt(k, v, epoch, c.t.now())
+}
+
+// InsertAt is Insert with the entry hit at now, the packet's time.
+func (c *Cache[K, T]) InsertAt(k K, v T, epoch uint64, now time.Time) error {
+	_, _, err := c.t.InsertAt(k, cached[T]{epoch: epoch, val: v}, now)
 	return err
 }
 
