@@ -73,7 +73,11 @@ type Config[V any] struct {
 	TTL time.Duration
 	// TTLOf, if set, gives each entry its own idle limit from its value,
 	// read at every sweep: TCP flows use it to follow their connection state.
-	// It must be safe to call while other goroutines use the value.
+	// A flow that entries of other tables still depend on (a layer's flow
+	// under a live TCP flow) returns a TTL that keeps it, as OPTE keeps a
+	// flow with live children (flow_table.rs:309-321); when they go, Inherit
+	// passes their last hit on. It must be safe to call while other
+	// goroutines use the value.
 	TTLOf func(v V) time.Duration
 	// Evict, if set, gives an entry's eviction priority from its value and
 	// how long it has idled. If nil, nothing is evicted and a full table

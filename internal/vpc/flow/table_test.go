@@ -2,9 +2,11 @@ package flow
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -302,6 +304,47 @@ func TestInherit(t *testing.T) {
 		time.Sleep(time.Second)
 		if gone := tb.Expire(); len(gone) != 1 || !gone[0].LastHit.Equal(start.Add(30*time.Second)) {
 			t.Fatalf("expired %+v, want the flow last hit at 30 s", gone)
+		}
+	})
+}
+
+// A layer's flow lives while flows of other tables depend on it, then
+// inherits the last of their hits and idles out from there (OPTE's
+// timer_expiry_propagation test, flow_table.rs:908-941).
+func TestDependents(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type layerFlow struct{ children *atomic.Int32 }
+		lft := New[key](Config[layerFlow]{TTLOf: func(v layerFlow) time.Duration {
+			if v.children.Load() > 0 {
+				return math.MaxInt64
+			}
+			return DefaultTTL
+		}})
+		tcp := New[key](TCPConfig(0, nil))
+		var children atomic.Int32
+		lft.Insert(k(1), layerFlow{&children})
+		e, _, _ := NewTCPEntry(Out, ACK, 1, 1)
+		tcp.Insert(k(1), e)
+		children.Add(1)
+
+		time.Sleep(time.Hour) // the connection idles, its NAT flow with it
+		tcp.Lookup(k(1))
+		lastHit := time.Now()
+		if len(lft.Expire()) != 0 {
+			t.Fatal("layer flow expired under a live TCP flow")
+		}
+		time.Sleep(TCPKeepaliveTTL)
+		gone := tcp.Expire()
+		if len(gone) != 1 {
+			t.Fatal("TCP flow did not expire")
+		}
+		children.Add(-1)
+		lft.Inherit(k(1), gone[0].LastHit)
+		if len(lft.ExpireAt(lastHit.Add(DefaultTTL-1))) != 0 {
+			t.Fatal("layer flow expired before a TTL past its child's last hit")
+		}
+		if got := lft.ExpireAt(lastHit.Add(DefaultTTL)); len(got) != 1 || !got[0].LastHit.Equal(lastHit) {
+			t.Fatalf("layer flow expired as %+v, want last hit %v", got, lastHit)
 		}
 	})
 }
