@@ -9,6 +9,7 @@ package flow
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,7 +73,11 @@ type Config[V any] struct {
 	TTL time.Duration
 	// TTLOf, if set, gives each entry its own idle limit from its value,
 	// read at every sweep: TCP flows use it to follow their connection state.
-	// It must be safe to call while other goroutines use the value.
+	// A flow that entries of other tables still depend on (a layer's flow
+	// under a live TCP flow) returns a TTL that keeps it, as OPTE keeps a
+	// flow with live children (flow_table.rs:309-321); when they go, Inherit
+	// passes their last hit on. It must be safe to call while other
+	// goroutines use the value.
 	TTLOf func(v V) time.Duration
 	// Evict, if set, gives an entry's eviction priority from its value and
 	// how long it has idled. If nil, nothing is evicted and a full table
@@ -96,11 +101,14 @@ type Entry[K comparable, V any] struct {
 //
 // A Table is safe for concurrent use: a port's two directions, its sweeper
 // and the control plane (which clears a layer's table when its rules change)
-// may share it. Lookups take only the read lock and record the hit with
-// atomics, so they never wait for one another; Insert, Remove and Clear take
-// the write lock; Expire scans under the read lock and takes the write lock
-// only to delete what it found. A value's own fields are the caller's to
-// guard (TCPEntry guards its own).
+// may share it. The map is split in shards by a hash of the key, each under
+// its own read-write lock, so that lookups from two cores rarely touch the
+// same lock; a lookup takes its shard's read lock and records the hit with
+// atomics. Every change also holds the table's writer lock, so changes are
+// serialised as OPTE's are under its port lock, and the limit and eviction
+// are exact. Expire scans shard by shard under read locks and takes the
+// writer lock only to delete what it found. Lock order: mu, then a shard's.
+// A value's own fields are the caller's to guard (TCPEntry guards its own).
 type Table[K comparable, V any] struct {
 	limit int
 	ttl   time.Duration
@@ -108,9 +116,27 @@ type Table[K comparable, V any] struct {
 	evict func(V, time.Duration) Priority
 	now   func() time.Time
 	base  time.Time // instant 0 of the entries' hit times
+	seed  maphash.Seed
 
+	afterScan func() // tests: runs between Expire's scan and its deletions
+
+	mu     sync.Mutex // held by every change
+	n      int        // entries; guarded by mu
+	shards [shardCount]shard[K, V]
+}
+
+// shardCount spreads a table's lock over enough cache lines for the
+// goroutines of one port.
+const shardCount = 16
+
+type shard[K comparable, V any] struct {
 	mu sync.RWMutex
-	m  map[K]*entry[V] // guarded by mu
+	m  map[K]*entry[V]   // written with mu and the table's mu held
+	_  [64 - 24 - 8]byte // a cache line each: RWMutex 24, map 8
+}
+
+func (t *Table[K, V]) shardOf(k K) *shard[K, V] {
+	return &t.shards[maphash.Comparable(t.seed, k)%shardCount]
 }
 
 type entry[V any] struct {
@@ -127,7 +153,10 @@ func New[K comparable, V any](cfg Config[V]) *Table[K, V] {
 		ttlOf: cfg.TTLOf,
 		evict: cfg.Evict,
 		now:   cfg.Now,
-		m:     make(map[K]*entry[V]),
+		seed:  maphash.MakeSeed(),
+	}
+	for i := range t.shards {
+		t.shards[i].m = make(map[K]*entry[V])
 	}
 	if t.limit <= 0 {
 		t.limit = DefaultLimit
@@ -147,9 +176,9 @@ func (t *Table[K, V]) Limit() int { return t.limit }
 
 // Len is the number of entries.
 func (t *Table[K, V]) Len() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.m)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
 }
 
 func (t *Table[K, V]) stamp(now time.Time) int64 { return int64(now.Sub(t.base)) }
@@ -170,9 +199,7 @@ func (t *Table[K, V]) Lookup(k K) (V, bool) { return t.LookupAt(k, t.now()) }
 // from the table's clock once for the whole packet (OPTE's hit_at,
 // lib/opte/src/engine/flow_table.rs:622).
 func (t *Table[K, V]) LookupAt(k K, now time.Time) (V, bool) {
-	t.mu.RLock()
-	e, ok := t.m[k]
-	t.mu.RUnlock()
+	e, ok := t.find(k)
 	if !ok {
 		var zero V
 		return zero, false
@@ -182,11 +209,18 @@ func (t *Table[K, V]) LookupAt(k K, now time.Time) (V, bool) {
 	return e.val, true
 }
 
+// find is k's entry, under its shard's read lock.
+func (t *Table[K, V]) find(k K) (*entry[V], bool) {
+	s := t.shardOf(k)
+	s.mu.RLock()
+	e, ok := s.m[k]
+	s.mu.RUnlock()
+	return e, ok
+}
+
 // Peek returns k's value without counting a hit.
 func (t *Table[K, V]) Peek(k K) (V, bool) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	e, ok := t.m[k]
+	e, ok := t.find(k)
 	if !ok {
 		var zero V
 		return zero, false
@@ -199,9 +233,7 @@ func (t *Table[K, V]) Peek(k K) (V, bool) {
 // as they did (OPTE's inherit_last_hit, lib/opte/src/engine/flow_table.rs:153).
 // It reports whether k was there.
 func (t *Table[K, V]) Inherit(k K, at time.Time) bool {
-	t.mu.RLock()
-	e, ok := t.m[k]
-	t.mu.RUnlock()
+	e, ok := t.find(k)
 	if !ok {
 		return false
 	}
@@ -221,53 +253,77 @@ func (t *Table[K, V]) Inherit(k K, at time.Time) bool {
 // way, the replaced one or the evicted one, Insert returns it and true: what
 // it held is the caller's to give back.
 func (t *Table[K, V]) Insert(k K, v V) (Entry[K, V], bool, error) {
-	now := t.now()
+	return t.InsertAt(k, v, t.now())
+}
+
+// InsertAt is Insert with the new entry hit at now, the packet's time.
+func (t *Table[K, V]) InsertAt(k K, v V, now time.Time) (Entry[K, V], bool, error) {
 	n := &entry[V]{val: v}
 	n.lastHit.Store(t.stamp(now))
 
+	s := t.shardOf(k)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, ok := t.m[k]; ok {
-		t.m[k] = n
+	if old, ok := s.m[k]; ok {
+		s.set(k, n)
 		return t.snapshot(k, old), true, nil
 	}
-	if len(t.m) < t.limit {
-		t.m[k] = n
+	if t.n < t.limit {
+		s.set(k, n)
+		t.n++
 		return Entry[K, V]{}, false, nil
 	}
-	vk, ve, ok := t.evictableLocked(now)
+	vs, vk, ve, ok := t.evictableLocked(now)
 	if !ok {
 		return Entry[K, V]{}, false, &FullError{Limit: t.limit}
 	}
-	delete(t.m, vk)
-	t.m[k] = n
+	vs.del(vk)
+	s.set(k, n)
 	return t.snapshot(vk, ve), true, nil
 }
 
+// set and del change the shard's map; the table's mu is held.
+func (s *shard[K, V]) set(k K, e *entry[V]) {
+	s.mu.Lock()
+	s.m[k] = e
+	s.mu.Unlock()
+}
+
+func (s *shard[K, V]) del(k K) {
+	s.mu.Lock()
+	delete(s.m, k)
+	s.mu.Unlock()
+}
+
 // evictableLocked finds the entry with the highest eviction priority, the
-// one idle longest among equals (flow_table.rs:364-409). t.mu is held.
-func (t *Table[K, V]) evictableLocked(now time.Time) (K, *entry[V], bool) {
+// one idle longest among equals (flow_table.rs:364-409). t.mu is held, so
+// no map changes under the scan.
+func (t *Table[K, V]) evictableLocked(now time.Time) (*shard[K, V], K, *entry[V], bool) {
 	var (
+		bestS    *shard[K, V]
 		bestK    K
 		bestE    *entry[V]
 		bestPrio Priority
 		bestHit  int64
 	)
 	if t.evict == nil {
-		return bestK, nil, false
+		return nil, bestK, nil, false
 	}
-	s := t.stamp(now)
-	for k, e := range t.m {
-		hit := e.lastHit.Load()
-		p := t.evict(e.val, idle(s, hit))
-		if p == Protected {
-			continue
-		}
-		if bestE == nil || p > bestPrio || (p == bestPrio && hit < bestHit) {
-			bestK, bestE, bestPrio, bestHit = k, e, p, hit
+	st := t.stamp(now)
+	for i := range t.shards {
+		s := &t.shards[i]
+		for k, e := range s.m {
+			hit := e.lastHit.Load()
+			p := t.evict(e.val, idle(st, hit))
+			if p == Protected {
+				continue
+			}
+			if bestE == nil || p > bestPrio || (p == bestPrio && hit < bestHit) {
+				bestS, bestK, bestE, bestPrio, bestHit = s, k, e, p, hit
+			}
 		}
 	}
-	return bestK, bestE, bestE != nil
+	return bestS, bestK, bestE, bestE != nil
 }
 
 // idle is how long since hit, never negative: a hit may be stamped with a
@@ -281,22 +337,26 @@ func idle(now, hit int64) time.Duration {
 
 // Remove deletes k's entry and returns it.
 func (t *Table[K, V]) Remove(k K) (Entry[K, V], bool) {
+	s := t.shardOf(k)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.m[k]
+	e, ok := s.m[k]
 	if !ok {
 		return Entry[K, V]{}, false
 	}
-	delete(t.m, k)
+	s.del(k)
+	t.n--
 	return t.snapshot(k, e), true
 }
 
 // removeIf deletes k's entry if it is still e.
 func (t *Table[K, V]) removeIf(k K, e *entry[V]) {
+	s := t.shardOf(k)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.m[k] == e {
-		delete(t.m, k)
+	if s.m[k] == e {
+		s.del(k)
+		t.n--
 	}
 }
 
@@ -304,24 +364,35 @@ func (t *Table[K, V]) removeIf(k K, e *entry[V]) {
 // so its flows must be decided again (OPTE's set_rules,
 // lib/opte/src/engine/layer.rs:1545).
 func (t *Table[K, V]) Clear() []Entry[K, V] {
+	var old [shardCount]map[K]*entry[V]
 	t.mu.Lock()
-	old := t.m
-	t.m = make(map[K]*entry[V])
+	out := make([]Entry[K, V], 0, t.n)
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		old[i] = s.m
+		s.m = make(map[K]*entry[V])
+		s.mu.Unlock()
+	}
+	t.n = 0
 	t.mu.Unlock()
-	out := make([]Entry[K, V], 0, len(old))
-	for k, e := range old {
-		out = append(out, t.snapshot(k, e))
+	for _, m := range old {
+		for k, e := range m {
+			out = append(out, t.snapshot(k, e))
+		}
 	}
 	return out
 }
 
 // Entries returns a snapshot of every entry, in no order.
 func (t *Table[K, V]) Entries() []Entry[K, V] {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	out := make([]Entry[K, V], 0, len(t.m))
-	for k, e := range t.m {
-		out = append(out, t.snapshot(k, e))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Entry[K, V], 0, t.n)
+	for i := range t.shards {
+		for k, e := range t.shards[i].m {
+			out = append(out, t.snapshot(k, e))
+		}
 	}
 	return out
 }
@@ -340,15 +411,21 @@ func (t *Table[K, V]) ExpireAt(now time.Time) []Entry[K, V] {
 		e *entry[V]
 	}
 	var cands []found
-	t.mu.RLock()
-	for k, e := range t.m {
-		if t.expired(e, s) {
-			cands = append(cands, found{k, e})
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.RLock()
+		for k, e := range sh.m {
+			if t.expired(e, s) {
+				cands = append(cands, found{k, e})
+			}
 		}
+		sh.mu.RUnlock()
 	}
-	t.mu.RUnlock()
 	if len(cands) == 0 {
 		return nil
+	}
+	if t.afterScan != nil {
+		t.afterScan()
 	}
 	out := make([]Entry[K, V], 0, len(cands))
 	t.mu.Lock()
@@ -356,10 +433,12 @@ func (t *Table[K, V]) ExpireAt(now time.Time) []Entry[K, V] {
 	for _, c := range cands {
 		// Between the scan and now the flow may have been hit, replaced
 		// or removed: only what is still there and still idle goes.
-		if t.m[c.k] != c.e || !t.expired(c.e, s) {
+		sh := t.shardOf(c.k)
+		if sh.m[c.k] != c.e || !t.expired(c.e, s) {
 			continue
 		}
-		delete(t.m, c.k)
+		sh.del(c.k)
+		t.n--
 		out = append(out, t.snapshot(c.k, c.e))
 	}
 	return out

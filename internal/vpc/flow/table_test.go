@@ -2,12 +2,15 @@ package flow
 
 import (
 	"errors"
+	"math"
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 )
 
 // key is a 5-tuple like OPTE's InnerFlowId, to key the tests' tables.
@@ -120,6 +123,55 @@ func TestExpireReports(t *testing.T) {
 			t.Fatalf("second sweep expired %v", got)
 		}
 	})
+}
+
+// A flow hit or replaced between a sweep's scan and its deletions stays.
+func TestExpireRace(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		between func(tb *Table[key, string])
+		left    string
+	}{
+		{"untouched goes", func(*Table[key, string]) {}, ""},
+		{"hit stays", func(tb *Table[key, string]) { tb.Lookup(k(1)) }, "old"},
+		{"replaced stays", func(tb *Table[key, string]) { tb.Insert(k(1), "new") }, "new"},
+		{"removed is not reported", func(tb *Table[key, string]) { tb.Remove(k(1)) }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tb := New[key](Config[string]{})
+				tb.Insert(k(1), "old")
+				time.Sleep(DefaultTTL)
+				tb.afterScan = func() { tc.between(tb) }
+				gone := tb.Expire()
+				v, _ := tb.Peek(k(1))
+				if v != tc.left || (len(gone) == 1) != (tc.name == "untouched goes") {
+					t.Fatalf("left %q, expired %+v", v, gone)
+				}
+			})
+		})
+	}
+}
+
+// The clock is the one the table is given.
+func TestInjectedClock(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	tb := New[key](Config[string]{TTL: time.Minute, Now: func() time.Time { return now }})
+	tb.Insert(k(1), "v")
+	now = now.Add(time.Minute - 1)
+	if len(tb.Expire()) != 0 {
+		t.Fatal("expired early")
+	}
+	now = now.Add(1)
+	if gone := tb.Expire(); len(gone) != 1 || !gone[0].LastHit.Equal(now.Add(-time.Minute)) {
+		t.Fatalf("expired %+v", gone)
+	}
+	// A packet's own time, read once, stamps what it inserts and hits.
+	at := now.Add(time.Hour)
+	tb.InsertAt(k(2), "v", at)
+	if len(tb.ExpireAt(at.Add(time.Minute-1))) != 0 || len(tb.ExpireAt(at.Add(time.Minute))) != 1 {
+		t.Fatal("InsertAt did not stamp the entry with its time")
+	}
 }
 
 // A full table refuses a new flow with a typed error and changes nothing
@@ -256,6 +308,47 @@ func TestInherit(t *testing.T) {
 	})
 }
 
+// A layer's flow lives while flows of other tables depend on it, then
+// inherits the last of their hits and idles out from there (OPTE's
+// timer_expiry_propagation test, flow_table.rs:908-941).
+func TestDependents(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		type layerFlow struct{ children *atomic.Int32 }
+		lft := New[key](Config[layerFlow]{TTLOf: func(v layerFlow) time.Duration {
+			if v.children.Load() > 0 {
+				return math.MaxInt64
+			}
+			return DefaultTTL
+		}})
+		tcp := New[key](TCPConfig(0, nil))
+		var children atomic.Int32
+		lft.Insert(k(1), layerFlow{&children})
+		e, _, _ := NewTCPEntry(Out, ACK, 1, 1)
+		tcp.Insert(k(1), e)
+		children.Add(1)
+
+		time.Sleep(time.Hour) // the connection idles, its NAT flow with it
+		tcp.Lookup(k(1))
+		lastHit := time.Now()
+		if len(lft.Expire()) != 0 {
+			t.Fatal("layer flow expired under a live TCP flow")
+		}
+		time.Sleep(TCPKeepaliveTTL)
+		gone := tcp.Expire()
+		if len(gone) != 1 {
+			t.Fatal("TCP flow did not expire")
+		}
+		children.Add(-1)
+		lft.Inherit(k(1), gone[0].LastHit)
+		if len(lft.ExpireAt(lastHit.Add(DefaultTTL-1))) != 0 {
+			t.Fatal("layer flow expired before a TTL past its child's last hit")
+		}
+		if got := lft.ExpireAt(lastHit.Add(DefaultTTL)); len(got) != 1 || !got[0].LastHit.Equal(lastHit) {
+			t.Fatalf("layer flow expired as %+v, want last hit %v", got, lastHit)
+		}
+	})
+}
+
 // A port's two directions, its sweeper and the control plane use one table
 // at once; run under -race.
 func TestConcurrentUse(t *testing.T) {
@@ -290,5 +383,13 @@ func TestConcurrentUse(t *testing.T) {
 	wg.Wait()
 	if n := tb.Len(); n > 512 {
 		t.Fatalf("%d entries, limit 512", n)
+	}
+}
+
+// Each shard fills one cache line, so two cores' lookups on different
+// shards do not share one.
+func TestShardSize(t *testing.T) {
+	if n := unsafe.Sizeof(shard[key, int]{}); n != 64 {
+		t.Fatalf("shard is %d bytes, want 64", n)
 	}
 }
