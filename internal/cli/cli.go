@@ -123,6 +123,7 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newVMMServiceCmd())
 	root.AddCommand(newNTPZoneCmd())
 	root.AddCommand(newSimCmd())
+	root.AddCommand(newVPCCmd(), newVPCServiceCmd())
 	return root
 }
 
