@@ -16,6 +16,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/httpbound"
 	"github.com/sled-agent/sled-agent/internal/vpc/mappings"
+	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 )
 
 // The local API, on a unix socket only root reaches, mirrors OPTE's
@@ -24,6 +25,8 @@ import (
 //	GET    /state          the whole data path (State)
 //	PUT    /ports/{name}   make or change a port (PortSpec)
 //	DELETE /ports/{name}   remove it (absent: 204 all the same)
+//	PUT    /ports/{name}/firewall  replace its firewall rules
+//	POST   /ports/{name}/routes    remove and add router entries (RouteChange)
 //	PUT    /v2p            set a mapping (V2P)
 //	DELETE /v2p            clear one (by VNI and virtual IP)
 //	PUT    /v2b            make the boundary table what the routing daemon says
@@ -62,6 +65,8 @@ func (d *Daemon) Handler() http.Handler {
 			w.WriteHeader(http.StatusNoContent)
 		case errors.Is(err, ErrBadPort):
 			fail(w, http.StatusBadRequest, err.Error())
+		case errors.Is(err, ErrNoPort):
+			fail(w, http.StatusNotFound, err.Error())
 		default:
 			fail(w, http.StatusInternalServerError, err.Error())
 		}
@@ -82,6 +87,27 @@ func (d *Daemon) Handler() http.Handler {
 	route("DELETE /ports/{name}", httpbound.Small, func(w http.ResponseWriter, r *http.Request) {
 		d.DeletePort(r.PathValue("name"))
 		done(w, nil)
+	})
+	route("PUT /ports/{name}/firewall", portBody, func(w http.ResponseWriter, r *http.Request) {
+		var rs []rules.FirewallRule
+		if decode(w, r, &rs) {
+			done(w, d.SetFirewall(r.PathValue("name"), rs))
+		}
+	})
+	route("POST /ports/{name}/routes", httpbound.Sized(1<<20), func(w http.ResponseWriter, r *http.Request) {
+		var c RouteChange
+		if decode(w, r, &c) {
+			class := rules.System
+			switch c.Class {
+			case "system":
+			case "custom":
+				class = rules.Custom
+			default:
+				fail(w, http.StatusBadRequest, fmt.Sprintf("class %q: want system or custom", c.Class))
+				return
+			}
+			done(w, d.ApplyRoutes(r.PathValue("name"), class, c.Del, c.Add))
+		}
 	})
 	route("PUT /v2p", httpbound.Small, func(w http.ResponseWriter, r *http.Request) {
 		var m V2P
@@ -140,6 +166,13 @@ func (d *Daemon) Serve(ctx context.Context, path string) error {
 	srv.Shutdown(sctx)
 	os.Remove(path)
 	return nil
+}
+
+// RouteChange is a change of a port's router entries of one class.
+type RouteChange struct {
+	Class string        `json:"class" enum:"system,custom"`
+	Del   []rules.Route `json:"del"`
+	Add   []rules.Route `json:"add"`
 }
 
 // Client talks to a data path's local API.
@@ -220,6 +253,16 @@ func (c *Client) EnsurePort(ctx context.Context, name string, spec PortSpec) err
 // DeletePort removes the port called name.
 func (c *Client) DeletePort(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/ports/"+name, nil, nil)
+}
+
+// SetFirewall replaces the firewall rules of the port called name.
+func (c *Client) SetFirewall(ctx context.Context, name string, rs []rules.FirewallRule) error {
+	return c.do(ctx, http.MethodPut, "/ports/"+name+"/firewall", rs, nil)
+}
+
+// ApplyRoutes changes the router entries of the port called name.
+func (c *Client) ApplyRoutes(ctx context.Context, name string, change RouteChange) error {
+	return c.do(ctx, http.MethodPost, "/ports/"+name+"/routes", change, nil)
 }
 
 // SetV2P sets a mapping.

@@ -78,6 +78,26 @@ func TestAPI(t *testing.T) {
 		t.Errorf("an unknown member: %v", err)
 	}
 
+	// Rules and routes changed in place; an unknown port is 404.
+	rs := []rules.FirewallRule{{Status: rules.Enabled, Direction: rules.Inbound, Action: rules.RuleAllow, Priority: 100,
+		Protocols: []rules.ProtocolFilter{{Proto: rules.ProtoTCP}}}}
+	if err := c.SetFirewall(t.Context(), "p1", rs); err != nil {
+		t.Fatal(err)
+	}
+	other := netip.MustParsePrefix("10.0.0.0/8")
+	if err := c.ApplyRoutes(t.Context(), "p1", RouteChange{Class: "custom", Add: []rules.Route{{Dest: other, Target: rules.DropTarget()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := c.State(t.Context()); len(st.Ports) != 1 || len(st.Ports[0].Inbound) != 1 || len(st.Ports[0].Routes) != 2 || len(st.Ports[0].Spec.Custom) != 1 {
+		t.Errorf("after rules and routes: %+v", st.Ports)
+	}
+	if err := c.SetFirewall(t.Context(), "nope", rs); !errors.As(err, &apiErr) || apiErr.Status != 404 {
+		t.Errorf("rules of no port: %v", err)
+	}
+	if err := c.ApplyRoutes(t.Context(), "p1", RouteChange{Class: "both"}); !errors.As(err, &apiErr) || apiErr.Status != 400 || !strings.Contains(apiErr.Message, "want system or custom") {
+		t.Errorf("a bad class: %v", err)
+	}
+
 	// Changed, then removed, twice.
 	spec.System = nil
 	if err := c.EnsurePort(t.Context(), "p1", spec); err != nil {

@@ -246,3 +246,56 @@ func (a *attached) stop() {
 	a.mu.Unlock()
 	<-a.done
 }
+
+// SetFirewall replaces the rules of the port called name (OPTE's
+// set_fw_rules).
+func (d *Daemon) SetFirewall(name string, rs []rules.FirewallRule) error {
+	d.opMu.Lock()
+	defer d.opMu.Unlock()
+	a, ok := d.lookup(name)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNoPort, name)
+	}
+	if err := a.port.SetFirewall(rs); err != nil {
+		return wrapBad(err)
+	}
+	d.mu.Lock()
+	a.spec.Firewall = rs
+	d.mu.Unlock()
+	return nil
+}
+
+// ApplyRoutes removes del from the router entries of the port called name
+// and adds add, in class (OPTE's del_router_entry and add_router_entry).
+func (d *Daemon) ApplyRoutes(name string, class rules.Class, del, add []rules.Route) error {
+	d.opMu.Lock()
+	defer d.opMu.Unlock()
+	a, ok := d.lookup(name)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNoPort, name)
+	}
+	err := a.port.ApplyRoutes(class, del, add)
+	var sys, custom []rules.Route
+	for _, e := range a.port.Routes() {
+		r := rules.Route{Dest: e.Dest, Target: e.Target}
+		if e.Class == rules.System {
+			sys = append(sys, r)
+		} else {
+			custom = append(custom, r)
+		}
+	}
+	d.mu.Lock()
+	a.spec.System, a.spec.Custom = sys, custom
+	d.mu.Unlock()
+	return wrapBad(err)
+}
+
+func (d *Daemon) lookup(name string) (*attached, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a, ok := d.ports[name]
+	return a, ok
+}
+
+// ErrNoPort is a change of a port the data path does not have.
+var ErrNoPort = errors.New("vpcd: no such port")
