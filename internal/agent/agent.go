@@ -47,6 +47,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/vmm/reservoir"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
 	"github.com/sled-agent/sled-agent/internal/vpc/told"
+	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
 
@@ -175,6 +176,11 @@ type Config struct {
 	// as its taps would be, into a network namespace of its own (tests of
 	// guests' networking; needs root).
 	VMMStandIn bool `json:"vmm-stand-in"`
+	// VPCDataPath runs the sled's VPC data path (internal/vpc/vpcd) in the
+	// agent and has it realise what the sled is told: guests' and service
+	// zones' ports, their rules and routes, the v2p mappings (needs root).
+	// It serves its local API on <run-dir>/vpcd.sock.
+	VPCDataPath bool `json:"vpc-data-path"`
 	// VMMQEMUIDs is the range of user and group ids the VMM services run
 	// QEMU as, FIRST:COUNT ("" for the services' default, see qemuvm).
 	VMMQEMUIDs string `json:"vmm-qemu-ids"`
@@ -258,6 +264,9 @@ type Agent struct {
 	// vpc is the record of what Nexus told the sled about guest
 	// networking (vpc.go).
 	vpc *told.Store
+	// vpcd is the sled's VPC data path, run in the agent (--vpc-data-path);
+	// nil without it.
+	vpcd *vpcd.Daemon
 	// wanted is the config the reconcilers were last given.
 	wanted atomic.Pointer[sledconfig.Config]
 }
@@ -516,11 +525,24 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		onRunningChange = append(onRunningChange, a.ntpServers.Poke)
 	}
 
-	if a.vpc, err = told.Open(told.Options{
+	vpcOpts := told.Options{
 		Dirs: cfg.LedgerDirs,
 		Sled: vpcSled{a},
 		Log:  a.log.With("component", "vpc"),
-	}); err != nil {
+	}
+	if cfg.VPCDataPath {
+		if os.Geteuid() != 0 {
+			return nil, errors.New("vpc-data-path: the data path reads and writes guests' links and the underlay: it needs root")
+		}
+		if a.vpcd, err = vpcd.Start(vpcd.Options{Underlay: underlay, Log: a.log.With("component", "vpcd")}); err != nil {
+			return nil, fmt.Errorf("starting the VPC data path: %w", err)
+		}
+		vpcOpts.DataPath = vpcPath{a: a, d: a.vpcd}
+	}
+	if a.vpc, err = told.Open(vpcOpts); err != nil {
+		if a.vpcd != nil {
+			a.vpcd.Close()
+		}
 		return nil, fmt.Errorf("opening the record of what the sled was told: %w", err)
 	}
 
@@ -674,6 +696,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Go(func() { a.nexus.run(ctx) })
 	}
 	wg.Go(func() { a.runTimeSync(ctx) })
+	if a.vpcd != nil {
+		wg.Go(func() { a.runVPC(ctx) })
+	}
 	if a.ntpServers != nil {
 		wg.Go(func() { a.ntpServers.Run(ctx) })
 	}

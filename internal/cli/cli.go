@@ -170,6 +170,7 @@ func newDaemonFlags() *daemonFlags {
 	f.StringVar(&c.VdevDir, "vdev-dir", "", "directory of file-backed synthetic disks, u2_<name>.vdev (linux runtime)")
 	f.StringVar(&c.PoolRoot, "pool-root", "", "where the linux runtime's pools are mounted, <pool-root>/ext/<pool id> (default <data-dir>/storage)")
 	f.BoolVar(&c.SkipTimesync, "skip-timesync", false, "start zones that need synchronized time without waiting for the NTP zone to say it is (development)")
+	f.BoolVar(&c.VPCDataPath, "vpc-data-path", false, "run the sled's VPC data path in the agent: guests' and service zones' ports, their firewall rules and routes, Geneve between sleds on [underlay-ip]:6081 (needs root; its local API on <run-dir>/vpcd.sock, shown by sled-agent vpc); being built: no NAT or gateway replies yet")
 	f.BoolVar(&c.VMMStandIn, "vmm-stand-in", false, "every VMM's guest is a stand-in: simulated, with each NIC a veth pair whose host end is named and placed as its tap would be (vn<mac>, in the VMM's zone) and whose guest end, with the NIC's MAC, is in a network namespace of its own (tests of guests' networking; needs root)")
 	f.BoolVar(&c.NTPNoClock, "ntp-no-clock", false, "the linux runtime's NTP zones only track time (chronyd -x) and never set the host's clock (development, tests)")
 	f.IntVar(&c.VMMReservoirPercentage, "vmm-reservoir-percentage", 0, "the VMM reservoir, guests' memory, as a percentage (1-99) of usable memory (default 60, as upstream's non-gimlet sleds; 91 on gimlets)")

@@ -41,6 +41,9 @@ func ListenUnderlay(nsPath string, addr netip.Addr) (*Underlay, error) {
 						return
 					}
 				}
+				// The sled's address may come to its link after the data
+				// path starts (or go and come back): bind to it anyway.
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, 1)
 			})
 			if err != nil {
 				return err

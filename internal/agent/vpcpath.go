@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
+	"github.com/sled-agent/sled-agent/internal/vmm/service"
+	"github.com/sled-agent/sled-agent/internal/vmm/spec"
+	"github.com/sled-agent/sled-agent/internal/vpc/rules"
+	"github.com/sled-agent/sled-agent/internal/vpc/told"
+	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
+)
+
+// vpcPath is the data path the record of what the sled was told drives
+// (told.DataPath): the sled's vpcd, given each port with the link it is
+// (a guest's tap in its VMM's zone, a service zone's NIC's host end), its
+// rules and routes, and the sled's v2p mappings.
+//
+// Not yet realised (the data path has no NAT or attached subnets yet): a
+// port's external IPs and gateways, and its attached subnets, are taken
+// and kept by the record, and given to the data path once it has them.
+type vpcPath struct {
+	a *Agent
+	d *vpcd.Daemon
+}
+
+var _ told.DataPath = vpcPath{}
+
+// portName is the data path's name of a port: its kind and NIC id.
+func portName(ref told.PortRef) string { return ref.Kind + "-" + strings.ToLower(ref.NICID) }
+
+// link is where the port's frames are: a VMM's NIC's tap (vn<mac>) in the
+// VMM's zone with the linux runtime, in the agent's namespace with the sim
+// runtime (a stand-in guest's); a service zone's NIC's host end.
+func (v vpcPath) link(p told.Port, mac [6]byte) vpcd.Link {
+	switch p.NIC.Kind.Type {
+	case "service":
+		_, nic := zonenet.LinkNames(v.a.cfg.ZoneTag, p.Owner)
+		if v.a.cfg.ZoneTag == "" {
+			_, nic = zonenet.LinkNames(DefaultZoneTag, p.Owner)
+		}
+		return vpcd.Link{Name: nic}
+	default:
+		tap := spec.VNICName(mac[:])
+		if v.a.cfg.Runtime != "linux" {
+			return vpcd.Link{Name: tap}
+		}
+		return vpcd.Link{Netns: zonenet.NetnsPath(v.a.cfg.NetnsPrefix + service.ZoneName(p.Owner)), Name: tap}
+	}
+}
+
+// portSpec is what the data path makes of a port.
+func (v vpcPath) portSpec(pc told.PortConfig) (vpcd.PortSpec, error) {
+	nic := pc.Port.NIC
+	mac, err := rules.ParseMAC(nic.MAC)
+	if err != nil {
+		return vpcd.PortSpec{}, err
+	}
+	s := vpcd.PortSpec{Link: v.link(pc.Port, mac), VNI: nic.VNI, MAC: mac, Service: nic.Kind.Type == "service"}
+	s.IPv4, s.IPv6, err = ipSpecs(nic.IPConfig)
+	if err != nil {
+		return s, err
+	}
+	if s.Firewall, err = convert[[]rules.FirewallRule](pc.Rules); err != nil {
+		return s, fmt.Errorf("firewall rules: %w", err)
+	}
+	if s.System, err = convert[[]rules.Route](pc.System); err != nil {
+		return s, fmt.Errorf("system routes: %w", err)
+	}
+	if s.Custom, err = convert[[]rules.Route](pc.Custom); err != nil {
+		return s, fmt.Errorf("custom routes: %w", err)
+	}
+	return s, nil
+}
+
+// convert reads a value of the record's upstream shape as the data path's
+// type of the same shape.
+func convert[T any](v any) (T, error) {
+	var out T
+	b, err := json.Marshal(v)
+	if err == nil {
+		err = json.Unmarshal(b, &out)
+	}
+	return out, err
+}
+
+// ipSpecs are a NIC's private addresses.
+func ipSpecs(c sledconfig.IPConfig) (v4, v6 *vpcd.IPSpec, err error) {
+	one := func(ip, subnet string, transit []string) (*vpcd.IPSpec, error) {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			return nil, err
+		}
+		p, err := netip.ParsePrefix(subnet)
+		if err != nil {
+			return nil, err
+		}
+		s := &vpcd.IPSpec{Private: a, Subnet: p}
+		for _, t := range transit {
+			tp, err := netip.ParsePrefix(t)
+			if err != nil {
+				return nil, err
+			}
+			s.Transit = append(s.Transit, tp)
+		}
+		return s, nil
+	}
+	switch c.Type {
+	case "v4":
+		v4, err = one(c.Value.IP, c.Value.Subnet, c.Value.TransitIPs)
+	case "v6":
+		v6, err = one(c.Value.IP, c.Value.Subnet, c.Value.TransitIPs)
+	case "dual_stack":
+		if c.Value.V4 != nil {
+			if v4, err = one(c.Value.V4.IP, c.Value.V4.Subnet, c.Value.V4.TransitIPs); err != nil {
+				return nil, nil, err
+			}
+		}
+		if c.Value.V6 != nil {
+			v6, err = one(c.Value.V6.IP, c.Value.V6.Subnet, c.Value.V6.TransitIPs)
+		}
+	default:
+		err = fmt.Errorf("ip_config type %q", c.Type)
+	}
+	return v4, v6, err
+}
+
+func (v vpcPath) CreatePort(ctx context.Context, pc told.PortConfig) error {
+	s, err := v.portSpec(pc)
+	if err != nil {
+		return fmt.Errorf("port %s: %w", pc.Port.Ref(), err)
+	}
+	return v.d.EnsurePort(portName(pc.Port.Ref()), s)
+}
+
+func (v vpcPath) DeletePort(ctx context.Context, ref told.PortRef) error {
+	v.d.DeletePort(portName(ref))
+	return nil
+}
+
+func (v vpcPath) SetV2P(ctx context.Context, m told.V2P) error {
+	x, err := convert[vpcd.V2P](m)
+	if err != nil {
+		return err
+	}
+	return v.d.SetV2P(x)
+}
+
+func (v vpcPath) ClearV2P(ctx context.Context, m told.V2P) error {
+	x, err := convert[vpcd.V2P](m)
+	if err != nil {
+		return err
+	}
+	v.d.ClearV2P(x)
+	return nil
+}
+
+func (v vpcPath) SetFirewallRules(ctx context.Context, ref told.PortRef, rs []told.FirewallRule) error {
+	x, err := convert[[]rules.FirewallRule](rs)
+	if err != nil {
+		return err
+	}
+	return v.d.SetFirewall(portName(ref), x)
+}
+
+func (v vpcPath) route(r told.Route) (rules.Route, error) { return convert[rules.Route](r) }
+
+func class(c told.RouterClass) rules.Class {
+	if c == told.ClassSystem {
+		return rules.System
+	}
+	return rules.Custom
+}
+
+func (v vpcPath) AddRouterEntry(ctx context.Context, ref told.PortRef, c told.RouterClass, r told.Route) error {
+	x, err := v.route(r)
+	if err != nil {
+		return err
+	}
+	return v.d.ApplyRoutes(portName(ref), class(c), nil, []rules.Route{x})
+}
+
+func (v vpcPath) DelRouterEntry(ctx context.Context, ref told.PortRef, c told.RouterClass, r told.Route) error {
+	x, err := v.route(r)
+	if err != nil {
+		return err
+	}
+	return v.d.ApplyRoutes(portName(ref), class(c), []rules.Route{x}, nil)
+}
+
+// SetExternalIPs: the record keeps them; the data path has no NAT yet.
+func (v vpcPath) SetExternalIPs(ctx context.Context, ref told.PortRef, ips told.ExternalIPs, gateways map[string][]string) error {
+	return nil
+}
+
+// AttachSubnet: the record keeps it; the data path has no attached subnets
+// yet.
+func (v vpcPath) AttachSubnet(ctx context.Context, ref told.PortRef, s told.AttachedSubnet) error {
+	return nil
+}
+
+// DetachSubnet: as AttachSubnet.
+func (v vpcPath) DetachSubnet(ctx context.Context, ref told.PortRef, subnet string) error {
+	return nil
+}
+
+// vpcSyncPeriod is how often the data path's ports are made the sled's
+// when nothing asked sooner: VMMs start and stop, zones come and go.
+const vpcSyncPeriod = time.Second
+
+// runVPC serves the data path's local API and keeps its ports the sled's
+// until ctx ends; then it stops the data path.
+func (a *Agent) runVPC(ctx context.Context) {
+	defer a.vpcd.Close()
+	sock := filepath.Join(cmp.Or(a.cfg.RunDir, DefaultRunDir), "vpcd.sock")
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if err := a.vpcd.Serve(ctx, sock); err != nil && ctx.Err() == nil {
+			a.log.Error("the VPC data path's API", "component", "vpcd", "socket", sock, "err", err)
+		}
+	}()
+	t := time.NewTicker(vpcSyncPeriod)
+	defer t.Stop()
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := a.vpc.Sync(sctx); err != nil && ctx.Err() == nil {
+			a.log.Warn("making the data path's ports the sled's", "component", "vpcd", "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			<-served
+			return
+		case <-t.C:
+		}
+	}
+}

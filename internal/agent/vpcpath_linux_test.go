@@ -1,0 +1,190 @@
+package agent_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
+	"github.com/sled-agent/sled-agent/internal/vmm/standin"
+	"github.com/sled-agent/sled-agent/internal/vpc/netio"
+	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
+)
+
+// standInGuest is a stand-in VMM of VPC1 (VPC.md §4.2) registered and run
+// through the API, with its guest configured as OPTE's DHCP would leave it.
+type standInGuest struct {
+	vmm, nic, mac, ip, addr string
+	netns                   string // the guest's namespace
+}
+
+// The outside check of the data path driven as Nexus drives it, on one
+// sled: two stand-in VMMs of one VPC registered and run, the services'
+// firewall rules, the system router's routes and the v2p mappings pushed
+// through upstream's operations; the agent makes the data path's ports on
+// the VMMs' taps, and a UDP datagram from one guest reaches the other and
+// is answered. sled-agent vpc's state shows both ports attached.
+func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
+	tag, prefix, dir, runDir := linuxEnv(t)
+	const underlay = "fd00:1122:3344:1da::1"
+	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
+		VMMStandIn: true, VPCDataPath: true, UnderlayIP: underlay})
+	run(t, a)
+	guests := []*standInGuest{
+		{vmm: "a0000000-0000-4000-8000-0000000000a1", nic: "a0000000-0000-4000-8000-0000000000c1", mac: "a8:40:25:f0:00:01", ip: "172.30.0.5", addr: "[fd00:1122:3344:1da::10]:12400"},
+		{vmm: "b0000000-0000-4000-8000-0000000000a1", nic: "b0000000-0000-4000-8000-0000000000c1", mac: "a8:40:25:f0:00:02", ip: "172.30.0.6", addr: "[fd00:1122:3344:1da::11]:12400"},
+	}
+	for _, g := range guests {
+		body := ensurebody.Body(ensurebody.Instance{InstanceID: strings.Replace(g.vmm, "a1", "01", 1), PropolisAddr: g.addr, Hostname: "inst",
+			NICID: g.nic, MAC: g.mac, NICIP: g.ip, NICSubnet: "172.30.0.0/22", VNI: 7777,
+			ProjectID: "960e0000-0000-4000-8000-000000000001", SiloID: "5170e000-0000-4000-8000-000000000001"},
+			ensurebody.Spec(ensurebody.Guest{CPUs: 1, MemoryMiB: 256, NICID: g.nic, ImageBlob: []byte{0, 0, 0, 0}}), nil)
+		if code, b := call(t, a, http.MethodPut, "/vmms/"+g.vmm, string(body)); code != http.StatusOK {
+			t.Fatalf("register %s: %d %s", g.vmm, code, b)
+		}
+		if code, b := call(t, a, http.MethodPut, "/vmms/"+g.vmm+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
+			t.Fatalf("run %s: %d %s", g.vmm, code, b)
+		}
+	}
+	// Nexus's pushes: the VPC's rules (allow inside the VPC), its system
+	// router's routes, the mappings of both guests.
+	target := func(g *standInGuest) string {
+		return `{"id":"` + g.nic + `","kind":{"type":"instance","id":"` + strings.Replace(g.vmm, "a1", "01", 1) + `"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"` + g.ip + `","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"` + strings.ToUpper(g.mac) + `","vni":7777,"primary":true,"slot":0}`
+	}
+	rulesBody := `{"vni":7777,"rules":[{"status":"enabled","direction":"inbound","targets":[` + target(guests[0]) + `,` + target(guests[1]) + `],"filter_hosts":[{"type":"vpc","value":7777}],"action":"allow","priority":65534}]}`
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodPut, "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", rulesBody},
+		{http.MethodPut, "/vpc-routes", `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":3},"routes":[{"dest":"172.30.0.0/22","target":{"type":"vpc_subnet","value":"172.30.0.0/22"}}]},{"id":{"vni":7777,"kind":{"type":"custom","subnet":"172.30.0.0/22"}},"version":null,"routes":[]}]`},
+		{http.MethodPut, "/v2p", `{"virtual_ip":"172.30.0.5","virtual_mac":"A8:40:25:F0:00:01","physical_host_ip":"` + underlay + `","vni":7777}`},
+		{http.MethodPut, "/v2p", `{"virtual_ip":"172.30.0.6","virtual_mac":"A8:40:25:F0:00:02","physical_host_ip":"` + underlay + `","vni":7777}`},
+	} {
+		if code, b := call(t, a, c.method, c.path, c.body); code != http.StatusNoContent {
+			t.Fatalf("%s %s: %d %s", c.method, c.path, code, b)
+		}
+	}
+	for _, g := range guests {
+		g.netns = guestNetns(t, g.addr)
+		configureGuest(t, g)
+	}
+
+	server := udpInPath(t, guests[1].netns, "172.30.0.6:5000")
+	client := udpInPath(t, guests[0].netns, "172.30.0.5:40000")
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := server.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			server.WriteToUDPAddrPort(append([]byte("echo: "), buf[:n]...), from)
+		}
+	}()
+	buf := make([]byte, 2048)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		client.WriteToUDPAddrPort([]byte("hello"), netip.MustParseAddrPort("172.30.0.6:5000"))
+		client.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		n, _, err := client.ReadFromUDPAddrPort(buf)
+		if err == nil && string(buf[:n]) == "echo: hello" {
+			break
+		}
+		if time.Now().After(deadline) {
+			st, _ := vpcd.NewClient(runDir + "/vpcd.sock").State(context.Background())
+			t.Fatalf("no echo between the guests: %v; the data path: %+v", err, st)
+		}
+	}
+	st, err := vpcd.NewClient(runDir + "/vpcd.sock").State(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	attached := 0
+	for _, p := range st.Ports {
+		if p.Status == "attached" {
+			attached++
+		}
+	}
+	if attached != 2 || len(st.V2P) != 2 {
+		t.Errorf("the data path's ports %+v, v2p %+v: want two attached, two mappings", st.Ports, st.V2P)
+	}
+}
+
+// guestNetns is the namespace a stand-in VMM's console names.
+func guestNetns(t *testing.T, addr string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		data, _, err := propolisapi.NewClient(addr).SerialHistory(ctx, propolisapi.SerialFromStart(0), 1<<20)
+		cancel()
+		if err == nil {
+			for _, l := range strings.Split(string(data), "\n") {
+				if p, ok := strings.CutPrefix(strings.TrimSpace(l), standin.NotePrefix); ok {
+					return p
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no stand-in guest namespace on %s's console: %v", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// configureGuest gives a stand-in guest what OPTE's DHCP would: its
+// address /32, a route to the gateway 172.30.0.1 and a default route
+// through it; and the gateway's MAC (the data path does not answer ARP
+// yet); and turns its NIC's offloads off, as a QEMU tap's frames are whole.
+func configureGuest(t *testing.T, g *standInGuest) {
+	t.Helper()
+	ns, err := netns.GetFromPath(g.netns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := net.ParseIP("172.30.0.1")
+	for _, err := range []error{
+		h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(g.ip), Mask: net.CIDRMask(32, 32)}}),
+		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}),
+		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw}),
+		h.NeighAdd(&netlink.Neigh{LinkIndex: eth0.Attrs().Index, Family: syscall.AF_INET, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: net.HardwareAddr{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77}}),
+		netio.DisableOffloads(g.netns, "eth0"),
+	} {
+		if err != nil {
+			t.Fatalf("configuring guest %s: %v", g.ip, err)
+		}
+	}
+}
+
+func udpInPath(t *testing.T, ns, addr string) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	if err := zonenet.RunInPath(ns, func() error {
+		var err error
+		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
