@@ -184,7 +184,9 @@ func TestDHCPv6NotAnswered(t *testing.T) {
 	cid := v6opt(v6OptClientID, []byte{0, 3, 0, 1}, guestMAC[:])
 	el := v6opt(v6OptElapsedTime, be16(0))
 	sid := v6opt(v6OptServerID, []byte{0, 3, 0, 1}, MAC[:])
-	m := func(typ byte, opts ...[]byte) []byte { return dhcpv6Frame(guestLL, cat([]byte{typ, 1, 2, 3}, cat(opts...))) }
+	m := func(typ byte, opts ...[]byte) []byte {
+		return dhcpv6Frame(guestLL, cat([]byte{typ, 1, 2, 3}, cat(opts...)))
+	}
 	for name, b := range map[string][]byte{
 		"solicit with a server id":     m(v6Solicit, cid, el, sid),
 		"solicit without elapsed time": m(v6Solicit, cid),
@@ -239,7 +241,9 @@ func TestDHCPv6Quirks(t *testing.T) {
 	g := newG1(t, nil)
 	cid := v6opt(v6OptClientID, []byte{0, 3, 0, 1}, guestMAC[:])
 	el := v6opt(v6OptElapsedTime, be16(0))
-	m := func(typ byte, opts ...[]byte) []byte { return dhcpv6Frame(guestLL, cat([]byte{typ, 1, 2, 3}, cat(opts...))) }
+	m := func(typ byte, opts ...[]byte) []byte {
+		return dhcpv6Frame(guestLL, cat([]byte{typ, 1, 2, 3}, cat(opts...)))
+	}
 	reply := func(b []byte) map[uint16][]byte {
 		t.Helper()
 		d, got := outbound(t, g, b)
