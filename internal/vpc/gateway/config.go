@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/sled-agent/sled-agent/internal/vpc/wire"
 )
@@ -119,6 +120,23 @@ func LinkLocal(mac wire.MAC) netip.Addr {
 func SolicitedNode(a netip.Addr) netip.Addr {
 	v := a.As16()
 	return netip.AddrFrom16([16]byte{0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0xff, v[13], v[14], v[15]})
+}
+
+// clone is a deep copy of c (a Gateway keeps its own).
+func (c Config) clone() Config {
+	if c.IPv4 != nil {
+		v := *c.IPv4
+		v.Transit, v.Attached = slices.Clone(v.Transit), slices.Clone(v.Attached)
+		c.IPv4 = &v
+	}
+	if c.IPv6 != nil {
+		v := *c.IPv6
+		v.Transit, v.Attached = slices.Clone(v.Transit), slices.Clone(v.Attached)
+		c.IPv6 = &v
+	}
+	c.DHCP.Search = slices.Clone(c.DHCP.Search)
+	c.DHCP.DNS4, c.DHCP.DNS6 = slices.Clone(c.DHCP.DNS4), slices.Clone(c.DHCP.DNS6)
+	return c
 }
 
 // ErrConfig is wrapped by the errors of New.

@@ -265,3 +265,23 @@ func TestParseDomainName(t *testing.T) {
 		}
 	}
 }
+
+func TestConfigCopied(t *testing.T) {
+	c := withExceptions()
+	g, err := New(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.IPv4.Private = netip.MustParseAddr("172.30.0.9")
+	c.IPv4.Transit[0].Prefix = netip.MustParsePrefix("10.99.0.0/16")
+	c.DHCP.DNS4[0] = netip.MustParseAddr("9.9.9.9")
+	got := g.Config()
+	if got.IPv4.Private != priv4 || got.IPv4.Transit[0].Prefix != netip.MustParsePrefix("10.9.0.0/16") ||
+		got.DHCP.DNS4[0] != netip.MustParseAddr("8.8.8.8") {
+		t.Fatalf("the gateway's config changed with the caller's: %+v", got.IPv4)
+	}
+	d, _ := outbound(t, g, udp4(guestMAC, MAC, netip.MustParseAddr("10.9.1.1"), priv4))
+	if d.Verdict != Continue {
+		t.Fatalf("%v %v", d.Verdict, d.Reason)
+	}
+}

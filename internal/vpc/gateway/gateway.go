@@ -151,6 +151,7 @@ func New(cfg Config, v2p V2P) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.clone()
 	g := &Gateway{cfg: cfg, v2p: v2p}
 	if v := cfg.IPv4; v != nil {
 		g.v4 = true
@@ -208,9 +209,8 @@ func (g *Gateway) VNITag(dst netip.Addr) (uint32, bool) {
 	return g.v2p.VNIOf(dst)
 }
 
-// Config is the configuration g was built from. Its slices are shared:
-// do not modify them.
-func (g *Gateway) Config() Config { return g.cfg }
+// Config is the configuration g was built from.
+func (g *Gateway) Config() Config { return g.cfg.clone() }
 
 func drop(r Reason) Decision { return Decision{Verdict: Drop, Reason: r} }
 
