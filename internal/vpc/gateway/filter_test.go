@@ -285,3 +285,32 @@ func TestConfigCopied(t *testing.T) {
 		t.Fatalf("%v %v", d.Verdict, d.Reason)
 	}
 }
+
+func TestShortReplyBuffer(t *testing.T) {
+	g := newG1(t, nil)
+	for _, b := range [][]byte{
+		arpRequest(guestMAC, broadcastMAC, guestMAC, priv4, gw4, wire.ARPRequest),
+		discover(dhcpDiscover, 0),
+		echo4(guestMAC, MAC, priv4, gw4, wire.ICMPEchoRequest, 0, 1, 1, []byte("x")),
+		rs(guestMAC, guestLL, 255, nil),
+		dhcpv6Frame(guestLL, testSolicitPacket[62:]),
+	} {
+		wantDrop(t, g.Outbound(b, parse(t, b), make([]byte, 40)), ReasonReplyBuffer)
+	}
+}
+
+func TestNames(t *testing.T) {
+	for v := Continue; v <= Drop; v++ {
+		if v.String() == "unknown" {
+			t.Errorf("verdict %d has no name", v)
+		}
+	}
+	for r := ReasonNone; r <= ReasonReplyBuffer; r++ {
+		if r.String() == "unknown" || r.String() == "" {
+			t.Errorf("reason %d has no name", r)
+		}
+	}
+	if (Drop+1).String() != "unknown" || (ReasonReplyBuffer+1).String() != "unknown" {
+		t.Error("out of range values are named")
+	}
+}
