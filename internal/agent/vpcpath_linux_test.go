@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -143,8 +142,9 @@ func guestNetns(t *testing.T, addr string) string {
 
 // configureGuest gives a stand-in guest what OPTE's DHCP would: its
 // address /32, a route to the gateway 172.30.0.1 and a default route
-// through it; and the gateway's MAC (the data path does not answer ARP
-// yet); and turns its NIC's offloads off, as a QEMU tap's frames are whole.
+// through it (the gateway's MAC it finds by ARP, which the data path
+// answers); and turns its NIC's offloads off, as a QEMU tap's frames are
+// whole.
 func configureGuest(t *testing.T, g *standInGuest) {
 	t.Helper()
 	ns, err := netns.GetFromPath(g.netns)
@@ -166,7 +166,6 @@ func configureGuest(t *testing.T, g *standInGuest) {
 		h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(g.ip), Mask: net.CIDRMask(32, 32)}}),
 		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}),
 		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw}),
-		h.NeighAdd(&netlink.Neigh{LinkIndex: eth0.Attrs().Index, Family: syscall.AF_INET, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: net.HardwareAddr{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77}}),
 		netio.DisableOffloads(g.netns, "eth0"),
 	} {
 		if err != nil {

@@ -14,11 +14,10 @@
 // by internal/vpc/wire.
 //
 // What is done so far, and what is not yet:
-//   - gateway: anti-spoofing both ways (the guest's MAC and addresses
-//     only), the source MAC of what a guest receives rewritten to the
-//     gateway's, the outbound VNI tag from the v2p table. Its replies (ARP,
-//     ICMP echo, DHCP, NDP) are not made here yet: such frames are dropped,
-//     counted as such.
+//   - gateway (internal/vpc/gateway): ARP, ICMP echo, DHCPv4, RA, NA and
+//     DHCPv6 answered as OPTE answers them, anti-spoofing both ways, the
+//     source MAC of what a guest receives rewritten to the gateway's, the
+//     outbound VNI tag from the v2p table.
 //   - firewall: OPTE's rules (rules.Firewall) with stateful allow: an
 //     allowed flow's packets, both ways, pass without a new decision until it
 //     idles 60 s; a rule change decides every flow again.

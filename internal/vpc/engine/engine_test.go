@@ -204,9 +204,26 @@ func TestSpoofAndGateway(t *testing.T) {
 	if r := ea.Outbound(pa, buf, n); r.Reason != ReasonSpoof {
 		t.Errorf("another address: %+v", r)
 	}
-	n = frame(buf, macA, ipA, netip.MustParseAddr("172.30.0.1"), wire.ProtoICMP, 1, 1, 0, "x")
-	if r := ea.Outbound(pa, buf, n); r.Reason != ReasonGateway {
-		t.Errorf("ping the gateway: %+v", r)
+	// The gateway answers the guest's ping, and its ARP for the gateway,
+	// from the gateway's MAC (internal/vpc/gateway has their bytes).
+	gw := netip.MustParseAddr("172.30.0.1")
+	n = frame(buf, macA, ipA, gw, wire.ProtoICMP, 1, 1, 0, "x")
+	r := ea.Outbound(pa, buf, n)
+	var f wire.Frame
+	if r.Verdict != ToPort || r.Port != pa || wire.Parse(r.Data, &f) != nil || f.Src != GatewayMAC || f.SrcIP != gw || f.ICMPType != 0 {
+		t.Errorf("ping the gateway: %+v %+v", r, f)
+	}
+	b := buf[Headroom:]
+	wire.PutEthernet(b, wire.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, macA, wire.EtherTypeARP)
+	wire.PutARP(b[14:], &wire.ARP{Op: wire.ARPRequest, SenderMAC: macA, SenderIP: ipA, TargetIP: gw})
+	r = ea.Outbound(pa, buf, 42)
+	if r.Verdict != ToPort || wire.Parse(r.Data, &f) != nil || f.L3 != wire.L3ARP || f.ARP.SenderMAC != GatewayMAC {
+		t.Errorf("ARP for the gateway: %+v %+v", r, f)
+	}
+	// ARP for another guest is the gateway's to drop.
+	wire.PutARP(b[14:], &wire.ARP{Op: wire.ARPRequest, SenderMAC: macA, SenderIP: ipA, TargetIP: ipB})
+	if r = ea.Outbound(pa, buf, 42); r.Reason != ReasonGateway {
+		t.Errorf("ARP for another guest: %+v", r)
 	}
 }
 

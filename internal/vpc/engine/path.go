@@ -3,6 +3,7 @@ package engine
 import (
 	"net/netip"
 
+	"github.com/sled-agent/sled-agent/internal/vpc/gateway"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 	"github.com/sled-agent/sled-agent/internal/vpc/wire"
 )
@@ -54,13 +55,17 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 	if err := wire.Parse(frame, &f); err != nil {
 		return p.drop(ReasonParse)
 	}
-	// Gateway: what the gateway answers is not answered yet; anything
-	// else must come from the guest's own MAC and addresses.
-	if p.forGateway(&f) {
+	// Gateway: ARP, DHCP, echo and NDP for the gateway are answered to
+	// the guest; anything else must come from its own MAC and addresses.
+	gd := p.gw.Outbound(frame, &f, p.reply)
+	switch gd.Verdict {
+	case gateway.Reply:
+		return Result{Verdict: ToPort, Port: p, Data: p.reply[:gd.Len]}
+	case gateway.Drop:
+		if gd.Reason == gateway.ReasonSpoofed {
+			return p.drop(ReasonSpoof)
+		}
 		return p.drop(ReasonGateway)
-	}
-	if f.Src != p.cfg.MAC || !p.owns(f.SrcIP) {
-		return p.drop(ReasonSpoof)
 	}
 	if !f.HasL4 {
 		return p.drop(ReasonParse)
@@ -68,8 +73,8 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 	key := f.FlowKey()
 	fl := rules.Flow{Dir: rules.Out, Proto: rules.Proto(f.Proto), Src: f.SrcIP, Dst: f.DstIP,
 		SrcPort: f.SrcPort, DstPort: f.DstPort, ICMPType: f.ICMPType, ICMPCode: f.ICMPCode}
-	if vni, ok := e.cfg.V2P.VNIOf(f.DstIP); ok {
-		fl.VNI = rules.Tag(vni)
+	if gd.HasVNI {
+		fl.VNI = rules.Tag(gd.VNI)
 	}
 	if r := p.firewall(&fl, key); r != ReasonNone {
 		return p.drop(r)
@@ -114,21 +119,6 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 		return p.drop(ReasonTooBig)
 	}
 	return Result{Verdict: ToUnderlay, Port: p, Dst: phys.Sled, Data: out[:m]}
-}
-
-// forGateway reports whether f is for the port's gateway: ARP, NDP, DHCP
-// and DHCPv6, or an IP packet to the gateway's address.
-func (p *Port) forGateway(f *wire.Frame) bool {
-	switch {
-	case f.L3 == wire.L3ARP, f.IsNDP():
-		return true
-	case f.HasL4 && f.Proto == wire.ProtoUDP && (f.DstPort == 67 || f.DstPort == 547):
-		return true
-	}
-	if ip := p.cfg.IPv4; ip != nil && f.DstIP == ip.Subnet.Addr().Next() {
-		return true
-	}
-	return f.DstIP.IsLinkLocalUnicast()
 }
 
 // firewall decides fl of key: a flow it allowed before passes, both ways;
@@ -176,16 +166,17 @@ func (e *Engine) Inbound(pkt []byte) Result {
 // to first, with its VNI tag.
 func (e *Engine) deliver(p *Port, frame []byte, f *wire.Frame, tag rules.VNITag) Result {
 	p.stats.in.Add(1)
-	// Gateway, inbound: only for the guest's MAC and addresses.
-	if f.Dst != p.cfg.MAC || !p.owns(f.DstIP) {
-		return p.drop(ReasonSpoof)
-	}
 	fl := rules.Flow{Dir: rules.In, Proto: rules.Proto(f.Proto), Src: f.SrcIP, Dst: f.DstIP,
 		SrcPort: f.SrcPort, DstPort: f.DstPort, ICMPType: f.ICMPType, ICMPCode: f.ICMPCode, VNI: tag}
 	if r := p.firewall(&fl, f.FlowKey()); r != ReasonNone {
 		return p.drop(r)
 	}
-	// What a guest receives comes from its gateway.
-	copy(frame[6:12], GatewayMAC[:])
+	// Gateway, inbound, last: only for the guest's MAC and addresses,
+	// and what it receives comes from its gateway.
+	gd := p.gw.Inbound(frame, f)
+	if gd.Verdict != gateway.Continue {
+		return p.drop(ReasonSpoof)
+	}
+	gd.Rewrite(frame)
 	return Result{Verdict: ToPort, Port: p, Data: frame}
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sled-agent/sled-agent/internal/vpc/flow"
+	"github.com/sled-agent/sled-agent/internal/vpc/gateway"
 	"github.com/sled-agent/sled-agent/internal/vpc/mappings"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 	"github.com/sled-agent/sled-agent/internal/vpc/wire"
@@ -34,6 +35,11 @@ type PortConfig struct {
 	IPv4, IPv6 *IPConfig
 	// Service is a service zone's port (services VPC), not a guest's.
 	Service bool
+	// DHCP is what the gateway's DHCP hands out besides the address
+	// (hostname, domain, search list, DNS servers); MTU the port's (1500 if
+	// 0), announced in router advertisements.
+	DHCP gateway.DHCP
+	MTU  uint32
 }
 
 func (c PortConfig) check() error {
@@ -66,6 +72,11 @@ type Port struct {
 	e   *Engine
 	cfg PortConfig
 
+	gw *gateway.Gateway
+	// reply holds the gateway's answer to the frame Outbound is running:
+	// a port's frames from its guest are run one at a time.
+	reply []byte
+
 	fw     atomic.Pointer[rules.Firewall]
 	router atomic.Pointer[rules.Table]
 	// fwFlows are the flows the firewall allowed, each under its key and
@@ -89,7 +100,18 @@ func newPort(e *Engine, cfg PortConfig) (*Port, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	p := &Port{e: e, cfg: cfg, fwFlows: flow.New[wire.FlowKey, fwFlow](flow.Config[fwFlow]{Now: e.cfg.Now})}
+	gc := gateway.Config{GuestMAC: cfg.MAC, GatewayMAC: GatewayMAC, DHCP: cfg.DHCP, MTU: cmp.Or(cfg.MTU, 1500)}
+	if ip := cfg.IPv4; ip != nil {
+		gc.IPv4 = &gateway.IPv4Config{Private: ip.Private, Gateway: gateway.FirstHost(ip.Subnet), Transit: transit(ip.Transit)}
+	}
+	if ip := cfg.IPv6; ip != nil {
+		gc.IPv6 = &gateway.IPv6Config{Private: ip.Private, Transit: transit(ip.Transit)}
+	}
+	gw, err := gateway.New(gc, e.cfg.V2P)
+	if err != nil {
+		return nil, fmt.Errorf("engine: port %s: %w", cfg.Name, err)
+	}
+	p := &Port{e: e, cfg: cfg, gw: gw, reply: make([]byte, 4096), fwFlows: flow.New[wire.FlowKey, fwFlow](flow.Config[fwFlow]{Now: e.cfg.Now})}
 	fw, err := rules.CompileFirewall(nil, rules.Port{VNI: cfg.VNI, MAC: rules.MAC(cfg.MAC)})
 	if err != nil {
 		return nil, err
@@ -97,6 +119,16 @@ func newPort(e *Engine, cfg PortConfig) (*Port, error) {
 	p.fw.Store(fw)
 	p.router.Store(rules.NewTable())
 	return p, nil
+}
+
+// transit are a port's transit prefixes, which it may send from and
+// receive for (the sled agent sets them both ways).
+func transit(ps []netip.Prefix) []gateway.Transit {
+	var out []gateway.Transit
+	for _, p := range ps {
+		out = append(out, gateway.Transit{Prefix: p, In: true, Out: true})
+	}
+	return out
 }
 
 // Config is what the port was made with.
@@ -165,27 +197,6 @@ func (p *Port) Flows() []Flow {
 		return cmp.Or(a.Key.Src.Compare(b.Key.Src), a.Key.Dst.Compare(b.Key.Dst), cmp.Compare(a.Key.SrcPort, b.Key.SrcPort), cmp.Compare(a.Key.DstPort, b.Key.DstPort), cmp.Compare(a.Key.Proto, b.Key.Proto))
 	})
 	return out
-}
-
-// owns reports whether the port may send from or receive for a: its private
-// address or one of its transit prefixes.
-func (p *Port) owns(a netip.Addr) bool {
-	ip := p.cfg.IPv4
-	if a.Is6() {
-		ip = p.cfg.IPv6
-	}
-	if ip == nil {
-		return false
-	}
-	if a == ip.Private {
-		return true
-	}
-	for _, t := range ip.Transit {
-		if t.Contains(a) {
-			return true
-		}
-	}
-	return false
 }
 
 // Stats is what the port did.

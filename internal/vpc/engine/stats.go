@@ -11,8 +11,9 @@ const (
 	// A frame the engine cannot read: not Ethernet II with IPv4, IPv6 or
 	// ARP, truncated, a fragment after the first, an IPv6 extension header.
 	ReasonParse
-	// Gateway traffic (ARP, ICMP echo to the gateway, DHCP, NDP) that the
-	// gateway does not answer yet.
+	// Gateway traffic the gateway does not answer: ARP but the guest's
+	// request for the gateway, NDP but solicitations of it, DHCPv6 it does
+	// not serve, IPv6 with extension headers (OPTE's gateway layer).
 	ReasonGateway
 	// A guest's frame from another MAC or address than its own, or one for
 	// another MAC or address than the guest's.
@@ -33,7 +34,7 @@ const (
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"", "unreadable frame", "gateway traffic not answered yet", "spoofed", "firewall", "no route", "internet gateway (no NAT yet)", "no v2p mapping", "no such port", "too big"}
+var reasonNames = [numReasons]string{"", "unreadable frame", "gateway: not answered", "spoofed", "firewall", "no route", "internet gateway (no NAT yet)", "no v2p mapping", "no such port", "too big"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

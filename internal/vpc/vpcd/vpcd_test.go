@@ -50,9 +50,9 @@ type guest struct {
 // (underlay fd00:1122:3344:101::1 and 102::1 on a veth pair) and a stand-in
 // guest on each: a namespace whose eth0, with the guest's MAC, holds its
 // address /32 with a route to the gateway 172.30.0.1 and a default route
-// through it, as OPTE's DHCP leaves a guest (the gateway's MAC is given it:
-// the data path does not answer ARP yet); the host end, vnA or vnB, is in
-// the sled's namespace.
+// through it, as OPTE's DHCP leaves a guest (it finds the gateway's MAC by
+// ARP, which the data path answers); the host end, vnA or vnB, is in the
+// sled's namespace.
 func twoSleds(t *testing.T) (sledA, sledB string, a, b guest) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -92,7 +92,6 @@ func twoSleds(t *testing.T) (sledA, sledB string, a, b guest) {
 			{"-n", gns, "addr", "add", ip + "/32", "dev", "eth0"},
 			{"-n", gns, "route", "add", "172.30.0.1", "dev", "eth0"},
 			{"-n", gns, "route", "add", "default", "via", "172.30.0.1"},
-			{"-n", gns, "neigh", "add", "172.30.0.1", "lladdr", "a8:40:25:ff:77:77", "dev", "eth0", "nud", "permanent"},
 		} {
 			cmd := append([]string{}, c...)
 			if cmd[0] == "netns" {
