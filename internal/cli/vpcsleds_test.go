@@ -33,8 +33,8 @@ import (
 // vpcSled is one sled of the two: its namespace, agent and guest.
 type vpcSled struct {
 	tag, ns, dataDir, runDir, underlay string
-	hc                                  *http.Client
-	vmm, nic, mac, ip, addr             string
+	hc                                 *http.Client
+	vmm, nic, mac, ip, addr            string
 }
 
 func (s *vpcSled) flags() []string {
