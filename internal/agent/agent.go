@@ -179,7 +179,7 @@ type Config struct {
 	// VPCDataPath runs the sled's VPC data path (internal/vpc/vpcd) in the
 	// agent and has it realise what the sled is told: guests' and service
 	// zones' ports, their rules and routes, the v2p mappings (needs root).
-	// It serves its local API on <run-dir>/vpcd.sock.
+	// It serves its local API on <run-dir>/<zone-tag>-vpcd.sock.
 	VPCDataPath bool `json:"vpc-data-path"`
 	// VMMQEMUIDs is the range of user and group ids the VMM services run
 	// QEMU as, FIRST:COUNT ("" for the services' default, see qemuvm).
@@ -264,9 +264,12 @@ type Agent struct {
 	// vpc is the record of what Nexus told the sled about guest
 	// networking (vpc.go).
 	vpc *told.Store
-	// vpcd is the sled's VPC data path, run in the agent (--vpc-data-path);
-	// nil without it.
-	vpcd *vpcd.Daemon
+	// vpcAPI is the sled's VPC data path (--vpc-data-path), nil without
+	// it; vpcd is it when it runs in the agent (the sim runtime), else it
+	// is a service of its own (the linux runtime).
+	vpcAPI   dataPathAPI
+	vpcd     *vpcd.Daemon
+	underlay netip.Addr
 	// wanted is the config the reconcilers were last given.
 	wanted atomic.Pointer[sledconfig.Config]
 }
@@ -534,10 +537,18 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 		if os.Geteuid() != 0 {
 			return nil, errors.New("vpc-data-path: the data path reads and writes guests' links and the underlay: it needs root")
 		}
-		if a.vpcd, err = vpcd.Start(vpcd.Options{Underlay: underlay, Log: a.log.With("component", "vpcd")}); err != nil {
-			return nil, fmt.Errorf("starting the VPC data path: %w", err)
+		a.underlay = underlay
+		if cfg.Runtime == "linux" {
+			// A service of its own, started (if it is not running) by
+			// runVPC: it outlives the agent.
+			a.vpcAPI = vpcd.NewClient(a.vpcSocket())
+		} else {
+			if a.vpcd, err = vpcd.Start(vpcd.Options{Underlay: underlay, Log: a.log.With("component", "vpcd")}); err != nil {
+				return nil, fmt.Errorf("starting the VPC data path: %w", err)
+			}
+			a.vpcAPI = vpcd.Local{D: a.vpcd}
 		}
-		vpcOpts.DataPath = vpcPath{a: a, d: a.vpcd}
+		vpcOpts.DataPath = vpcPath{a: a, d: a.vpcAPI}
 	}
 	if a.vpc, err = told.Open(vpcOpts); err != nil {
 		if a.vpcd != nil {
@@ -696,7 +707,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		wg.Go(func() { a.nexus.run(ctx) })
 	}
 	wg.Go(func() { a.runTimeSync(ctx) })
-	if a.vpcd != nil {
+	if a.vpcAPI != nil {
 		wg.Go(func() { a.runVPC(ctx) })
 	}
 	if a.ntpServers != nil {

@@ -55,9 +55,10 @@ func TestMain(m *testing.M) {
 
 // serveVMMIfAsked is ServeIfAsked for the VMM image: `<binary>
 // vmm-service …` runs as `sled-agent vmm-service …` does (with the linux
-// runtime, a QEMU machine).
+// runtime, a QEMU machine); and for the VPC data path's service
+// (`vpc-service …`).
 func serveVMMIfAsked() {
-	if len(os.Args) > 1 && os.Args[1] == "vmm-service" {
+	if len(os.Args) > 1 && (os.Args[1] == "vmm-service" || os.Args[1] == "vpc-service") {
 		os.Exit(cli.Main(os.Args[1:]))
 	}
 }

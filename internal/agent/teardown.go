@@ -72,6 +72,18 @@ func teardown(ctx context.Context, cfg Config, log *slog.Logger) (done, left []s
 	if err != nil {
 		return nil, nil, err
 	}
+	// The data path's service first: it holds the guests' taps' sockets.
+	if cfg.Runtime == "linux" {
+		vctx, cancel := context.WithTimeout(ctx, time.Minute)
+		stopped, err := stopVPCService(vctx, cfg)
+		cancel()
+		if err != nil {
+			return nil, nil, err
+		}
+		if stopped != "" {
+			done = append(done, stopped)
+		}
+	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
 	zones, err := rt.List(lctx)
 	cancel()

@@ -29,7 +29,20 @@ import (
 // and kept by the record, and given to the data path once it has them.
 type vpcPath struct {
 	a *Agent
-	d *vpcd.Daemon
+	d dataPathAPI
+}
+
+// dataPathAPI is the data path as the agent drives it: in this process
+// (vpcd.Local) or a service of its own (vpcd.Client).
+type dataPathAPI interface {
+	Boot(ctx context.Context) (string, error)
+	State(ctx context.Context) (vpcd.State, error)
+	EnsurePort(ctx context.Context, name string, spec vpcd.PortSpec) error
+	DeletePort(ctx context.Context, name string) error
+	SetFirewall(ctx context.Context, name string, rs []rules.FirewallRule) error
+	ApplyRoutes(ctx context.Context, name string, c vpcd.RouteChange) error
+	SetV2P(ctx context.Context, m vpcd.V2P) error
+	ClearV2P(ctx context.Context, m vpcd.V2P) error
 }
 
 var _ told.DataPath = vpcPath{}
@@ -138,12 +151,11 @@ func (v vpcPath) CreatePort(ctx context.Context, pc told.PortConfig) error {
 	if err != nil {
 		return fmt.Errorf("port %s: %w", pc.Port.Ref(), err)
 	}
-	return v.d.EnsurePort(portName(pc.Port.Ref()), s)
+	return v.d.EnsurePort(ctx, portName(pc.Port.Ref()), s)
 }
 
 func (v vpcPath) DeletePort(ctx context.Context, ref told.PortRef) error {
-	v.d.DeletePort(portName(ref))
-	return nil
+	return v.d.DeletePort(ctx, portName(ref))
 }
 
 func (v vpcPath) SetV2P(ctx context.Context, m told.V2P) error {
@@ -151,7 +163,7 @@ func (v vpcPath) SetV2P(ctx context.Context, m told.V2P) error {
 	if err != nil {
 		return err
 	}
-	return v.d.SetV2P(x)
+	return v.d.SetV2P(ctx, x)
 }
 
 func (v vpcPath) ClearV2P(ctx context.Context, m told.V2P) error {
@@ -159,8 +171,7 @@ func (v vpcPath) ClearV2P(ctx context.Context, m told.V2P) error {
 	if err != nil {
 		return err
 	}
-	v.d.ClearV2P(x)
-	return nil
+	return v.d.ClearV2P(ctx, x)
 }
 
 func (v vpcPath) SetFirewallRules(ctx context.Context, ref told.PortRef, rs []told.FirewallRule) error {
@@ -168,16 +179,16 @@ func (v vpcPath) SetFirewallRules(ctx context.Context, ref told.PortRef, rs []to
 	if err != nil {
 		return err
 	}
-	return v.d.SetFirewall(portName(ref), x)
+	return v.d.SetFirewall(ctx, portName(ref), x)
 }
 
 func (v vpcPath) route(r told.Route) (rules.Route, error) { return convert[rules.Route](r) }
 
-func class(c told.RouterClass) rules.Class {
+func class(c told.RouterClass) string {
 	if c == told.ClassSystem {
-		return rules.System
+		return "system"
 	}
-	return rules.Custom
+	return "custom"
 }
 
 func (v vpcPath) AddRouterEntry(ctx context.Context, ref told.PortRef, c told.RouterClass, r told.Route) error {
@@ -185,7 +196,7 @@ func (v vpcPath) AddRouterEntry(ctx context.Context, ref told.PortRef, c told.Ro
 	if err != nil {
 		return err
 	}
-	return v.d.ApplyRoutes(portName(ref), class(c), nil, []rules.Route{x})
+	return v.d.ApplyRoutes(ctx, portName(ref), vpcd.RouteChange{Class: class(c), Add: []rules.Route{x}})
 }
 
 func (v vpcPath) DelRouterEntry(ctx context.Context, ref told.PortRef, c told.RouterClass, r told.Route) error {
@@ -193,7 +204,7 @@ func (v vpcPath) DelRouterEntry(ctx context.Context, ref told.PortRef, c told.Ro
 	if err != nil {
 		return err
 	}
-	return v.d.ApplyRoutes(portName(ref), class(c), []rules.Route{x}, nil)
+	return v.d.ApplyRoutes(ctx, portName(ref), vpcd.RouteChange{Class: class(c), Del: []rules.Route{x}})
 }
 
 // SetExternalIPs: the record keeps them; the data path has no NAT yet.
@@ -216,31 +227,67 @@ func (v vpcPath) DetachSubnet(ctx context.Context, ref told.PortRef, subnet stri
 // when nothing asked sooner: VMMs start and stop, zones come and go.
 const vpcSyncPeriod = time.Second
 
-// runVPC serves the data path's local API and keeps its ports the sled's
-// until ctx ends; then it stops the data path.
+// runVPC keeps the data path's ports the sled's until ctx ends: every
+// second, and at once when the data path restarted (it lost what it was
+// given, and is given it all again). A data path in this process also
+// serves its API on <run-dir>/vpcd.sock, and stops with the agent; one run
+// as a service of its own (the linux runtime) is started if it is not
+// running, and outlives the agent.
 func (a *Agent) runVPC(ctx context.Context) {
-	defer a.vpcd.Close()
-	sock := filepath.Join(cmp.Or(a.cfg.RunDir, DefaultRunDir), "vpcd.sock")
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		if err := a.vpcd.Serve(ctx, sock); err != nil && ctx.Err() == nil {
-			a.log.Error("the VPC data path's API", "component", "vpcd", "socket", sock, "err", err)
-		}
-	}()
+	var served chan struct{}
+	if a.vpcd != nil {
+		defer a.vpcd.Close()
+		served = make(chan struct{})
+		go func() {
+			defer close(served)
+			if err := a.vpcd.Serve(ctx, a.vpcSocket()); err != nil && ctx.Err() == nil {
+				a.log.Error("the VPC data path's API", "component", "vpcd", "socket", a.vpcSocket(), "err", err)
+			}
+		}()
+	}
 	t := time.NewTicker(vpcSyncPeriod)
 	defer t.Stop()
+	var boot string
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if err := a.vpc.Sync(sctx); err != nil && ctx.Err() == nil {
-			a.log.Warn("making the data path's ports the sled's", "component", "vpcd", "err", err)
+		b, err := a.vpcAPI.Boot(sctx)
+		if err != nil && a.vpcd == nil && ctx.Err() == nil {
+			// The service is not there: start it (runsv restarts it
+			// when it dies; this covers runsv itself).
+			if serr := a.startVPCService(sctx); serr != nil {
+				a.log.Warn("starting the VPC data path", "component", "vpcd", "err", serr)
+			}
+			b, err = a.vpcAPI.Boot(sctx)
+		}
+		if err == nil && b != boot {
+			if boot != "" {
+				a.log.Warn("the VPC data path restarted: giving it everything again", "component", "vpcd")
+			}
+			if err := a.vpc.DataPathRestarted(sctx); err == nil {
+				boot = b
+			}
+		}
+		if err == nil {
+			if err := a.vpc.Sync(sctx); err != nil && ctx.Err() == nil {
+				a.log.Warn("making the data path's ports the sled's", "component", "vpcd", "err", err)
+			}
 		}
 		cancel()
 		select {
 		case <-ctx.Done():
-			<-served
+			if served != nil {
+				<-served
+			}
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// vpcSocket is where the data path serves its API.
+func (a *Agent) vpcSocket() string { return VPCSocket(a.cfg) }
+
+// VPCSocket is where the data path of an agent of cfg serves its API.
+func VPCSocket(cfg Config) string {
+	return filepath.Join(cmp.Or(cfg.RunDir, DefaultRunDir), cmp.Or(cfg.ZoneTag, DefaultZoneTag)+"-vpcd.sock")
 }

@@ -2,10 +2,13 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
 	"github.com/sled-agent/sled-agent/internal/vmm/standin"
@@ -33,13 +37,31 @@ type standInGuest struct {
 // firewall rules, the system router's routes and the v2p mappings pushed
 // through upstream's operations; the agent makes the data path's ports on
 // the VMMs' taps, and a UDP datagram from one guest reaches the other and
-// is answered. sled-agent vpc's state shows both ports attached.
+// is answered. sled-agent vpc's state shows both ports attached. The data
+// path is a service of its own (VPC.md S8): with the agent stopped the
+// guests still talk; a restarted agent finds it as it was; the data path
+// killed, runit restarts it and the agent gives it everything again.
 func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
 	const underlay = "fd00:1122:3344:1da::1"
-	a := newAgent(t, agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
-		VMMStandIn: true, VPCDataPath: true, UnderlayIP: underlay})
-	run(t, a)
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
+		VMMStandIn: true, VPCDataPath: true, UnderlayIP: underlay}
+	// After the agents: the data path's service, which outlives them.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := agent.Teardown(ctx, cfg, nil); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	a := newAgent(t, cfg)
+	stop := run(t, a)
+	// The data path is a service the agent starts: Nexus's pushes before
+	// it answers are 500s (Nexus pushes again).
+	waitFor(t, "the data path's service", func() (bool, string) {
+		_, err := vpcd.NewClient(agent.VPCSocket(cfg)).Boot(t.Context())
+		return err == nil, fmt.Sprint(err)
+	})
 	guests := []*standInGuest{
 		{vmm: "a0000000-0000-4000-8000-0000000000a1", nic: "a0000000-0000-4000-8000-0000000000c1", mac: "a8:40:25:f0:00:01", ip: "172.30.0.5", addr: "[fd00:1122:3344:1da::10]:12400"},
 		{vmm: "b0000000-0000-4000-8000-0000000000a1", nic: "b0000000-0000-4000-8000-0000000000c1", mac: "a8:40:25:f0:00:02", ip: "172.30.0.6", addr: "[fd00:1122:3344:1da::11]:12400"},
@@ -89,21 +111,25 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 			server.WriteToUDPAddrPort(append([]byte("echo: "), buf[:n]...), from)
 		}
 	}()
-	buf := make([]byte, 2048)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		client.WriteToUDPAddrPort([]byte("hello"), netip.MustParseAddrPort("172.30.0.6:5000"))
-		client.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-		n, _, err := client.ReadFromUDPAddrPort(buf)
-		if err == nil && string(buf[:n]) == "echo: hello" {
-			break
-		}
-		if time.Now().After(deadline) {
-			st, _ := vpcd.NewClient(runDir + "/vpcd.sock").State(context.Background())
-			t.Fatalf("no echo between the guests: %v; the data path: %+v", err, st)
+	echo := func(what string) {
+		t.Helper()
+		buf := make([]byte, 2048)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			client.WriteToUDPAddrPort([]byte("hello"), netip.MustParseAddrPort("172.30.0.6:5000"))
+			client.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			n, _, err := client.ReadFromUDPAddrPort(buf)
+			if err == nil && string(buf[:n]) == "echo: hello" {
+				return
+			}
+			if time.Now().After(deadline) {
+				st, _ := vpcd.NewClient(agent.VPCSocket(cfg)).State(context.Background())
+				t.Fatalf("%s: no echo between the guests: %v; the data path: %+v", what, err, st)
+			}
 		}
 	}
-	st, err := vpcd.NewClient(runDir + "/vpcd.sock").State(t.Context())
+	echo("first")
+	st, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +141,30 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 	}
 	if attached != 2 || len(st.V2P) != 2 {
 		t.Errorf("the data path's ports %+v, v2p %+v: want two attached, two mappings", st.Ports, st.V2P)
+	}
+
+	// The agent stopped: the guests still talk.
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	echo("with the agent stopped")
+	a = newAgent(t, cfg)
+	run(t, a)
+	echo("after the agent's restart")
+	if again, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context()); err != nil || again.Boot != st.Boot {
+		t.Errorf("the restarted agent restarted the data path: boot %s, was %s (%v)", again.Boot, st.Boot, err)
+	}
+
+	// The data path killed: runit restarts it, and the agent gives it
+	// everything again.
+	svc, err := supervise.Status(filepath.Join(runDir, tag+"-vpcd"))
+	if err != nil || !svc.Up {
+		t.Fatalf("the data path's service: %+v %v", svc, err)
+	}
+	syscall.Kill(svc.PID, syscall.SIGKILL)
+	echo("after the data path was killed")
+	if again, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context()); err != nil || again.Boot == st.Boot || len(again.Ports) != 2 {
+		t.Errorf("after the kill: boot %s (was %s), %d ports (%v)", again.Boot, st.Boot, len(again.Ports), err)
 	}
 }
 

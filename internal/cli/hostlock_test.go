@@ -36,7 +36,7 @@ const runAgentEnv = "CLI_TEST_RUN_AGENT"
 func TestMain(m *testing.M) {
 	qemujail.RunIfAsked()
 	standin.RunIfAsked()
-	if argv, ok, _ := supervise.RunArgs(); ok && len(argv) > 1 && (argv[1] == "ntp-zone" || argv[1] == "vmm-service") {
+	if argv, ok, _ := supervise.RunArgs(); ok && len(argv) > 1 && (argv[1] == "ntp-zone" || argv[1] == "vmm-service" || argv[1] == "vpc-service") {
 		supervise.SetTitle(argv)
 		os.Exit(Main(argv[1:]))
 	}

@@ -10,11 +10,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
 )
 
-// DefaultVPCSocket is where the sled's data path serves its local API.
-const DefaultVPCSocket = "/run/sled-agent/vpcd.sock"
+// DefaultVPCSocket is where the data path of an agent of the default run
+// dir and zone tag serves its local API.
+var DefaultVPCSocket = agent.VPCSocket(agent.Config{})
 
 // newVPCServiceCmd is the sled's VPC data path (internal/vpc/vpcd). The
 // agent starts it; people do not.

@@ -170,7 +170,14 @@ func (s *Store) SetEIPGateways(ctx context.Context, g EIPGateways) error {
 // With no port in the VNI it does nothing, and succeeds.
 func (s *Store) SetFirewallRules(ctx context.Context, b FirewallRulesBody) error {
 	return s.update(ctx, func(st *state, ports []Port, _ map[string]VMM) (func(context.Context, DataPath) error, error) {
-		st.firewall[b.VNI] = VNIRules{VNI: b.VNI, Rules: b.Rules, ToldAt: s.opts.Now().UTC()}
+		var covered []string
+		for _, p := range ports {
+			if p.NIC.VNI == b.VNI && p.NIC.Kind.Type == "instance" && !slices.Contains(covered, p.Owner) {
+				covered = append(covered, p.Owner)
+			}
+		}
+		slices.Sort(covered)
+		st.firewall[b.VNI] = VNIRules{VNI: b.VNI, Rules: b.Rules, ToldAt: s.opts.Now().UTC(), Covered: covered}
 		return func(ctx context.Context, dp DataPath) error {
 			for _, ref := range s.madeRefs(ports, func(p Port) bool { return p.NIC.VNI == b.VNI }) {
 				if err := dp.SetFirewallRules(ctx, ref, b.Rules); err != nil {

@@ -42,6 +42,11 @@ type VNIRules struct {
 	VNI    uint32         `json:"vni"`
 	Rules  []FirewallRule `json:"rules"`
 	ToldAt time.Time      `json:"told_at"`
+	// Covered are the VMMs that had a port in the VNI when the rules were
+	// told: their ports take these rules, newer than their registrations'.
+	// A VMM registered later brings its own, newer still. (A VMM's
+	// registration time is not kept across the agent's restarts; this is.)
+	Covered []string `json:"covered,omitempty"`
 }
 
 // VMMTold is what a VMM was told after its registration.

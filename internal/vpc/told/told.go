@@ -333,6 +333,18 @@ func (s *Store) write(st *state) error {
 	return nil
 }
 
+// DataPathRestarted says the data path lost what it was given (it was
+// restarted): the next Sync gives it every mapping and every port again.
+func (s *Store) DataPathRestarted(ctx context.Context) error {
+	if err := s.lock(ctx); err != nil {
+		return err
+	}
+	defer s.unlock()
+	clear(s.made)
+	s.replayed = false
+	return nil
+}
+
 // Sync makes the data path's ports the sled's: a port made for each new
 // one with all it was told, a port deleted for each gone; after a start,
 // every v2p mapping is given again first (Nexus re-sends those only when
@@ -423,7 +435,7 @@ func (s *Store) portConfig(st *state, p Port) PortConfig {
 	c := PortConfig{Port: p, Rules: p.Rules}
 	// A probe's port is made with upstream's one rule, whatever its VNI
 	// was told; the VNI's next rules replace it, as upstream's do.
-	if r, ok := st.firewall[p.NIC.VNI]; ok && p.NIC.Kind.Type != "probe" && !r.ToldAt.Before(p.Since) {
+	if r, ok := st.firewall[p.NIC.VNI]; ok && p.NIC.Kind.Type != "probe" && (!r.ToldAt.Before(p.Since) || slices.Contains(r.Covered, p.Owner)) {
 		c.Rules = r.Rules
 	}
 	if p.NIC.Kind.Type == "instance" && p.NIC.Primary {

@@ -22,6 +22,7 @@ import (
 // The local API, on a unix socket only root reaches, mirrors OPTE's
 // commands:
 //
+//	GET    /boot           the name of this run of the data path
 //	GET    /state          the whole data path (State)
 //	PUT    /ports/{name}   make or change a port (PortSpec)
 //	DELETE /ports/{name}   remove it (absent: 204 all the same)
@@ -74,6 +75,10 @@ func (d *Daemon) Handler() http.Handler {
 	route := func(pattern string, rt httpbound.Route, h http.HandlerFunc) {
 		mux.Handle(pattern, rt.Handler(h, fail))
 	}
+	route("GET /boot", httpbound.Small, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]string{"boot": d.boot})
+	})
 	route("GET /state", httpbound.Small, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(d.State())
@@ -236,6 +241,14 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return json.Unmarshal(data, out)
 	}
 	return nil
+}
+
+// Boot names the data path's run: it changes when the data path restarts,
+// having lost what it was given.
+func (c *Client) Boot(ctx context.Context) (string, error) {
+	var b struct{ Boot string }
+	err := c.do(ctx, http.MethodGet, "/boot", nil, &b)
+	return b.Boot, err
 }
 
 // State is the data path's whole state.

@@ -14,6 +14,8 @@ package vpcd
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,6 +53,9 @@ type Link struct {
 // Daemon is a running data path.
 type Daemon struct {
 	opts Options
+	// boot names this run of the data path: a client that sees it change
+	// knows the data path lost what it was given.
+	boot string
 	eng  *engine.Engine
 	ul   *netio.Underlay
 
@@ -85,12 +90,21 @@ func Start(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &Daemon{opts: opts, eng: eng, ul: ul, ctx: ctx, cancel: cancel, ports: map[string]*attached{}}
+	d := &Daemon{opts: opts, boot: newBoot(), eng: eng, ul: ul, ctx: ctx, cancel: cancel, ports: map[string]*attached{}}
 	d.wg.Add(2)
 	go func() { defer d.wg.Done(); d.underlayLoop() }()
 	go func() { defer d.wg.Done(); d.sweepLoop() }()
 	return d, nil
 }
+
+func newBoot() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Boot names this run of the data path.
+func (d *Daemon) Boot() string { return d.boot }
 
 // Engine is the daemon's engine, for its tables and views.
 func (d *Daemon) Engine() *engine.Engine { return d.eng }

@@ -45,6 +45,8 @@ type PortState struct {
 
 // State is the whole data path as the operator sees it.
 type State struct {
+	// Boot names this run of the data path.
+	Boot      string              `json:"boot"`
 	Underlay  netip.Addr          `json:"underlay"`
 	Ports     []PortState         `json:"ports"`
 	V2P       []V2P               `json:"v2p"`
@@ -54,7 +56,7 @@ type State struct {
 
 // State is what the data path holds now.
 func (d *Daemon) State() State {
-	st := State{Underlay: d.opts.Underlay, Unmatched: d.eng.Unmatched(), V2B: d.eng.V2B().Dump()}
+	st := State{Boot: d.boot, Underlay: d.opts.Underlay, Unmatched: d.eng.Unmatched(), V2B: d.eng.V2B().Dump()}
 	for _, m := range d.eng.V2P().Dump() {
 		st.V2P = append(st.V2P, V2P{VirtualIP: m.VirtualIP, VirtualMAC: rules.MAC(m.MAC), PhysicalHostIP: m.Sled, VNI: m.VNI})
 	}
