@@ -28,14 +28,14 @@ const nics = `[
  {"id":"b0000000-0000-4000-8000-0000000000c1","kind":{"type":"instance","id":"b0000000-0000-4000-8000-000000000001"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"172.30.0.6","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"A8:40:25:F0:00:02","vni":7777,"primary":true,"slot":0}]`
 
 // defaultRules is Nexus's defaults for a new VPC (VPC.md §4.2).
-func defaultRules(t *testing.T) []rules.FirewallRule {
+func defaultRules(t testing.TB) []rules.FirewallRule {
 	return firewallRules(t, `[
  {"status":"enabled","direction":"inbound","targets":`+nics+`,"filter_hosts":[{"type":"vpc","value":7777}],"action":"allow","priority":65534},
  {"status":"enabled","direction":"inbound","targets":`+nics+`,"filter_protocols":[{"type":"tcp"}],"filter_ports":["22"],"action":"allow","priority":65534},
  {"status":"enabled","direction":"inbound","targets":`+nics+`,"filter_protocols":[{"type":"icmp","value":null}],"action":"allow","priority":65534}]`)
 }
 
-func firewallRules(t *testing.T, doc string) []rules.FirewallRule {
+func firewallRules(t testing.TB, doc string) []rules.FirewallRule {
 	t.Helper()
 	var rs []rules.FirewallRule
 	if err := json.Unmarshal([]byte(doc), &rs); err != nil {
@@ -46,7 +46,7 @@ func firewallRules(t *testing.T, doc string) []rules.FirewallRule {
 
 // sled is one sled's engine with a port of VPC1, its system routes and the
 // v2p mappings of both guests (VPC.md S1-S3).
-func sled(t *testing.T, underlay netip.Addr, name string, mac wire.MAC, ip netip.Addr) (*Engine, *Port) {
+func sled(t testing.TB, underlay netip.Addr, name string, mac wire.MAC, ip netip.Addr) (*Engine, *Port) {
 	t.Helper()
 	e, err := New(Config{Underlay: underlay})
 	if err != nil {
@@ -354,7 +354,7 @@ func TestSameSled(t *testing.T) {
 }
 
 func BenchmarkOutboundEstablished(b *testing.B) {
-	t := &testing.T{}
+	t := b
 	ea, pa := sled(t, sledA, "vnA", macA, ipA)
 	buf := make([]byte, 2048)
 	n := frame(buf, macA, ipA, ipB, wire.ProtoUDP, 40000, 5000, 0, string(make([]byte, 1400)))
@@ -370,7 +370,7 @@ func BenchmarkOutboundEstablished(b *testing.B) {
 }
 
 func BenchmarkInboundEstablished(b *testing.B) {
-	t := &testing.T{}
+	t := b
 	ea, pa := sled(t, sledA, "vnA", macA, ipA)
 	eb, _ := sled(t, sledB, "vnB", macB, ipB)
 	buf := make([]byte, 2048)

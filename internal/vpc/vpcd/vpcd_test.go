@@ -21,7 +21,7 @@ const nics = `[
  {"id":"a0000000-0000-4000-8000-0000000000c1","kind":{"type":"instance","id":"a0000000-0000-4000-8000-000000000001"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"172.30.0.5","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"A8:40:25:F0:00:01","vni":7777,"primary":true,"slot":0},
  {"id":"b0000000-0000-4000-8000-0000000000c1","kind":{"type":"instance","id":"b0000000-0000-4000-8000-000000000001"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"172.30.0.6","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"A8:40:25:F0:00:02","vni":7777,"primary":true,"slot":0}]`
 
-func defaultRules(t *testing.T) []rules.FirewallRule {
+func defaultRules(t testing.TB) []rules.FirewallRule {
 	var rs []rules.FirewallRule
 	if err := json.Unmarshal([]byte(`[
  {"status":"enabled","direction":"inbound","targets":`+nics+`,"filter_hosts":[{"type":"vpc","value":7777}],"action":"allow","priority":65534},
@@ -32,7 +32,7 @@ func defaultRules(t *testing.T) []rules.FirewallRule {
 	return rs
 }
 
-func run(t *testing.T, name string, args ...string) {
+func run(t testing.TB, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
@@ -53,7 +53,7 @@ type guest struct {
 // through it, as OPTE's DHCP leaves a guest (it finds the gateway's MAC by
 // ARP, which the data path answers); the host end, vnA or vnB, is in the
 // sled's namespace.
-func twoSleds(t *testing.T) (sledA, sledB string, a, b guest) {
+func twoSleds(t testing.TB) (sledA, sledB string, a, b guest) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: makes network namespaces and links")
@@ -109,7 +109,7 @@ func twoSleds(t *testing.T) (sledA, sledB string, a, b guest) {
 		mk(sa, ga, "vnA", "a8:40:25:f0:00:01", "172.30.0.5"), mk(sb, gb, "vnB", "a8:40:25:f0:00:02", "172.30.0.6")
 }
 
-func portSpec(t *testing.T, g guest) PortSpec {
+func portSpec(t testing.TB, g guest) PortSpec {
 	subnet := netip.MustParsePrefix("172.30.0.0/22")
 	return PortSpec{Link: Link{Name: g.link}, VNI: 7777, MAC: rules.MustMAC(g.mac),
 		IPv4:     &IPSpec{Private: netip.MustParseAddr(g.ip), Subnet: subnet},
@@ -224,7 +224,7 @@ func TestTwoSledsCarryUDP(t *testing.T) {
 // BenchmarkTCPStream is one TCP stream from A's stand-in guest to B's
 // through both sleds' data paths: MB/s is the stream's throughput.
 func BenchmarkTCPStream(b *testing.B) {
-	t := &testing.T{}
+	t := b
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
 	}
