@@ -87,6 +87,9 @@ func (e External) clone() External {
 // ErrExternalIPs is an external configuration the port cannot take.
 var ErrExternalIPs = errors.New("engine: bad external addresses")
 
+// CheckExternalIPs reports whether SetExternalIPs would take e.
+func (p *Port) CheckExternalIPs(e External) error { return p.checkExternal(e) }
+
 func (p *Port) checkExternal(e External) error {
 	for _, x := range []struct {
 		fam  string
