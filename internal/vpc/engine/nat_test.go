@@ -112,7 +112,7 @@ func boundary(t *testing.T, r Result, tep netip.Addr) (wire.Frame, []byte) {
 	if f.Dst != wire.TunnelEndpointMAC || f.Src != macA {
 		t.Errorf("inner MACs %s → %s, want the guest's → %s", f.Src, f.Dst, wire.TunnelEndpointMAC)
 	}
-	if !f.IPv4HeaderChecksumValid(inner) || !f.L4ChecksumValid(inner) {
+	if f.L3 == wire.L3IPv4 && !f.IPv4HeaderChecksumValid(inner) || !f.L4ChecksumValid(inner) {
 		t.Errorf("checksums wrong after NAT: %+v", f)
 	}
 	return f, inner
@@ -153,7 +153,7 @@ func toGuest(t *testing.T, r Result, p *Port) wire.Frame {
 	if err := wire.Parse(r.Data, &f); err != nil {
 		t.Fatal(err)
 	}
-	if f.Src != GatewayMAC || f.Dst != macA || !f.IPv4HeaderChecksumValid(r.Data) || !f.L4ChecksumValid(r.Data) {
+	if f.Src != GatewayMAC || f.Dst != macA || f.L3 == wire.L3IPv4 && !f.IPv4HeaderChecksumValid(r.Data) || !f.L4ChecksumValid(r.Data) {
 		t.Errorf("to the guest: %+v", f)
 	}
 	return f
@@ -559,5 +559,78 @@ func BenchmarkSNATInboundEstablished(b *testing.B) {
 		if r := e.Inbound(work); r.Verdict != ToPort {
 			b.Fatal(r.Reason)
 		}
+	}
+}
+
+// frame6 writes at buf[Headroom:] an IPv6 frame: an ICMPv6 echo (type
+// typ, identifier id) or a UDP datagram, checksums right.
+func frame6(buf []byte, dst, src wire.MAC, from, to netip.Addr, proto uint8, typ uint8, a, b uint16) int {
+	f := buf[Headroom:]
+	wire.PutEthernet(f, dst, src, wire.EtherTypeIPv6)
+	wire.PutIPv6(f[14:], from, to, proto, 8+4, 64)
+	h := f[54:]
+	if proto == wire.ProtoUDP {
+		wire.PutUDP(h, a, b, 4)
+	} else {
+		h[0], h[1] = typ, 0
+		binary.BigEndian.PutUint16(h[4:], a)
+		binary.BigEndian.PutUint16(h[6:], b)
+	}
+	copy(h[8:], "ping")
+	n := 54 + 12
+	var p wire.Frame
+	if err := wire.Parse(f[:n], &p); err != nil {
+		panic(err)
+	}
+	binary.BigEndian.PutUint16(h[wire.L4ChecksumOffset(proto):], wire.L4Checksum(from, to, proto, h[:12]))
+	return n
+}
+
+// Each family has its own addresses: on a dual-stack port an IPv6 flow
+// takes the IPv6 SNAT address and an ICMPv6 echo identifier of its pool,
+// translated back on the reply, while IPv4 flows use the IPv4 ephemeral
+// address.
+func TestNATPerFamily(t *testing.T) {
+	priv6, sub6 := netip.MustParseAddr("fd00:7777::5"), netip.MustParsePrefix("fd00:7777::/64")
+	snat6, inet6 := netip.MustParseAddr("2001:db8::20"), netip.MustParseAddr("2001:db8:1::1")
+	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	e, _ := New(Config{Underlay: sledA, Now: c.Now})
+	ext := External{
+		IPv4: &ExternalIPs{Ephemeral: ephIP},
+		IPv6: &ExternalIPs{SNAT: &SNAT{IP: snat6, First: 100, Last: 200}},
+	}
+	p, err := e.CreatePort(PortConfig{Name: "vnA", VNI: 7777, MAC: macA, IPv4: &IPConfig{Private: ipA, Subnet: subnet},
+		IPv6: &IPConfig{Private: priv6, Subnet: sub6}, External: ext})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetFirewall(defaultRules(t))
+	p.ApplyRoutes(rules.System, nil, []rules.Route{{Dest: any4, Target: rules.SystemIGW()}, {Dest: netip.MustParsePrefix("::/0"), Target: rules.SystemIGW()}})
+	e.V2B().Set(any4, mappings.TEP{Addr: tep1, VNI: 99})
+	e.V2B().Set(netip.MustParsePrefix("::/0"), mappings.TEP{Addr: tep2, VNI: 99})
+
+	buf := make([]byte, 2048)
+	n := frame6(buf, GatewayMAC, macA, priv6, inet6, wire.ProtoICMPv6, wire.ICMPv6EchoRequest, 4242, 1)
+	f, _ := boundary(t, e.Outbound(p, buf, n), tep2)
+	if f.SrcIP != snat6 || !f.IsEcho || f.EchoID != 200 {
+		t.Errorf("ICMPv6 echo out: from %s id %d, want %s id 200", f.SrcIP, f.EchoID, snat6)
+	}
+	// The reply, as the switch sends it.
+	n = frame6(buf, macA, wire.MAC{}, inet6, snat6, wire.ProtoICMPv6, wire.ICMPv6EchoReply, 200, 1)
+	pkt := make([]byte, 256)
+	enc := wire.SwitchEncap(7777, sledA, wire.ProtoICMPv6)
+	m, _ := enc.EncapGeneve(pkt, buf[Headroom:Headroom+n])
+	in := toGuest(t, e.Inbound(pkt[:m]), p)
+	if in.DstIP != priv6 || in.EchoID != 4242 || in.ICMPType != wire.ICMPv6EchoReply {
+		t.Errorf("ICMPv6 echo reply: %+v", in)
+	}
+	n = frame(buf, macA, ipA, inet, wire.ProtoUDP, 40000, 7, 0, "x")
+	if f, _ := boundary(t, e.Outbound(p, buf, n), tep1); f.SrcIP != ephIP || f.SrcPort != 40000 {
+		t.Errorf("IPv4: from %s:%d, want the ephemeral address", f.SrcIP, f.SrcPort)
+	}
+	// UDP over IPv6 takes a UDP port of the IPv6 pool.
+	n = frame6(buf, GatewayMAC, macA, priv6, inet6, wire.ProtoUDP, 0, 5353, 53)
+	if f, _ := boundary(t, e.Outbound(p, buf, n), tep2); f.SrcIP != snat6 || f.SrcPort != 200 {
+		t.Errorf("UDP over IPv6: from [%s]:%d", f.SrcIP, f.SrcPort)
 	}
 }
