@@ -34,8 +34,9 @@
 //     is kept under both directions' keys so that the other way is
 //     translated back; it idles out in 60 s and gives its port back.
 //     SetExternalIPs replaces the addresses; flows are checked again on
-//     their next packet. Not done: the packets quoted in ICMP errors are
-//     not translated (OPTE's body transforms), attached external subnets.
+//     their next packet. The packet an ICMP error quotes is translated
+//     with a 1:1 flow, as OPTE's body transforms do (not with SNAT, nor
+//     in NDP redirects). Not done: attached external subnets.
 //   - overlay: v2p for VPC targets, Geneve as OPTE encapsulates it
 //     (wire.InternalEncap), delivery to a port of this sled without leaving
 //     it; internet gateway targets to the boundary tunnel endpoint v2b

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -587,6 +588,7 @@ func (nf *natFlow) rewriteOut(b []byte, f *wire.Frame) error {
 		return err
 	}
 	if nf.kind != natSource {
+		nf.rewriteQuoted(b, f, false)
 		return nil
 	}
 	if f.Proto == wire.ProtoTCP || f.Proto == wire.ProtoUDP {
@@ -600,10 +602,71 @@ func (nf *natFlow) rewriteIn(b []byte, f *wire.Frame) error {
 		return err
 	}
 	if nf.kind != natSource {
+		nf.rewriteQuoted(b, f, true)
 		return nil
 	}
 	if f.Proto == wire.ProtoTCP || f.Proto == wire.ProtoUDP {
 		return f.SetDstPort(b, nf.privPort)
 	}
 	return f.SetEchoID(b, nf.privPort)
+}
+
+// quotesPacket reports whether f is an ICMP message that quotes the packet
+// it answers (OPTE's payload_is_packet): destination unreachable, source
+// quench, redirect, time exceeded, parameter problem; for ICMPv6 types 1-4.
+func quotesPacket(f *wire.Frame) bool {
+	switch f.Proto {
+	case wire.ProtoICMP:
+		switch f.ICMPType {
+		case 3, 4, 5, 11, 12:
+			return true
+		}
+	case wire.ProtoICMPv6:
+		return f.ICMPType >= 1 && f.ICMPType <= 4
+	}
+	return false
+}
+
+// rewriteQuoted translates the packet a 1:1 NAT flow's ICMP error quotes,
+// as OPTE's body transform (lib/opte/src/engine/nat.rs IcmpV4Nat,
+// IcmpV6Nat): inbound, its source from the external address to the
+// private one; outbound, its destination from the private address to the
+// external one. The quoted IPv4 header's checksum and the ICMP checksum
+// are computed again. SNAT flows' errors are not translated (nor are they
+// in OPTE).
+func (nf *natFlow) rewriteQuoted(b []byte, f *wire.Frame, in bool) {
+	if !quotesPacket(f) || f.PayloadOff == 0 {
+		return
+	}
+	q := b[f.PayloadOff:f.L4End]
+	var src, dst, n int
+	switch {
+	case f.L3 == wire.L3IPv4 && len(q) >= wire.IPv4MinLen && q[0]>>4 == 4:
+		src, dst, n = 12, 16, 4
+	case f.L3 == wire.L3IPv6 && len(q) >= wire.IPv6Len && q[0]>>4 == 6:
+		src, dst, n = 8, 24, 16
+	default:
+		return
+	}
+	field, from, to := q[src:src+n], nf.external, nf.private
+	if !in {
+		field, from, to = q[dst:dst+n], nf.private, nf.external
+	}
+	var got netip.Addr
+	if n == 4 {
+		got = netip.AddrFrom4([4]byte(field))
+	} else {
+		got = netip.AddrFrom16([16]byte(field))
+	}
+	if got != from {
+		return
+	}
+	copy(field, to.AsSlice())
+	if n == 4 {
+		if hl := int(q[0]&0x0f) * 4; hl >= wire.IPv4MinLen && hl <= len(q) {
+			binary.BigEndian.PutUint16(q[10:], wire.IPv4HeaderChecksum(q[:hl]))
+		}
+	}
+	c := f.L4Off + wire.L4ChecksumOffset(f.Proto)
+	binary.BigEndian.PutUint16(b[c:], wire.L4Checksum(f.SrcIP, f.DstIP, f.Proto, b[f.L4Off:f.L4End]))
 }

@@ -634,3 +634,71 @@ func TestNATPerFamily(t *testing.T) {
 		t.Errorf("UDP over IPv6: from [%s]:%d", f.SrcIP, f.SrcPort)
 	}
 }
+
+// icmpError writes at buf[Headroom:] an ICMP destination unreachable (code
+// code) from `from` to `to`, quoting the IPv4 header of a UDP packet
+// qsrc → qdst and its first 8 bytes, checksums right; MACs dst ← src.
+func icmpError(buf []byte, dst, src wire.MAC, from, to netip.Addr, code uint8, qsrc, qdst netip.Addr) int {
+	b := buf[Headroom:]
+	wire.PutEthernet(b, dst, src, wire.EtherTypeIPv4)
+	wire.PutIPv4(b[14:], from, to, wire.ProtoICMP, 8+28, 64, 1, false)
+	h := b[34:]
+	h[0], h[1] = 3, code
+	clear(h[2:8])
+	q := h[8:]
+	wire.PutIPv4(q, qsrc, qdst, wire.ProtoUDP, 8, 64, 2, true)
+	binary.BigEndian.PutUint16(q[10:], wire.IPv4HeaderChecksum(q[:20]))
+	wire.PutUDP(q[20:], 40000, 7, 0)
+	n := 34 + 8 + 28
+	var f wire.Frame
+	wire.Parse(b[:n], &f)
+	f.SetChecksums(b[:n])
+	return n
+}
+
+// quoted checks an ICMP error's quoted IPv4 header: its addresses and its
+// checksum.
+func quoted(t *testing.T, b []byte, f wire.Frame, src, dst netip.Addr) {
+	t.Helper()
+	q := b[f.PayloadOff:]
+	if got, want := netip.AddrFrom4([4]byte(q[12:16])), src; got != want {
+		t.Errorf("quoted source %s, want %s", got, want)
+	}
+	if got, want := netip.AddrFrom4([4]byte(q[16:20])), dst; got != want {
+		t.Errorf("quoted destination %s, want %s", got, want)
+	}
+	if wire.Fold(wire.Sum(q[:20], 0)) != 0 {
+		t.Error("quoted header checksum wrong")
+	}
+}
+
+// The packet an ICMP error quotes is translated with a 1:1 flow, as
+// OPTE's body transform does: a router's "fragmentation needed" about the
+// guest's packet from its ephemeral address reaches the guest quoting its
+// private address, and the guest's "port unreachable" leaves quoting the
+// ephemeral one; checksums right.
+func TestICMPErrorsQuoteTranslated(t *testing.T) {
+	ext := snatOnly(16384, 32767)
+	ext.IPv4.Ephemeral = ephIP
+	e, p, _ := natSled(t, ext, nil)
+	router := netip.MustParseAddr("203.0.113.1")
+	buf := make([]byte, 2048)
+	n := icmpError(buf, macA, wire.MAC{}, router, ephIP, 4, ephIP, inet)
+	pkt := make([]byte, 256)
+	enc := wire.SwitchEncap(7777, sledA, wire.ProtoICMP)
+	m, _ := enc.EncapGeneve(pkt, buf[Headroom:Headroom+n])
+	r := e.Inbound(pkt[:m])
+	in := toGuest(t, r, p)
+	if in.DstIP != ipA || in.ICMPType != 3 || in.ICMPCode != 4 {
+		t.Errorf("to the guest: %+v", in)
+	}
+	quoted(t, r.Data, in, ipA, inet)
+
+	n = icmpError(buf, GatewayMAC, macA, ipA, inet, 3, inet, ipA)
+	r = e.Outbound(p, buf, n)
+	f, inner := boundary(t, r, tep1)
+	if f.SrcIP != ephIP || f.ICMPType != 3 {
+		t.Errorf("out: %+v", f)
+	}
+	quoted(t, inner, f, inet, ephIP)
+}
