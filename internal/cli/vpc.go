@@ -117,6 +117,7 @@ func printVPC(w io.Writer, st vpcd.State) error {
 		section(w, "firewall, outbound (default allow)", p.Outbound)
 		section(w, "routes", p.Routes)
 		section(w, "flows", p.Flows)
+		section(w, "NAT flows", p.NATFlows)
 	}
 	fmt.Fprintln(w, "\nv2p")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -22,12 +22,26 @@
 //     allowed flow's packets, both ways, pass without a new decision until it
 //     idles 60 s; a rule change decides every flow again.
 //   - router: the port's table (rules.Table), outbound only.
-//   - NAT: not yet; traffic the router sends to an internet gateway is
-//     dropped, counted as such.
+//   - NAT: OPTE's (oxide-vpc engine/nat.rs), per family. Outbound, a flow
+//     the router sends to an internet gateway takes the first external
+//     address that gateway takes, by priority: floating (one of several by
+//     the flow's CRC32), ephemeral, then source NAT with a port (or ICMP
+//     echo identifier) of the address's pool; the system gateway takes
+//     addresses the gateway map does not hold, an instance gateway those
+//     it lists for it; none: dropped. Inbound, a flow to the ephemeral or a
+//     floating address is translated 1:1 to the private one. Each NAT flow
+//     is kept under both directions' keys so that the other way is
+//     translated back; it idles out in 60 s and gives its port back.
+//     SetExternalIPs replaces the addresses; flows are checked again on
+//     their next packet. The packet an ICMP error quotes is translated
+//     with a 1:1 flow, as OPTE's body transforms do (not with SNAT, nor
+//     in NDP redirects). Not done: attached external subnets.
 //   - overlay: v2p for VPC targets, Geneve as OPTE encapsulates it
 //     (wire.InternalEncap), delivery to a port of this sled without leaving
-//     it; inbound demultiplexing by (VNI, MAC) and the VNI tag, absent on
-//     packets from the switch (External option).
+//     it; internet gateway targets to the boundary tunnel endpoint v2b
+//     gives, by the flow's hash after NAT (wire.BoundaryEncap), only from
+//     an external address; inbound demultiplexing by (VNI, MAC) and the
+//     VNI tag, absent on packets from the switch (External option).
 package engine
 
 import (
@@ -181,11 +195,12 @@ func (e *Engine) portByAddr(vni uint32, mac wire.MAC) (*Port, bool) {
 func (e *Engine) Unmatched() Stats { return e.unmatched.snapshot() }
 
 // Expire forgets every port's flows idle past their time, as OPTE sweeps
-// each port every second; the data path calls it periodically.
+// each port every second, and gives the SNAT ports of NAT flows back; the
+// data path calls it periodically. It returns how many flows went.
 func (e *Engine) Expire() int {
 	n := 0
 	for _, p := range e.Ports() {
-		n += len(p.fwFlows.Expire())
+		n += len(p.fwFlows.Expire()) + p.expireNAT()
 	}
 	return n
 }

@@ -180,7 +180,7 @@ func TestNoRouteNoMapping(t *testing.T) {
 	if r := e.Outbound(p, buf, n); r.Verdict != Drop || r.Reason != ReasonNoV2P {
 		t.Errorf("without v2p: %+v", r)
 	}
-	// The internet gateway is NAT's, not done yet.
+	// The internet gateway with no external address: NAT drops it.
 	p.ApplyRoutes(rules.System, nil, []rules.Route{{Dest: netip.MustParsePrefix("0.0.0.0/0"), Target: rules.SystemIGW()}})
 	n = frame(buf, macA, ipA, netip.MustParseAddr("8.8.8.8"), wire.ProtoUDP, 40000, 53, 0, "x")
 	if r := e.Outbound(p, buf, n); r.Reason != ReasonNAT {

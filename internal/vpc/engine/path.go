@@ -83,15 +83,26 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 	if rt.Action == rules.Deny || rt.Multicast {
 		return p.drop(ReasonNoRoute)
 	}
+	// NAT: a flow's packets as its first; a new flow to an internet
+	// gateway takes an external address, or is dropped.
+	fromExternal, r := p.natOut(frame, &f, key, rt.Target)
+	if r != ReasonNone {
+		return p.drop(r)
+	}
 	recipient := f.DstIP
 	switch rt.Target.Kind {
 	case rules.TargetIP:
 		recipient = rt.Target.IP
 	case rules.TargetVPCSubnet:
 	case rules.TargetInternetGateway:
-		return p.drop(ReasonNAT)
+		return e.toBoundary(p, buf, frame, &f, fromExternal)
 	default:
 		return p.drop(ReasonNoRoute)
+	}
+	// Into the VPC: never from an external address (OPTE's overlay
+	// denies it).
+	if fromExternal {
+		return p.drop(ReasonExternalToVPC)
 	}
 	phys, ok := e.cfg.V2P.Get(p.cfg.VNI, recipient)
 	if !ok {
@@ -108,7 +119,29 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 		f.Dst = phys.MAC
 		return e.deliver(dst, frame, &f, rules.Tag(p.cfg.VNI))
 	}
-	enc := wire.InternalEncap(p.cfg.VNI, e.cfg.Underlay, phys.Sled, key)
+	return p.encap(buf, frame, wire.InternalEncap(p.cfg.VNI, e.cfg.Underlay, phys.Sled, key), phys.Sled)
+}
+
+// toBoundary sends what the router gives an internet gateway to the
+// switch's boundary services (OPTE's EncapAction): the tunnel endpoint the
+// v2b table gives the destination, picked by the hash of the flow after
+// NAT, with the endpoint's VNI, the inner destination MAC
+// A8:40:25:77:77:77 and no options. It must come from an external address.
+func (e *Engine) toBoundary(p *Port, buf, frame []byte, f *wire.Frame, fromExternal bool) Result {
+	if !fromExternal {
+		return p.drop(ReasonNAT)
+	}
+	key := f.FlowKey()
+	tep, ok := e.cfg.V2B.Pick(f.DstIP, key.CRC32())
+	if !ok {
+		return p.drop(ReasonNoV2B)
+	}
+	copy(frame[0:6], wire.TunnelEndpointMAC[:])
+	return p.encap(buf, frame, wire.BoundaryEncap(tep.VNI, e.cfg.Underlay, tep.Addr, key), tep.Addr)
+}
+
+// encap writes enc's Geneve header in the headroom before frame.
+func (p *Port) encap(buf, frame []byte, enc wire.Encap, dst netip.Addr) Result {
 	hl := enc.GeneveHeaderLen()
 	if hl > Headroom {
 		return p.drop(ReasonTooBig)
@@ -118,7 +151,7 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 	if err != nil {
 		return p.drop(ReasonTooBig)
 	}
-	return Result{Verdict: ToUnderlay, Port: p, Dst: phys.Sled, Data: out[:m]}
+	return Result{Verdict: ToUnderlay, Port: p, Dst: dst, Data: out[:m]}
 }
 
 // firewall decides fl of key: a flow it allowed before passes, both ways;
@@ -166,6 +199,16 @@ func (e *Engine) Inbound(pkt []byte) Result {
 // to first, with its VNI tag.
 func (e *Engine) deliver(p *Port, frame []byte, f *wire.Frame, tag rules.VNITag) Result {
 	p.stats.in.Add(1)
+	// NAT, inbound: answers to NAT flows, and new flows to the
+	// ephemeral or a floating address, to the private address.
+	if r := p.natIn(frame, f); r != ReasonNone {
+		return p.drop(r)
+	}
+	if p.nat.Load().family(f.DstIP).owns(f.DstIP) {
+		// For an external address of the port, answering no flow of its
+		// NAT.
+		return p.drop(ReasonNAT)
+	}
 	fl := rules.Flow{Dir: rules.In, Proto: rules.Proto(f.Proto), Src: f.SrcIP, Dst: f.DstIP,
 		SrcPort: f.SrcPort, DstPort: f.DstPort, ICMPType: f.ICMPType, ICMPCode: f.ICMPCode, VNI: tag}
 	if r := p.firewall(&fl, f.FlowKey()); r != ReasonNone {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/sled-agent/sled-agent/internal/vpc/flow"
@@ -40,6 +41,9 @@ type PortConfig struct {
 	// 0), announced in router advertisements.
 	DHCP gateway.DHCP
 	MTU  uint32
+	// External is its external addresses and their gateways, as
+	// SetExternalIPs sets them.
+	External External
 }
 
 func (c PortConfig) check() error {
@@ -83,6 +87,15 @@ type Port struct {
 	// its mirror, so that either direction of it passes.
 	fwFlows *flow.Table[wire.FlowKey, fwFlow]
 
+	// The NAT layer: its rules, and its flows each under the key of
+	// either direction. natMu orders config swaps and flow insertions
+	// and removals; natActive counts the flows, so that a port with none
+	// skips the lookup.
+	nat       atomic.Pointer[natConfig]
+	natMu     sync.Mutex
+	natFlows  *flow.Table[wire.FlowKey, natEntry]
+	natActive atomic.Int64
+
 	stats counters
 }
 
@@ -111,7 +124,15 @@ func newPort(e *Engine, cfg PortConfig) (*Port, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: port %s: %w", cfg.Name, err)
 	}
-	p := &Port{e: e, cfg: cfg, gw: gw, reply: make([]byte, 4096), fwFlows: flow.New[wire.FlowKey, fwFlow](flow.Config[fwFlow]{Now: e.cfg.Now})}
+	p := &Port{e: e, cfg: cfg, gw: gw, reply: make([]byte, 4096), fwFlows: flow.New[wire.FlowKey, fwFlow](flow.Config[fwFlow]{Now: e.cfg.Now}),
+		// A NAT flow takes two entries; a port's SNAT ranges need up
+		// to one per port and protocol (OPTE's FW_FT_LIMIT).
+		natFlows: flow.New[wire.FlowKey, natEntry](flow.Config[natEntry]{Limit: flow.PortLimit, Now: e.cfg.Now})}
+	if err := p.checkExternal(cfg.External); err != nil {
+		return nil, err
+	}
+	p.cfg.External = cfg.External.clone()
+	p.nat.Store(compileNAT(p.cfg.External, nil, 1))
 	fw, err := rules.CompileFirewall(nil, rules.Port{VNI: cfg.VNI, MAC: rules.MAC(cfg.MAC)})
 	if err != nil {
 		return nil, err
@@ -131,8 +152,13 @@ func transit(ps []netip.Prefix) []gateway.Transit {
 	return out
 }
 
-// Config is what the port was made with.
-func (p *Port) Config() PortConfig { return p.cfg }
+// Config is what the port was made with, its external addresses as they
+// are now (shared: not to be modified).
+func (p *Port) Config() PortConfig {
+	c := p.cfg
+	c.External = p.nat.Load().ext
+	return c
+}
 
 // SetFirewall replaces the port's firewall rules (OPTE's set_fw_rules), and
 // forgets the flows the old ones allowed: they are decided again.
@@ -193,10 +219,13 @@ func (p *Port) Flows() []Flow {
 		}
 		out = append(out, Flow{Key: e.Key, Dir: e.Value.dir, Rule: e.Value.rule, Hits: e.Hits, LastHit: e.LastHit.UnixNano()})
 	}
-	slices.SortFunc(out, func(a, b Flow) int {
-		return cmp.Or(a.Key.Src.Compare(b.Key.Src), a.Key.Dst.Compare(b.Key.Dst), cmp.Compare(a.Key.SrcPort, b.Key.SrcPort), cmp.Compare(a.Key.DstPort, b.Key.DstPort), cmp.Compare(a.Key.Proto, b.Key.Proto))
-	})
+	slices.SortFunc(out, func(a, b Flow) int { return compareKeys(a.Key, b.Key) })
 	return out
+}
+
+func compareKeys(a, b wire.FlowKey) int {
+	return cmp.Or(a.Src.Compare(b.Src), a.Dst.Compare(b.Dst), cmp.Compare(a.SrcPort, b.SrcPort), cmp.Compare(a.DstPort, b.DstPort),
+		cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.ICMPType, b.ICMPType), cmp.Compare(a.EchoID, b.EchoID))
 }
 
 // Stats is what the port did.

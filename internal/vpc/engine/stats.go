@@ -22,8 +22,19 @@ const (
 	ReasonFirewall
 	// No router entry for the destination, or a drop route.
 	ReasonNoRoute
-	// The router sends the flow to an internet gateway: NAT is not done yet.
+	// NAT: a flow to an internet gateway with no external address that
+	// gateway takes (OPTE's priority-255 deny), an ICMP message other
+	// than an echo request through source NAT, a full NAT flow table, or
+	// a packet for an external address of the port that answers no flow.
 	ReasonNAT
+	// Source NAT: every port of the flow's protocol is in use.
+	ReasonSNATExhausted
+	// The internet gateway's destination has no boundary tunnel endpoint
+	// (no v2b entry).
+	ReasonNoV2B
+	// A packet from an external address (a NAT flow's) that the router
+	// sends into the VPC: OPTE's overlay denies it.
+	ReasonExternalToVPC
 	// No v2p mapping for the destination in the port's VNI.
 	ReasonNoV2P
 	// Geneve whose VNI and inner destination MAC are no port's, not Geneve,
@@ -34,7 +45,7 @@ const (
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"", "unreadable frame", "gateway: not answered", "spoofed", "firewall", "no route", "internet gateway (no NAT yet)", "no v2p mapping", "no such port", "too big"}
+var reasonNames = [numReasons]string{"", "unreadable frame", "gateway: not answered", "spoofed", "firewall", "no route", "no external address for the flow", "SNAT ports exhausted", "no boundary tunnel endpoint", "from an external address into the VPC", "no v2p mapping", "no such port", "too big"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sled-agent/sled-agent/internal/vpc/engine"
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
@@ -22,8 +24,31 @@ type IPSpec struct {
 	Transit []netip.Prefix `json:"transit,omitempty"`
 }
 
+// ExternalSpec is a port's external addresses per IP stack, upstream's
+// ExternalIpConfig (what OPTE's set_external_ips is given).
+type ExternalSpec struct {
+	V4 *ExternalStack `json:"v4,omitempty"`
+	V6 *ExternalStack `json:"v6,omitempty"`
+}
+
+// ExternalStack is one stack's source NAT, ephemeral address and floating
+// addresses.
+type ExternalStack struct {
+	SourceNAT   *SourceNAT   `json:"source_nat,omitempty"`
+	EphemeralIP *netip.Addr  `json:"ephemeral_ip,omitempty"`
+	FloatingIPs []netip.Addr `json:"floating_ips"`
+}
+
+// SourceNAT is upstream's SourceNatConfig: an address and the ports of it
+// the port may use.
+type SourceNAT struct {
+	IP        netip.Addr `json:"ip"`
+	FirstPort uint16     `json:"first_port"`
+	LastPort  uint16     `json:"last_port"`
+}
+
 // PortSpec is all a port is (OPTE's create_xde with what the port manager
-// sets on it next: firewall rules and router entries).
+// sets on it next: external addresses, firewall rules and router entries).
 type PortSpec struct {
 	Link     Link                 `json:"link"`
 	VNI      uint32               `json:"vni"`
@@ -34,16 +59,15 @@ type PortSpec struct {
 	Firewall []rules.FirewallRule `json:"firewall_rules"`
 	System   []rules.Route        `json:"system_routes"`
 	Custom   []rules.Route        `json:"custom_routes"`
-}
-
-// identity is what a port is that cannot change without making it again.
-func (s PortSpec) identity() PortSpec {
-	s.Firewall, s.System, s.Custom = nil, nil, nil
-	return s
+	// ExternalIPs and EIPGateways are what the port manager's
+	// set_external_ips gives OPTE: the port's external addresses, and the
+	// internet gateways each may leave through (PUT /eip-gateways; an
+	// address it does not name leaves through the system gateway).
+	ExternalIPs ExternalSpec               `json:"external_ips"`
+	EIPGateways map[netip.Addr][]uuid.UUID `json:"eip_gateways,omitempty"`
 }
 
 func sameIdentity(a, b PortSpec) bool {
-	a, b = a.identity(), b.identity()
 	if a.Link != b.Link || a.VNI != b.VNI || a.MAC != b.MAC || a.Service != b.Service {
 		return false
 	}
@@ -64,7 +88,26 @@ func (s PortSpec) engineConfig(name string) engine.PortConfig {
 	if s.IPv6 != nil {
 		c.IPv6 = &engine.IPConfig{Private: s.IPv6.Private, Subnet: s.IPv6.Subnet, Transit: s.IPv6.Transit}
 	}
+	c.External = s.external()
 	return c
+}
+
+// external is the engine's form of the port's external addresses.
+func (s PortSpec) external() engine.External {
+	stack := func(st *ExternalStack) *engine.ExternalIPs {
+		if st == nil {
+			return nil
+		}
+		x := &engine.ExternalIPs{Floating: st.FloatingIPs}
+		if st.SourceNAT != nil {
+			x.SNAT = &engine.SNAT{IP: st.SourceNAT.IP, First: st.SourceNAT.FirstPort, Last: st.SourceNAT.LastPort}
+		}
+		if st.EphemeralIP != nil {
+			x.Ephemeral = *st.EphemeralIP
+		}
+		return x
+	}
+	return engine.External{IPv4: stack(s.ExternalIPs.V4), IPv6: stack(s.ExternalIPs.V6), Gateways: s.EIPGateways}
 }
 
 // attached is a port and its link: the loop that attaches to the link,
@@ -84,8 +127,9 @@ type attached struct {
 }
 
 // EnsurePort makes the port called name as spec says, or makes an existing
-// one so: its rules and routes are replaced, and a port whose link, VNI,
-// MAC or addresses change is made again.
+// one so: its external addresses (when they changed), rules and routes are
+// replaced, and a port whose link, VNI, MAC or private addresses change is
+// made again.
 func (d *Daemon) EnsurePort(name string, spec PortSpec) error {
 	if spec.Link.Name == "" {
 		return fmt.Errorf("%w: port %s has no link", ErrBadPort, name)
@@ -125,14 +169,25 @@ func (d *Daemon) EnsurePort(name string, spec PortSpec) error {
 	d.mu.Lock()
 	d.ports[name] = a
 	d.mu.Unlock()
-	go a.run(ctx)
+	go a.run(ctx, spec.Link)
 	return nil
 }
 
-// setRules gives p spec's firewall rules and router entries.
+// setRules gives p spec's external addresses, firewall rules and router
+// entries. The addresses are set only when they changed: OPTE checks every
+// NAT flow again after set_external_ips.
 func setRules(p *engine.Port, spec PortSpec) error {
+	ext := spec.external()
+	if err := p.CheckExternalIPs(ext); err != nil {
+		return err
+	}
 	if err := p.SetFirewall(spec.Firewall); err != nil {
 		return err
+	}
+	if !p.ExternalIPs().Equal(ext) {
+		if err := p.SetExternalIPs(ext); err != nil {
+			return err
+		}
 	}
 	return errors.Join(p.SetRoutes(rules.System, spec.System), p.SetRoutes(rules.Custom, spec.Custom))
 }
@@ -178,17 +233,18 @@ func (a *attached) state() (status string, since time.Time) {
 }
 
 // run attaches the port to its link, again whenever it is lost, until ctx
-// ends.
-func (a *attached) run(ctx context.Context) {
+// ends. (The link is the port's for its life: a.spec, which changes under
+// the daemon's mu, is not read here.)
+func (a *attached) run(ctx context.Context, link Link) {
 	defer close(a.done)
 	const first = 50 * time.Millisecond
 	delay := first
-	ns := a.spec.Link.Netns
+	ns := link.Netns
 	if ns == "" {
 		ns = a.d.opts.Netns
 	}
 	for ctx.Err() == nil {
-		p, err := netio.OpenPort(ns, a.spec.Link.Name)
+		p, err := netio.OpenPort(ns, link.Name)
 		if err != nil {
 			a.setIO(nil, "waiting for its link: "+err.Error())
 			select {

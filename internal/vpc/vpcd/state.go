@@ -39,6 +39,7 @@ type PortState struct {
 	Outbound []string             `json:"firewall_outbound"`
 	Routes   []string             `json:"routes"`
 	Flows    []string             `json:"flows"`
+	NATFlows []string             `json:"nat_flows"`
 	Stats    engine.Stats         `json:"stats"`
 	Rules    []rules.FirewallRule `json:"-"`
 }
@@ -62,13 +63,15 @@ func (d *Daemon) State() State {
 	}
 	d.mu.Lock()
 	ports := make([]*attached, 0, len(d.ports))
+	specs := make([]PortSpec, 0, len(d.ports))
 	for _, a := range d.ports {
 		ports = append(ports, a)
+		specs = append(specs, a.spec) // changes under mu
 	}
 	d.mu.Unlock()
-	for _, a := range ports {
+	for i, a := range ports {
 		status, since := a.state()
-		ps := PortState{Name: a.port.Config().Name, Spec: a.spec, Status: status, Since: since, Stats: a.port.Stats()}
+		ps := PortState{Name: a.port.Config().Name, Spec: specs[i], Status: status, Since: since, Stats: a.port.Stats()}
 		fw := a.port.Firewall()
 		for _, r := range fw.Rules(rules.In) {
 			ps.Inbound = append(ps.Inbound, r.String())
@@ -81,6 +84,9 @@ func (d *Daemon) State() State {
 		}
 		for _, f := range a.port.Flows() {
 			ps.Flows = append(ps.Flows, fmt.Sprintf("%s %s rule %d hits %d", f.Dir, flowString(f), f.Rule, f.Hits))
+		}
+		for _, f := range a.port.NATFlows() {
+			ps.NATFlows = append(ps.NATFlows, fmt.Sprintf("%s %s as %s hits %d", f.Kind, flowString(engine.Flow{Key: f.Out}), f.External, f.Hits))
 		}
 		st.Ports = append(st.Ports, ps)
 	}
