@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/vmm/service"
@@ -24,9 +26,9 @@ import (
 // (a guest's tap in its VMM's zone, a service zone's NIC's host end), its
 // rules and routes, and the sled's v2p mappings.
 //
-// Not yet realised (the data path has no NAT or attached subnets yet): a
-// port's external IPs and gateways, and its attached subnets, are taken
-// and kept by the record, and given to the data path once it has them.
+// Not yet realised (the data path has no attached subnets yet): a port's
+// attached subnets are taken and kept by the record, and given to the data
+// path once it has them.
 type vpcPath struct {
 	a *Agent
 	d dataPathAPI
@@ -41,6 +43,7 @@ type dataPathAPI interface {
 	DeletePort(ctx context.Context, name string) error
 	SetFirewall(ctx context.Context, name string, rs []rules.FirewallRule) error
 	ApplyRoutes(ctx context.Context, name string, c vpcd.RouteChange) error
+	SetExternalIPs(ctx context.Context, name string, ch vpcd.ExternalChange) error
 	SetV2P(ctx context.Context, m vpcd.V2P) error
 	ClearV2P(ctx context.Context, m vpcd.V2P) error
 }
@@ -91,7 +94,28 @@ func (v vpcPath) portSpec(pc told.PortConfig) (vpcd.PortSpec, error) {
 	if s.Custom, err = convert[[]rules.Route](pc.Custom); err != nil {
 		return s, fmt.Errorf("custom routes: %w", err)
 	}
+	ch, err := external(pc.Port.External, pc.Gateways)
+	if err != nil {
+		return s, err
+	}
+	s.ExternalIPs, s.EIPGateways = ch.ExternalIPs, ch.EIPGateways
 	return s, nil
+}
+
+// external is a port's external addresses and their gateways as the data
+// path takes them.
+func external(ips told.ExternalIPs, gateways map[string][]string) (vpcd.ExternalChange, error) {
+	var ch vpcd.ExternalChange
+	var err error
+	if ch.ExternalIPs, err = convert[vpcd.ExternalSpec](ips); err != nil {
+		return ch, fmt.Errorf("external addresses: %w", err)
+	}
+	if len(gateways) > 0 {
+		if ch.EIPGateways, err = convert[map[netip.Addr][]uuid.UUID](gateways); err != nil {
+			return ch, fmt.Errorf("internet gateways: %w", err)
+		}
+	}
+	return ch, nil
 }
 
 // convert reads a value of the record's upstream shape as the data path's
@@ -207,9 +231,12 @@ func (v vpcPath) DelRouterEntry(ctx context.Context, ref told.PortRef, c told.Ro
 	return v.d.ApplyRoutes(ctx, portName(ref), vpcd.RouteChange{Class: class(c), Del: []rules.Route{x}})
 }
 
-// SetExternalIPs: the record keeps them; the data path has no NAT yet.
 func (v vpcPath) SetExternalIPs(ctx context.Context, ref told.PortRef, ips told.ExternalIPs, gateways map[string][]string) error {
-	return nil
+	ch, err := external(ips, gateways)
+	if err != nil {
+		return err
+	}
+	return v.d.SetExternalIPs(ctx, portName(ref), ch)
 }
 
 // AttachSubnet: the record keeps it; the data path has no attached subnets

@@ -143,6 +143,15 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 		t.Errorf("the data path's ports %+v, v2p %+v: want two attached, two mappings", st.Ports, st.V2P)
 	}
 
+	// An ephemeral address attached as Nexus attaches it reaches the data
+	// path's port.
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+guests[0].vmm+"/external-ip", `{"type":"ephemeral","value":"192.0.2.10"}`); code != http.StatusNoContent {
+		t.Fatalf("attach an ephemeral address: %d %s", code, b)
+	}
+	if st, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context()); err != nil || !hasEphemeral(st, "192.0.2.10") {
+		t.Errorf("the data path's ports after the attach: %+v (%v)", st.Ports, err)
+	}
+
 	// The agent stopped: the guests still talk.
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -163,8 +172,8 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 	}
 	syscall.Kill(svc.PID, syscall.SIGKILL)
 	echo("after the data path was killed")
-	if again, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context()); err != nil || again.Boot == st.Boot || len(again.Ports) != 2 {
-		t.Errorf("after the kill: boot %s (was %s), %d ports (%v)", again.Boot, st.Boot, len(again.Ports), err)
+	if again, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context()); err != nil || again.Boot == st.Boot || len(again.Ports) != 2 || !hasEphemeral(again, "192.0.2.10") {
+		t.Errorf("after the kill: boot %s (was %s), %d ports, the ephemeral address given again %v (%v)", again.Boot, st.Boot, len(again.Ports), hasEphemeral(again, "192.0.2.10"), err)
 	}
 }
 
@@ -236,4 +245,14 @@ func udpInPath(t *testing.T, ns, addr string) *net.UDPConn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// hasEphemeral reports whether a port of st has the ephemeral address ip.
+func hasEphemeral(st vpcd.State, ip string) bool {
+	for _, p := range st.Ports {
+		if v4 := p.Spec.ExternalIPs.V4; v4 != nil && v4.EphemeralIP != nil && v4.EphemeralIP.String() == ip {
+			return true
+		}
+	}
+	return false
 }

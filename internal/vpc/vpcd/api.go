@@ -28,6 +28,7 @@ import (
 //	DELETE /ports/{name}   remove it (absent: 204 all the same)
 //	PUT    /ports/{name}/firewall  replace its firewall rules
 //	POST   /ports/{name}/routes    remove and add router entries (RouteChange)
+//	PUT    /ports/{name}/external-ips  replace its external addresses (ExternalChange)
 //	PUT    /v2p            set a mapping (V2P)
 //	DELETE /v2p            clear one (by VNI and virtual IP)
 //	PUT    /v2b            make the boundary table what the routing daemon says
@@ -112,6 +113,12 @@ func (d *Daemon) Handler() http.Handler {
 				return
 			}
 			done(w, d.ApplyRoutes(r.PathValue("name"), class, c.Del, c.Add))
+		}
+	})
+	route("PUT /ports/{name}/external-ips", httpbound.Sized(1<<20), func(w http.ResponseWriter, r *http.Request) {
+		var c ExternalChange
+		if decode(w, r, &c) {
+			done(w, d.SetExternalIPs(r.PathValue("name"), c.ExternalIPs, c.EIPGateways))
 		}
 	})
 	route("PUT /v2p", httpbound.Small, func(w http.ResponseWriter, r *http.Request) {
@@ -276,6 +283,11 @@ func (c *Client) SetFirewall(ctx context.Context, name string, rs []rules.Firewa
 // ApplyRoutes changes the router entries of the port called name.
 func (c *Client) ApplyRoutes(ctx context.Context, name string, change RouteChange) error {
 	return c.do(ctx, http.MethodPost, "/ports/"+name+"/routes", change, nil)
+}
+
+// SetExternalIPs replaces the external addresses of the port called name.
+func (c *Client) SetExternalIPs(ctx context.Context, name string, ch ExternalChange) error {
+	return c.do(ctx, http.MethodPut, "/ports/"+name+"/external-ips", ch, nil)
 }
 
 // SetV2P sets a mapping.

@@ -48,3 +48,8 @@ func (l Local) ClearV2P(_ context.Context, m V2P) error {
 	l.D.ClearV2P(m)
 	return nil
 }
+
+// SetExternalIPs replaces the external addresses of the port called name.
+func (l Local) SetExternalIPs(_ context.Context, name string, ch ExternalChange) error {
+	return l.D.SetExternalIPs(name, ch.ExternalIPs, ch.EIPGateways)
+}

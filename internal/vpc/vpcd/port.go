@@ -355,3 +355,38 @@ func (d *Daemon) lookup(name string) (*attached, bool) {
 
 // ErrNoPort is a change of a port the data path does not have.
 var ErrNoPort = errors.New("vpcd: no such port")
+
+// SetExternalIPs replaces the external addresses of the port called name
+// and the internet gateways they leave through (OPTE's set_external_ips).
+func (d *Daemon) SetExternalIPs(name string, ext ExternalSpec, gateways map[netip.Addr][]uuid.UUID) error {
+	d.opMu.Lock()
+	defer d.opMu.Unlock()
+	a, ok := d.lookup(name)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNoPort, name)
+	}
+	d.mu.Lock()
+	spec := a.spec
+	d.mu.Unlock()
+	spec.ExternalIPs, spec.EIPGateways = ext, gateways
+	e := spec.external()
+	if err := a.port.CheckExternalIPs(e); err != nil {
+		return wrapBad(err)
+	}
+	if !a.port.ExternalIPs().Equal(e) {
+		if err := a.port.SetExternalIPs(e); err != nil {
+			return wrapBad(err)
+		}
+	}
+	d.mu.Lock()
+	a.spec = spec
+	d.mu.Unlock()
+	return nil
+}
+
+// ExternalChange is a port's external addresses and their gateways, as the
+// API takes them.
+type ExternalChange struct {
+	ExternalIPs ExternalSpec               `json:"external_ips"`
+	EIPGateways map[netip.Addr][]uuid.UUID `json:"eip_gateways,omitempty"`
+}
