@@ -104,6 +104,11 @@ func (v vpcPath) portSpec(pc told.PortConfig) (vpcd.PortSpec, error) {
 		return s, err
 	}
 	s.ExternalIPs, s.EIPGateways = ch.ExternalIPs, ch.EIPGateways
+	if d := pc.Port.DHCP; d != nil {
+		if s.DHCP, err = convert[*vpcd.DHCPSpec](d); err != nil {
+			return s, fmt.Errorf("dhcp: %w", err)
+		}
+	}
 	return s, nil
 }
 

@@ -155,6 +155,10 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 		if p.Status == "attached" {
 			attached++
 		}
+		// The gateway's DHCP hands out the registration's hostname.
+		if p.Spec.DHCP == nil || p.Spec.DHCP.Hostname != "inst" {
+			t.Errorf("port %s's DHCP options: %+v, want the hostname inst", p.Name, p.Spec.DHCP)
+		}
 	}
 	if attached != 2 || len(st.V2P) != 2 {
 		t.Errorf("the data path's ports %+v, v2p %+v: want two attached, two mappings", st.Ports, st.V2P)
