@@ -270,6 +270,9 @@ type Agent struct {
 	vpcAPI   dataPathAPI
 	vpcd     *vpcd.Daemon
 	underlay netip.Addr
+	// ddm is the routing daemon's client (nil without --ddm-url): the
+	// switches' tunnel endpoints come from it.
+	ddm *ddm.Client
 	// wanted is the config the reconcilers were last given.
 	wanted atomic.Pointer[sledconfig.Config]
 }
@@ -439,6 +442,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 			}
 		},
 	})
+	a.ddm = ddmClient
 	if ddmClient != nil {
 		a.prefixes = prefix.New(ddmClient, a.rec, prefix.Options{
 			Bootstrap: bootstrap,
@@ -709,6 +713,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Go(func() { a.runTimeSync(ctx) })
 	if a.vpcAPI != nil {
 		wg.Go(func() { a.runVPC(ctx) })
+		if a.ddm != nil {
+			wg.Go(func() { a.runV2B(ctx) })
+		}
 	}
 	if a.ntpServers != nil {
 		wg.Go(func() { a.ntpServers.Run(ctx) })

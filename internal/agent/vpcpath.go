@@ -5,17 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/sled-agent/sled-agent/internal/ddm"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/vmm/service"
 	"github.com/sled-agent/sled-agent/internal/vmm/spec"
+	"github.com/sled-agent/sled-agent/internal/vpc/mappings"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 	"github.com/sled-agent/sled-agent/internal/vpc/told"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
@@ -44,6 +48,7 @@ type dataPathAPI interface {
 	SetFirewall(ctx context.Context, name string, rs []rules.FirewallRule) error
 	ApplyRoutes(ctx context.Context, name string, c vpcd.RouteChange) error
 	SetExternalIPs(ctx context.Context, name string, ch vpcd.ExternalChange) error
+	SetV2B(ctx context.Context, want []mappings.Boundary) error
 	SetV2P(ctx context.Context, m vpcd.V2P) error
 	ClearV2P(ctx context.Context, m vpcd.V2P) error
 }
@@ -99,6 +104,11 @@ func (v vpcPath) portSpec(pc told.PortConfig) (vpcd.PortSpec, error) {
 		return s, err
 	}
 	s.ExternalIPs, s.EIPGateways = ch.ExternalIPs, ch.EIPGateways
+	if d := pc.Port.DHCP; d != nil {
+		if s.DHCP, err = convert[*vpcd.DHCPSpec](d); err != nil {
+			return s, fmt.Errorf("dhcp: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -317,4 +327,78 @@ func (a *Agent) vpcSocket() string { return VPCSocket(a.cfg) }
 // VPCSocket is where the data path of an agent of cfg serves its API.
 func VPCSocket(cfg Config) string {
 	return filepath.Join(cmp.Or(cfg.RunDir, DefaultRunDir), cmp.Or(cfg.ZoneTag, DefaultZoneTag)+"-vpcd.sock")
+}
+
+// v2bPeriod is how often the switches' tunnel endpoints are read from the
+// routing daemon (ddmd programs OPTE when they change; this polls).
+const v2bPeriod = 10 * time.Second
+
+// runV2B keeps the data path's boundary table what the routing daemon
+// learned of the switches' tunnel endpoints (ddmd's sys.rs on illumos),
+// until ctx ends.
+func (a *Agent) runV2B(ctx context.Context) {
+	var last []mappings.Boundary
+	for {
+		// A failure is tried again sooner: the data path may be starting.
+		next := time.Second
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		routes, err := a.ddm.TunnelEndpoints(rctx)
+		if err == nil {
+			want := v2bFrom(routes)
+			// Given again every time: a restarted data path has none.
+			if err := a.vpcAPI.SetV2B(rctx, want); err != nil {
+				if ctx.Err() == nil {
+					a.log.Debug("giving the data path the switches' tunnel endpoints", "component", "vpcd", "err", err)
+				}
+			} else {
+				next = v2bPeriod
+				if !slices.EqualFunc(last, want, sameBoundary) {
+					a.log.Info("the switches' tunnel endpoints", "component", "vpcd", "v2b", want)
+					last = want
+				}
+			}
+		} else if ctx.Err() == nil {
+			a.log.Debug("reading the switches' tunnel endpoints", "component", "vpcd", "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(next):
+		}
+	}
+}
+
+// v2bFrom is the boundary table of what the routing daemon learned: per
+// overlay prefix its endpoints, those of a metric above zero only if there
+// are any (ddmd's effective set).
+func v2bFrom(routes []ddm.TunnelRoute) []mappings.Boundary {
+	best := map[netip.Prefix][]ddm.TunnelOrigin{}
+	for _, r := range routes {
+		p := r.Origin.OverlayPrefix.Masked()
+		best[p] = append(best[p], r.Origin)
+	}
+	var out []mappings.Boundary
+	for _, p := range slices.SortedFunc(maps.Keys(best), func(a, b netip.Prefix) int {
+		return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+	}) {
+		origins := best[p]
+		if slices.ContainsFunc(origins, func(o ddm.TunnelOrigin) bool { return o.Metric > 0 }) {
+			origins = slices.DeleteFunc(origins, func(o ddm.TunnelOrigin) bool { return o.Metric == 0 })
+		}
+		b := mappings.Boundary{Prefix: p}
+		for _, o := range origins {
+			t := mappings.TEP{Addr: o.BoundaryAddr, VNI: o.VNI}
+			if !slices.Contains(b.TEPs, t) {
+				b.TEPs = append(b.TEPs, t)
+			}
+		}
+		slices.SortFunc(b.TEPs, func(x, y mappings.TEP) int { return x.Addr.Compare(y.Addr) })
+		out = append(out, b)
+	}
+	return out
+}
+
+func sameBoundary(a, b mappings.Boundary) bool {
+	return a.Prefix == b.Prefix && slices.Equal(a.TEPs, b.TEPs)
 }

@@ -16,9 +16,11 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
+	"github.com/sled-agent/sled-agent/internal/ddm"
 	"github.com/sled-agent/sled-agent/internal/propolisapi"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
 	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
 	"github.com/sled-agent/sled-agent/internal/vmm/standin"
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
@@ -44,8 +46,23 @@ type standInGuest struct {
 func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
 	const underlay = "fd00:1122:3344:1da::1"
+	// The routing daemon knows the switches' boundary services: the data
+	// path's boundary table gets them.
+	ddmSim := ddmsim.New(nil)
+	if err := ddmSim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ddmSim.Close() })
+	dc, err := ddm.NewClient(ddmSim.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tep := netip.MustParseAddr("fd00:1122:3344:1::1")
+	if err := dc.AdvertiseTunnelEndpoints(t.Context(), []ddm.TunnelOrigin{{OverlayPrefix: netip.MustParsePrefix("0.0.0.0/0"), BoundaryAddr: tep, VNI: 99}}); err != nil {
+		t.Fatal(err)
+	}
 	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
-		VMMStandIn: true, VPCDataPath: true, UnderlayIP: underlay}
+		VMMStandIn: true, VPCDataPath: true, UnderlayIP: underlay, DDMURL: ddmSim.URL()}
 	// After the agents: the data path's service, which outlives them.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -138,10 +155,19 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 		if p.Status == "attached" {
 			attached++
 		}
+		// The gateway's DHCP hands out the registration's hostname.
+		if p.Spec.DHCP == nil || p.Spec.DHCP.Hostname != "inst" {
+			t.Errorf("port %s's DHCP options: %+v, want the hostname inst", p.Name, p.Spec.DHCP)
+		}
 	}
 	if attached != 2 || len(st.V2P) != 2 {
 		t.Errorf("the data path's ports %+v, v2p %+v: want two attached, two mappings", st.Ports, st.V2P)
 	}
+
+	waitFor(t, "the switches' tunnel endpoints in the data path", func() (bool, string) {
+		st, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context())
+		return err == nil && len(st.V2B) == 1 && len(st.V2B[0].TEPs) == 1 && st.V2B[0].TEPs[0].Addr == tep && st.V2B[0].TEPs[0].VNI == 99, fmt.Sprintf("%+v %v", st.V2B, err)
+	})
 
 	// An ephemeral address attached as Nexus attaches it reaches the data
 	// path's port.

@@ -29,6 +29,6 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&opts.Requests, "requests", 200, "timed requests of each kind")
 	f.IntSliceVar(&opts.PassZones, "pass-zones", []int{1000, 10000}, "config sizes for the no-op pass measurement")
 	f.IntVar(&opts.Passes, "passes", 50, "timed no-op passes at each size")
-	cmd.AddCommand(newBenchZonesCmd(), newBenchRestartCmd(), newBenchPrefixesCmd(), newBenchNATCmd(), newBenchVMMCmd(), newBenchStorageCmd(), newBenchPutCmd(), newBenchGuestCmd())
+	cmd.AddCommand(newBenchZonesCmd(), newBenchRestartCmd(), newBenchPrefixesCmd(), newBenchNATCmd(), newBenchVMMCmd(), newBenchStorageCmd(), newBenchPutCmd(), newBenchGuestCmd(), newBenchVPCCmd())
 	return cmd
 }

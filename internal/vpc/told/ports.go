@@ -43,6 +43,18 @@ type Port struct {
 	Rules []FirewallRule `json:"-"`
 	// Since is when the port's rules were given (a VMM's registration).
 	Since time.Time `json:"-"`
+	// DHCP is what the gateway's DHCP hands a VMM's guest besides its
+	// address (nil: nothing else; services and probes).
+	DHCP *DHCP `json:"dhcp,omitempty"`
+}
+
+// DHCP is a VMM's local_config.hostname and dhcp_config (upstream's
+// DhcpConfig): what its guest's DHCP answers carry.
+type DHCP struct {
+	Hostname      string   `json:"hostname"`
+	HostDomain    *string  `json:"host_domain"`
+	SearchDomains []string `json:"search_domains"`
+	DNSServers    []string `json:"dns_servers"`
 }
 
 // Ref is the port's name.
@@ -178,6 +190,7 @@ type VMM struct {
 	NICs       []NIC
 	External   ExternalIPs
 	Rules      []FirewallRule
+	DHCP       *DHCP
 }
 
 // ParseVMM reads the networking of a VMM's registration (upstream's
@@ -189,6 +202,12 @@ func ParseVMM(id string, registration []byte) (VMM, error) {
 			NICs          []NIC          `json:"nics"`
 			ExternalIPs   *ExternalIPs   `json:"external_ips"`
 			FirewallRules []FirewallRule `json:"firewall_rules"`
+			Hostname      string         `json:"hostname"`
+			DHCPConfig    *struct {
+				DNSServers    []string `json:"dns_servers"`
+				HostDomain    *string  `json:"host_domain"`
+				SearchDomains []string `json:"search_domains"`
+			} `json:"dhcp_config"`
 		} `json:"local_config"`
 	}
 	if err := json.Unmarshal(registration, &b); err != nil {
@@ -202,6 +221,12 @@ func ParseVMM(id string, registration []byte) (VMM, error) {
 	}
 	if b.LocalConfig.ExternalIPs != nil {
 		v.External = *b.LocalConfig.ExternalIPs
+	}
+	if lc := b.LocalConfig; lc.Hostname != "" || lc.DHCPConfig != nil {
+		v.DHCP = &DHCP{Hostname: lc.Hostname}
+		if c := lc.DHCPConfig; c != nil {
+			v.DHCP.HostDomain, v.DHCP.SearchDomains, v.DHCP.DNSServers = c.HostDomain, c.SearchDomains, c.DNSServers
+		}
 	}
 	return v, nil
 }

@@ -201,7 +201,7 @@ func (s *Store) ports(st *state) (ports []Port, vmms map[string]VMM) {
 				continue
 			}
 			for _, n := range v.NICs {
-				p := Port{NIC: n, Owner: v.ID, Rules: v.Rules, Since: v.Registered}
+				p := Port{NIC: n, Owner: v.ID, Rules: v.Rules, Since: v.Registered, DHCP: v.DHCP}
 				if n.Primary {
 					p.External = v.External
 					if t, ok := st.vmms[v.ID]; ok && t.External != nil {

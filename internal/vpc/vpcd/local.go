@@ -2,7 +2,9 @@ package vpcd
 
 import (
 	"context"
+	"net/netip"
 
+	"github.com/sled-agent/sled-agent/internal/vpc/mappings"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 )
 
@@ -52,4 +54,14 @@ func (l Local) ClearV2P(_ context.Context, m V2P) error {
 // SetExternalIPs replaces the external addresses of the port called name.
 func (l Local) SetExternalIPs(_ context.Context, name string, ch ExternalChange) error {
 	return l.D.SetExternalIPs(name, ch.ExternalIPs, ch.EIPGateways)
+}
+
+// SetV2B makes the boundary table want.
+func (l Local) SetV2B(_ context.Context, want []mappings.Boundary) error {
+	m := map[netip.Prefix][]mappings.TEP{}
+	for _, b := range want {
+		m[b.Prefix] = append(m[b.Prefix], b.TEPs...)
+	}
+	_, err := l.D.eng.V2B().Replace(m)
+	return wrapBad(err)
 }

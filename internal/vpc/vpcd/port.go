@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/sled-agent/sled-agent/internal/vpc/engine"
+	"github.com/sled-agent/sled-agent/internal/vpc/gateway"
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 	"github.com/sled-agent/sled-agent/internal/vpc/wire"
@@ -65,6 +67,20 @@ type PortSpec struct {
 	// address it does not name leaves through the system gateway).
 	ExternalIPs ExternalSpec               `json:"external_ips"`
 	EIPGateways map[netip.Addr][]uuid.UUID `json:"eip_gateways,omitempty"`
+	// DHCP is what the gateway's DHCP hands the guest besides its address
+	// (upstream's DhcpCfg, built from its hostname and dhcp_config).
+	DHCP *DHCPSpec `json:"dhcp,omitempty"`
+	// MTU is the port's MTU (1500 if 0; 8500 for an instance with jumbo
+	// frames), announced in router advertisements.
+	MTU uint32 `json:"mtu,omitempty"`
+}
+
+// DHCPSpec is a guest's DHCP options besides its address.
+type DHCPSpec struct {
+	Hostname      string       `json:"hostname"`
+	HostDomain    *string      `json:"host_domain,omitempty"`
+	SearchDomains []string     `json:"search_domains,omitempty"`
+	DNSServers    []netip.Addr `json:"dns_servers,omitempty"`
 }
 
 func sameIdentity(a, b PortSpec) bool {
@@ -77,11 +93,18 @@ func sameIdentity(a, b PortSpec) bool {
 		}
 		return x.Private == y.Private && x.Subnet == y.Subnet && slices.Equal(x.Transit, y.Transit)
 	}
-	return same(a.IPv4, b.IPv4) && same(a.IPv6, b.IPv6)
+	// The gateway layer is made with its DHCP options and MTU.
+	return same(a.IPv4, b.IPv4) && same(a.IPv6, b.IPv6) && a.MTU == b.MTU && reflect.DeepEqual(a.DHCP, b.DHCP)
 }
 
-func (s PortSpec) engineConfig(name string) engine.PortConfig {
-	c := engine.PortConfig{Name: name, VNI: s.VNI, MAC: wire.MAC(s.MAC), Service: s.Service}
+func (s PortSpec) engineConfig(name string) (engine.PortConfig, error) {
+	c := engine.PortConfig{Name: name, VNI: s.VNI, MAC: wire.MAC(s.MAC), Service: s.Service, MTU: s.MTU}
+	if d := s.DHCP; d != nil {
+		var err error
+		if c.DHCP, err = gateway.NewDHCP(d.Hostname, d.HostDomain, d.SearchDomains, d.DNSServers); err != nil {
+			return c, fmt.Errorf("port %s: dhcp: %w", name, err)
+		}
+	}
 	if s.IPv4 != nil {
 		c.IPv4 = &engine.IPConfig{Private: s.IPv4.Private, Subnet: s.IPv4.Subnet, Transit: s.IPv4.Transit}
 	}
@@ -89,7 +112,7 @@ func (s PortSpec) engineConfig(name string) engine.PortConfig {
 		c.IPv6 = &engine.IPConfig{Private: s.IPv6.Private, Subnet: s.IPv6.Subnet, Transit: s.IPv6.Transit}
 	}
 	c.External = s.external()
-	return c
+	return c, nil
 }
 
 // external is the engine's form of the port's external addresses.
@@ -156,7 +179,11 @@ func (d *Daemon) EnsurePort(name string, spec PortSpec) error {
 		old.stop()
 		d.eng.DeletePort(name)
 	}
-	p, err := d.eng.CreatePort(spec.engineConfig(name))
+	ec, err := spec.engineConfig(name)
+	if err != nil {
+		return wrapBad(err)
+	}
+	p, err := d.eng.CreatePort(ec)
 	if err != nil {
 		return wrapBad(err)
 	}
