@@ -366,10 +366,13 @@ func (m Machine) command() ([]string, []passed, error) {
 	}
 	for _, n := range m.NICs {
 		mac, _ := net.ParseMAC(n.MAC) // validated
-		netdev := "tap,id=" + n.ID + ",ifname=" + n.Tap + ",script=no,downscript=no,vhost=" + onOff(n.Vhost)
+		// vnet_hdr=off: whole frames on the tap (OpenTap).
+		netdev := "tap,id=" + n.ID + ",ifname=" + n.Tap + ",script=no,downscript=no,vnet_hdr=off,vhost=" + onOff(n.Vhost)
 		if m.Descriptors {
 			// fd= takes no ifname, script or downscript.
 			what := fmt.Sprintf("NIC %q", n.ID)
+			// With fd= QEMU reads from the tap whether it has the
+			// virtio-net header (OpenTap's has none).
 			netdev = fmt.Sprintf("tap,id=%s,fd=%d,vhost=%s", n.ID, give(passed{what: what + ": tap " + n.Tap, file: n.File}), onOff(n.Vhost))
 			if n.Vhost {
 				netdev += fmt.Sprintf(",vhostfd=%d", give(passed{what: what + ": vhost-net", path: vhostNet, write: true, device: true}))

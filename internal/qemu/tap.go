@@ -13,8 +13,12 @@ import (
 // owned by uid and gid, and returns its descriptor, which QEMU is given
 // (NIC.File): QEMU, unprivileged, could neither make a tap nor, where
 // /dev/net/tun is root's alone, attach to one by name. The tap has no
-// packet information header and has virtio-net's header (IFF_NO_PI,
-// IFF_VNET_HDR), as QEMU would make it, and is not persistent: the kernel
+// packet information header and no virtio-net header (IFF_NO_PI, and not
+// IFF_VNET_HDR): the sled's VPC data path reads the guest's frames on the
+// tap's host side, and takes them whole, each at most the MTU with its
+// checksums computed, as OPTE's first phase on Linux does (VPC.md §3.2 d);
+// without the header the guest is offered no checksum or segmentation
+// offload. It is not persistent: the kernel
 // removes it when its last descriptor closes, which is QEMU's once the
 // caller has closed its own after starting QEMU. A tap of that name
 // already there (left by a VMM service that died while its QEMU ran on, or
@@ -34,7 +38,7 @@ func OpenTap(name string, uid, gid uint32) (*os.File, error) {
 	}
 	ifr, err := unix.NewIfreq(name)
 	if err == nil {
-		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
 		err = unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr)
 	}
 	if err == nil {

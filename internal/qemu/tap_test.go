@@ -48,8 +48,8 @@ func TestOpenTap(t *testing.T) {
 		t.Fatalf("link %s: %+v, want a tap", name, zonenettest.Link(t, ns, name))
 	}
 	if tap.Mode != netlink.TUNTAP_MODE_TAP || tap.Owner != uid || tap.Group != gid || !tap.NonPersist ||
-		tap.Flags&netlink.TUNTAP_VNET_HDR == 0 || tap.Flags&netlink.TUNTAP_NO_PI == 0 {
-		t.Errorf("tap: mode %d, owner %d, group %d, not persistent %v, flags %#x; want a tap of %d:%d, not persistent, vnet_hdr, no_pi",
+		tap.Flags&netlink.TUNTAP_VNET_HDR != 0 || tap.Flags&netlink.TUNTAP_NO_PI == 0 {
+		t.Errorf("tap: mode %d, owner %d, group %d, not persistent %v, flags %#x; want a tap of %d:%d, not persistent, no vnet_hdr, no_pi",
 			tap.Mode, tap.Owner, tap.Group, tap.NonPersist, tap.Flags, uid, gid)
 	}
 
