@@ -790,6 +790,7 @@ func newRuntime(cfg Config, log *slog.Logger, vmmArgs func() []string) (runtime,
 			NetnsPrefix: cfg.NetnsPrefix,
 			PoolRoot:    poolRoot(cfg),
 			NTPNoClock:  cfg.NTPNoClock,
+			VPC:         cfg.VPCDataPath,
 			Images:      cfg.Images, // validated by New
 			VMMArgs:     vmmArgs,
 			Log:         log,

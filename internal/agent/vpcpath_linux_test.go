@@ -21,6 +21,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/sim/ddmsim"
+	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
 	"github.com/sled-agent/sled-agent/internal/vmm/standin"
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
@@ -281,4 +282,100 @@ func hasEphemeral(st vpcd.State, ip string) bool {
 		}
 	}
 	return false
+}
+
+// A service zone's NIC is a port of the data path, as OPTE makes it: the
+// zone holds its address alone (/32), with routes to its gateway and the
+// default route through it; the zone finds the gateway by ARP, which the
+// data path answers; and what it sends to the internet takes its external
+// address to the switches (here none is known: the packet is dropped for
+// want of a tunnel endpoint, and counted so).
+func TestLinuxServiceZoneIsAPort(t *testing.T) {
+	tag, prefix, dir, runDir := linuxEnv(t)
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
+		VPCDataPath: true, UnderlayIP: "fd00:1122:3344:1df::1"}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := agent.Teardown(ctx, cfg, nil); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	a := newAgent(t, cfg)
+	run(t, a)
+	zones := sledconfigtest.OwnPools(tag, sledconfigtest.Nexus(0x77, "[fd00:1122:3344:1df::7]:12221"))
+	nexus := zones[0]
+	if err := newClient(t, a).PutConfig(t.Context(), linuxDoc(t, dir, tag, 1, zones...)); err != nil {
+		t.Fatal(err)
+	}
+	port := "service-" + strings.ToLower(nexus.ZoneType.NIC.ID)
+	sock := agent.VPCSocket(cfg)
+	waitFor(t, "the nexus zone's port attached", func() (bool, string) {
+		st, err := vpcd.NewClient(sock).State(t.Context())
+		for _, p := range st.Ports {
+			if p.Name == port {
+				return p.Status == "attached", p.Status
+			}
+		}
+		return false, fmt.Sprintf("%+v %v", st.Ports, err)
+	})
+	ns := zonenet.NetnsPath(prefix + nexus.Name())
+	// Something for the internet: the zone's kernel asks for its gateway.
+	var c *net.UDPConn
+	if err := zonenet.RunInPath(ns, func() (err error) {
+		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.MustParseAddrPort("198.51.100.1:123")))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gw := net.ParseIP("172.30.2.1")
+	waitFor(t, "the zone's neighbour entry of its gateway", func() (bool, string) {
+		c.Write([]byte("ntp?"))
+		h, err := netlink.NewHandleAt(mustNetns(t, ns))
+		if err != nil {
+			return false, err.Error()
+		}
+		defer h.Close()
+		neighs, err := h.NeighList(0, netlink.FAMILY_V4)
+		for _, n := range neighs {
+			if n.IP.Equal(gw) && n.HardwareAddr.String() == "a8:40:25:ff:77:77" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%v %v", neighs, err)
+	})
+	waitFor(t, "the zone's packet to the internet dropped for want of a tunnel endpoint", func() (bool, string) {
+		c.Write([]byte("ntp?"))
+		st, err := vpcd.NewClient(sock).State(t.Context())
+		for _, p := range st.Ports {
+			if p.Name == port {
+				return p.Stats.Dropped["no boundary tunnel endpoint"] > 0, fmt.Sprint(p.Stats)
+			}
+		}
+		return false, fmt.Sprint(err)
+	})
+	h, err := netlink.NewHandleAt(mustNetns(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName("opte0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, _ := h.AddrList(l, netlink.FAMILY_V4)
+	if len(addrs) != 1 || addrs[0].IPNet.String() != "172.30.2.9/32" {
+		t.Errorf("opte0's addresses %v, want 172.30.2.9/32", addrs)
+	}
+}
+
+func mustNetns(t *testing.T, path string) netns.NsHandle {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	return ns
 }

@@ -49,8 +49,10 @@ func (r *Runtime) keepAgentBinary() error {
 	return nil
 }
 
-// nicConfig turns a zone's NIC config into the addresses of its link.
-func nicConfig(nic *sledconfig.NIC) (*zonenet.NIC, error) {
+// nicConfig turns a zone's NIC config into the addresses of its link: in
+// its subnet, or, for a port of the VPC data path (vpc), alone with its
+// IPv4 gateway, the subnet's first host, as OPTE gives zones.
+func nicConfig(nic *sledconfig.NIC, vpc bool) (*zonenet.NIC, error) {
 	var out zonenet.NIC
 	if nic.MAC != "" {
 		mac, err := net.ParseMAC(nic.MAC)
@@ -68,7 +70,14 @@ func nicConfig(nic *sledconfig.NIC) (*zonenet.NIC, error) {
 		if err != nil {
 			return fmt.Errorf("nic subnet: %w", err)
 		}
-		out.Addrs = append(out.Addrs, netip.PrefixFrom(a, p.Bits()))
+		if !vpc {
+			out.Addrs = append(out.Addrs, netip.PrefixFrom(a, p.Bits()))
+			return nil
+		}
+		out.Addrs = append(out.Addrs, netip.PrefixFrom(a, a.BitLen()))
+		if a.Is4() {
+			out.Gateway = p.Masked().Addr().Next()
+		}
 		return nil
 	}
 	v := nic.IPConfig.Value

@@ -39,6 +39,12 @@ import (
 
 // Options set up the runtime.
 type Options struct {
+	// VPC: the sled runs the VPC data path, which zones' NICs are ports
+	// of: a NIC then holds its address alone (/32) with a route to its
+	// VPC gateway and the default IPv4 route through it, as OPTE gives
+	// zones; without, it holds its address in its subnet (nothing
+	// answers on it).
+	VPC bool
 	// DataDir holds the legacy zone roots (DataDir/pools/<pool>/zones/<zone>,
 	// for specs without a root dataset) and the agent binary the default
 	// image runs (DataDir/bin).
@@ -205,7 +211,7 @@ func (r *Runtime) netConfig(spec zone.Spec) (zonenet.Config, error) {
 		c.GZ, _ = netip.ParseAddr(t.GZAddress)
 	}
 	if nic := spec.Config.ZoneType.NIC; nic != nil {
-		n, err := nicConfig(nic)
+		n, err := nicConfig(nic, r.opts.VPC)
 		if err != nil {
 			return zonenet.Config{}, fmt.Errorf("zone %s: %w", spec.Name, err)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -178,7 +179,35 @@ func (s *session) ensureNIC(c Config, np pair) error {
 	if err := syncAddrs(s.zone, zl, c.NIC.Addrs); err != nil {
 		return err
 	}
+	if gw := c.NIC.Gateway; gw.IsValid() {
+		if err := s.gatewayRoutes(zl, gw); err != nil {
+			return err
+		}
+	}
 	return setUp(s.host, hl)
+}
+
+// gatewayRoutes gives the zone's NIC zl OPTE's routes: the gateway on the
+// link, the default IPv4 route through it; and turns its transmit offloads
+// off (DisableOffloads).
+func (s *session) gatewayRoutes(zl netlink.Link, gw netip.Addr) error {
+	on := &net.IPNet{IP: gw.AsSlice(), Mask: net.CIDRMask(32, 32)}
+	for _, r := range []*netlink.Route{
+		{LinkIndex: zl.Attrs().Index, Dst: on, Scope: netlink.SCOPE_LINK},
+		{LinkIndex: zl.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: gw.AsSlice()},
+	} {
+		if err := s.zone.RouteReplace(r); err != nil {
+			return fmt.Errorf("route %v via %v on %s: %w", r.Dst, r.Gw, zl.Attrs().Name, err)
+		}
+	}
+	errc := make(chan error, 1)
+	go inNamespace(func() error {
+		if err := netns.Set(s.ns); err != nil {
+			return err
+		}
+		return DisableOffloads("", zl.Attrs().Name)
+	}, errc)
+	return <-errc
 }
 
 // removePair deletes p's host end (and so its zone end) if it is ours, and a

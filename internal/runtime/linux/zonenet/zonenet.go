@@ -79,8 +79,14 @@ type Config struct {
 
 // NIC is the zone's private-network interface.
 type NIC struct {
-	Addrs []netip.Prefix   // private IP(s) with the subnet's length, e.g. 172.30.2.9/24
+	Addrs []netip.Prefix   // private IP(s), e.g. 172.30.2.9/32 (OPTE's model) or /24
 	MAC   net.HardwareAddr // may be nil: the kernel picks one
+	// Gateway, if set, is the NIC's IPv4 gateway, as OPTE's gives a zone
+	// a /32: a route to it on the link and the default IPv4 route through
+	// it (omicron's opte-interface-setup). The link's transmit offloads
+	// are then off too, so that the data path reading its host end gets
+	// whole frames.
+	Gateway netip.Addr
 }
 
 // Link is a host-side link that carries a tag's ownership mark.
