@@ -250,7 +250,9 @@ func byPath(argv []string) []string {
 		if rest, ok := strings.CutPrefix(a, "tap,id="); ok && len(taps) > 0 {
 			id, opts, _ := strings.Cut(rest, ",")
 			if fd, more, ok := strings.Cut(opts, ","); ok && strings.HasPrefix(fd, "fd=") {
-				out[i] = "tap,id=" + id + ",ifname=" + taps[0] + ",script=no,downscript=no," + more
+				// The agent's tap has no virtio-net header
+				// (qemu.OpenTap), as vnet_hdr=off makes QEMU's.
+				out[i] = "tap,id=" + id + ",ifname=" + taps[0] + ",script=no,downscript=no,vnet_hdr=off," + more
 				taps = taps[1:]
 			}
 		}

@@ -17,7 +17,7 @@ func TestDescriptorsReadAsThePathsTheyStandFor(t *testing.T) {
 		` -chardev socket,id=qmp,path=/tmp/f/floor-1/qmp.sock,server=on,wait=off -mon chardev=qmp,mode=control` +
 		` -chardev socket,id=com1,path=/tmp/f/floor-1/com1.sock,server=on,wait=off` +
 		` -blockdev driver=raw,node-name=drive0,read-only=off,file.driver=file,file.filename=/tmp/f/floor-1/disk.raw,file.read-only=off` +
-		` -netdev tap,id=net0,ifname=vna84025f00007,script=no,downscript=no,vhost=off` +
+		` -netdev tap,id=net0,ifname=vna84025f00007,script=no,downscript=no,vnet_hdr=off,vhost=off` +
 		` -device virtio-net-pci,id=net0,bus=pci.0,addr=0x8.0,netdev=net0,mac=a8:40:25:f0:00:07,romfile=`)
 	agent := strings.Fields(`qemu-system-x86_64 -name guest=vm-2 -machine pc,pflash0=fw-code,pflash1=fw-vars -m size=256M` +
 		` -add-fd fd=3,set=3,opaque=/usr/share/OVMF/OVMF_CODE_4M.fd` +
