@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -385,5 +386,66 @@ func BenchmarkInboundEstablished(b *testing.B) {
 		if r := eb.Inbound(work); r.Verdict != ToPort {
 			b.Fatal(r.Reason)
 		}
+	}
+}
+
+// BenchmarkNewFlow is the cost of the first packet of a flow (every packet
+// a new source port: the firewall decides, the flow is kept), with the
+// port holding n firewall rules and the sled n v2p mappings.
+func BenchmarkNewFlow(b *testing.B) {
+	for _, n := range []int{1, 1000, 10000} {
+		b.Run(map[int]string{1: "1", 1000: "1k", 10000: "10k"}[n], func(b *testing.B) {
+			ea, pa := sled(b, sledA, "vnA", macA, ipA)
+			rs := make([]rules.FirewallRule, 0, n)
+			for i := range n {
+				rs = append(rs, firewallRules(b, fmt.Sprintf(`[{"status":"enabled","direction":"outbound","targets":[],"filter_hosts":[{"type":"ip","value":"10.%d.%d.0/24"}],"filter_protocols":[{"type":"tcp"}],"filter_ports":["%d"],"action":"deny","priority":%d}]`, i>>8&0xff, i&0xff, 1+i%60000, 1+i%60000))...)
+			}
+			if err := pa.SetFirewall(rs); err != nil {
+				b.Fatal(err)
+			}
+			for i := range n {
+				ea.V2P().Set(7777, netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)}), mappings.Phys{MAC: macB, Sled: sledB})
+			}
+			buf := make([]byte, 2048)
+			n := frame(buf, macA, ipA, ipB, wire.ProtoUDP, 1, 5000, 0, string(make([]byte, 64)))
+			keep := append([]byte(nil), buf[Headroom:Headroom+n]...)
+			var f wire.Frame
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				copy(buf[Headroom:], keep)
+				wire.Parse(buf[Headroom:Headroom+n], &f)
+				f.SetSrcPort(buf[Headroom:Headroom+n], uint16(1024+i%60000))
+				i++
+				if r := ea.Outbound(pa, buf, n); r.Verdict != ToUnderlay {
+					b.Fatal(r.Reason)
+				}
+				if i%4096 == 0 {
+					pa.fwFlows.Clear() // the table stays small, as flows expire
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkCreatePort is how fast ports are made and removed.
+func BenchmarkCreatePort(b *testing.B) {
+	e, err := New(Config{Underlay: sledA})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rs := defaultRules(b)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		mac := wire.MAC{0xa8, 0x40, 0x25, 0xf0, byte(i >> 8), byte(i)}
+		p, err := e.CreatePort(PortConfig{Name: "p", VNI: 7777, MAC: mac, IPv4: &IPConfig{Private: ipA, Subnet: subnet}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.SetFirewall(rs)
+		p.ApplyRoutes(rules.System, nil, []rules.Route{{Dest: subnet, Target: rules.SubnetTarget(subnet)}})
+		e.DeletePort("p")
+		i++
 	}
 }

@@ -57,13 +57,20 @@ type v2pKey struct {
 // ready.
 type V2P struct {
 	mu    sync.Mutex // writers
-	snap  atomic.Pointer[map[v2pKey]Phys]
+	snap  atomic.Pointer[v2pSnap]
 	epoch atomic.Uint64
 }
 
+// v2pSnap is an immutable state of the table: its mappings, and for each
+// address the lowest VNI holding it (VNIOf, for every new flow).
+type v2pSnap struct {
+	m     map[v2pKey]Phys
+	vniOf map[netip.Addr]uint32
+}
+
 func (t *V2P) load() map[v2pKey]Phys {
-	if m := t.snap.Load(); m != nil {
-		return *m
+	if s := t.snap.Load(); s != nil {
+		return s.m
 	}
 	return nil
 }
@@ -113,7 +120,13 @@ func (t *V2P) Del(vni uint32, vip netip.Addr) (Phys, bool) {
 }
 
 func (t *V2P) publish(m map[v2pKey]Phys) {
-	t.snap.Store(&m)
+	s := &v2pSnap{m: m, vniOf: make(map[netip.Addr]uint32, len(m))}
+	for k := range m {
+		if v, ok := s.vniOf[k.ip]; !ok || k.vni < v {
+			s.vniOf[k.ip] = k.vni
+		}
+	}
+	t.snap.Store(s)
 	t.epoch.Add(1)
 }
 
@@ -128,14 +141,12 @@ func (t *V2P) Get(vni uint32, vip netip.Addr) (Phys, bool) {
 // keeps peered VPCs' addresses apart). The gateway tags an outbound flow
 // with it, for the firewall's "vpc" host filter.
 func (t *V2P) VNIOf(vip netip.Addr) (uint32, bool) {
-	vip = vip.Unmap()
-	found, best := false, uint32(0)
-	for k := range t.load() {
-		if k.ip == vip && (!found || k.vni < best) {
-			found, best = true, k.vni
-		}
+	s := t.snap.Load()
+	if s == nil {
+		return 0, false
 	}
-	return best, found
+	vni, ok := s.vniOf[vip.Unmap()]
+	return vni, ok
 }
 
 // Dump lists every mapping, by VNI, then address.
