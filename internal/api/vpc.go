@@ -127,18 +127,18 @@ func (s *Server) registerVPC() {
 	const vmmDoc = " The VMM's primary NIC's port; an unknown VMM is a 404 NO_SUCH_INSTANCE, a VMM without a port now (stopped, failed or destroyed) a 500."
 	reg(huma.Operation{OperationID: "vmm_put_external_ip", Method: http.MethodPut, Path: "/vmms/{propolis_id}/external-ip",
 		Description:      "Attaches an external IP, as upstream: the same ephemeral IP again is a 204 that changes nothing, another ephemeral IP while one is attached a 500 (detach it first), a floating IP joins the set; the registration's external_ips are where it starts." + vmmDoc,
-		SkipValidateBody: true, Errors: []int{404}}, vpcSmallRoute, s.putExternalIP)
+		SkipValidateBody: true, Errors: []int{404}}, vpcSmallRoute, vmmBody(s, told.ExternalIPBody.Check, VPC.PutExternalIP))
 	reg(huma.Operation{OperationID: "vmm_delete_external_ip", Method: http.MethodDelete, Path: "/vmms/{propolis_id}/external-ip",
 		Description:      "Detaches it if it is the one attached; otherwise a 204 that changes nothing." + vmmDoc,
-		SkipValidateBody: true, Errors: []int{404}}, vpcSmallRoute, s.deleteExternalIP)
+		SkipValidateBody: true, Errors: []int{404}}, vpcSmallRoute, vmmBody(s, told.ExternalIPBody.Check, VPC.DeleteExternalIP))
 	reg(huma.Operation{OperationID: "vmm_put_attached_subnets", Method: http.MethodPut, Path: "/vmms/{propolis_id}/attached-subnets",
 		Summary:          "Update the subnets attached to an instance.",
 		Description:      "Makes them exactly these: those no longer given are detached, then each given one attached." + vmmDoc,
-		SkipValidateBody: true, Errors: []int{404}}, vpcSetRoute, s.putAttachedSubnets)
+		SkipValidateBody: true, Errors: []int{404}}, vpcSetRoute, vmmBody(s, told.AttachedSubnets.Check, VPC.SetAttachedSubnets))
 	reg(huma.Operation{OperationID: "vmm_post_attached_subnet", Method: http.MethodPost, Path: "/vmms/{propolis_id}/attached-subnets",
 		Summary:          "Attach a subnet to an instance.",
 		Description:      "A subnet attached already is a 409 SUBNET_ALREADY_ATTACHED, and changes nothing." + vmmDoc,
-		SkipValidateBody: true, Errors: []int{404, 409}}, vpcSmallRoute, s.postAttachedSubnet)
+		SkipValidateBody: true, Errors: []int{404, 409}}, vpcSmallRoute, vmmBody(s, func(a told.AttachedSubnet) (told.AttachedSubnet, error) { return a.Check("") }, VPC.AttachSubnet))
 	reg(huma.Operation{OperationID: "vmm_delete_attached_subnets", Method: http.MethodDelete, Path: "/vmms/{propolis_id}/attached-subnets",
 		Summary: "Delete all subnets attached to an instance.", Description: vmmDoc[1:], Errors: []int{404}}, httpbound.Small, s.deleteAttachedSubnets)
 	reg(huma.Operation{OperationID: "vmm_delete_attached_subnet", Method: http.MethodDelete, Path: "/vmms/{propolis_id}/attached-subnets/{subnet}",
@@ -289,52 +289,20 @@ func (s *Server) putFirewallRules(ctx context.Context, in *vpcFirewallInput) (*s
 	return nil, s.vpcError(ctx, s.deps.VPC.SetFirewallRules(ctx, b))
 }
 
-func (s *Server) putExternalIP(ctx context.Context, in *vmmRawInput) (*struct{}, error) {
-	id, err := propolisID(ctx, in.PropolisID)
-	if err != nil {
-		return nil, err
+// vmmBody is the shape of the per-VMM VPC operations: a propolis id in the
+// path and a checked body, handed to apply; errors map through vpcError.
+func vmmBody[T any](s *Server, check func(T) (T, error), apply func(VPC, context.Context, string, T) error) func(context.Context, *vmmRawInput) (*struct{}, error) {
+	return func(ctx context.Context, in *vmmRawInput) (*struct{}, error) {
+		id, err := propolisID(ctx, in.PropolisID)
+		if err != nil {
+			return nil, err
+		}
+		b, err := decodeBody(ctx, in.RawBody, check)
+		if err != nil {
+			return nil, err
+		}
+		return nil, s.vpcError(ctx, apply(s.deps.VPC, ctx, id, b))
 	}
-	b, err := decodeBody(ctx, in.RawBody, told.ExternalIPBody.Check)
-	if err != nil {
-		return nil, err
-	}
-	return nil, s.vpcError(ctx, s.deps.VPC.PutExternalIP(ctx, id, b))
-}
-
-func (s *Server) deleteExternalIP(ctx context.Context, in *vmmRawInput) (*struct{}, error) {
-	id, err := propolisID(ctx, in.PropolisID)
-	if err != nil {
-		return nil, err
-	}
-	b, err := decodeBody(ctx, in.RawBody, told.ExternalIPBody.Check)
-	if err != nil {
-		return nil, err
-	}
-	return nil, s.vpcError(ctx, s.deps.VPC.DeleteExternalIP(ctx, id, b))
-}
-
-func (s *Server) putAttachedSubnets(ctx context.Context, in *vmmRawInput) (*struct{}, error) {
-	id, err := propolisID(ctx, in.PropolisID)
-	if err != nil {
-		return nil, err
-	}
-	b, err := decodeBody(ctx, in.RawBody, told.AttachedSubnets.Check)
-	if err != nil {
-		return nil, err
-	}
-	return nil, s.vpcError(ctx, s.deps.VPC.SetAttachedSubnets(ctx, id, b))
-}
-
-func (s *Server) postAttachedSubnet(ctx context.Context, in *vmmRawInput) (*struct{}, error) {
-	id, err := propolisID(ctx, in.PropolisID)
-	if err != nil {
-		return nil, err
-	}
-	b, err := decodeBody(ctx, in.RawBody, func(a told.AttachedSubnet) (told.AttachedSubnet, error) { return a.Check("") })
-	if err != nil {
-		return nil, err
-	}
-	return nil, s.vpcError(ctx, s.deps.VPC.AttachSubnet(ctx, id, b))
 }
 
 func (s *Server) deleteAttachedSubnets(ctx context.Context, in *vmmPath) (*struct{}, error) {
