@@ -3,8 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"net/netip"
 	"os"
@@ -14,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet/zonenettest"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
 )
@@ -77,13 +76,7 @@ func lonelyDataPath(t *testing.T) *vpcd.Daemon {
 	opts := vpcd.Options{Underlay: netip.MustParseAddr("::1")}
 	if os.Geteuid() == 0 {
 		if _, err := exec.LookPath("ip"); err == nil {
-			b := make([]byte, 3)
-			rand.Read(b)
-			ns := "zt" + hex.EncodeToString(b) + "-vpc"
-			if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-				t.Fatalf("ip netns add: %v: %s", err, out)
-			}
-			t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+			ns := zonenettest.Netns(t, "zt")
 			exec.Command("ip", "-n", ns, "link", "set", "lo", "up").Run()
 			opts.Netns = "/run/netns/" + ns
 		}

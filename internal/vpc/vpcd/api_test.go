@@ -2,8 +2,6 @@ package vpcd
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net/netip"
 	"os"
@@ -13,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet/zonenettest"
 	"github.com/sled-agent/sled-agent/internal/vpc/mappings"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 )
@@ -127,13 +126,7 @@ func lonelyDataPath(t *testing.T) *Daemon {
 	opts := Options{Underlay: netip.MustParseAddr("::1")}
 	if os.Geteuid() == 0 {
 		if _, err := exec.LookPath("ip"); err == nil {
-			b := make([]byte, 3)
-			rand.Read(b)
-			ns := "zt" + hex.EncodeToString(b) + "-vpc"
-			if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-				t.Fatalf("ip netns add: %v: %s", err, out)
-			}
-			t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+			ns := zonenettest.Netns(t, "zt")
 			exec.Command("ip", "-n", ns, "link", "set", "lo", "up").Run()
 			opts.Netns = "/run/netns/" + ns
 		}
