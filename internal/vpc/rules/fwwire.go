@@ -207,27 +207,36 @@ func (p PortRange) String() string {
 func (p PortRange) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
 
 func (p *PortRange) UnmarshalText(b []byte) error {
-	s := string(b)
-	one := func(v string) (uint16, error) {
-		n, err := strconv.ParseUint(v, 10, 16)
-		if err != nil || n == 0 {
-			return 0, invalid("filter_ports", s, "not a port 1-65535 or a range of them (\"22\", \"1000-2000\")")
+	first, last, err := parseRange[uint16](string(b), 16, 1, "filter_ports", "not a port 1-65535 or a range of them (\"22\", \"1000-2000\")")
+	if err != nil {
+		return err
+	}
+	*p = PortRange{First: first, Last: last}
+	return nil
+}
+
+// parseRange reads upstream's "n" or "n-m" into numbers of bits bits, each
+// at least min; any other text is invalid(field, s, why).
+func parseRange[T uint8 | uint16](s string, bits int, min uint64, field, why string) (T, T, error) {
+	one := func(v string) (T, error) {
+		n, err := strconv.ParseUint(v, 10, bits)
+		if err != nil || n < min {
+			return 0, invalid(field, s, why)
 		}
-		return uint16(n), nil
+		return T(n), nil
 	}
 	left, right, isRange := strings.Cut(s, "-")
 	first, err := one(left)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	last := first
 	if isRange {
 		if last, err = one(right); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
-	*p = PortRange{First: first, Last: last}
-	return nil
+	return first, last, nil
 }
 
 // ProtocolFilter is upstream VpcFirewallRuleProtocol: tcp, udp, or icmp /
@@ -258,24 +267,9 @@ func (c CodeRange) String() string {
 func (c CodeRange) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
 
 func (c *CodeRange) UnmarshalText(b []byte) error {
-	s := string(b)
-	one := func(v string) (uint8, error) {
-		n, err := strconv.ParseUint(v, 10, 8)
-		if err != nil {
-			return 0, invalid("code", s, "not a number 0-255 or a range of them (\"3\", \"3-4\")")
-		}
-		return uint8(n), nil
-	}
-	left, right, isRange := strings.Cut(s, "-")
-	first, err := one(left)
+	first, last, err := parseRange[uint8](string(b), 8, 0, "code", "not a number 0-255 or a range of them (\"3\", \"3-4\")")
 	if err != nil {
 		return err
-	}
-	last := first
-	if isRange {
-		if last, err = one(right); err != nil {
-			return err
-		}
 	}
 	*c = CodeRange{First: first, Last: last}
 	return nil
