@@ -24,8 +24,8 @@ import (
 	"github.com/sled-agent/sled-agent/internal/sledconfig/sledconfigtest"
 	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
 	"github.com/sled-agent/sled-agent/internal/vmm/standin"
-	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
+	"github.com/sled-agent/sled-agent/internal/vpc/vpctest"
 )
 
 // standInGuest is a stand-in VMM of VPC1 (VPC.md §4.2) registered and run
@@ -114,11 +114,11 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 	}
 	for _, g := range guests {
 		g.netns = guestNetns(t, g.addr)
-		configureGuest(t, g)
+		vpctest.ConfigureGuest(t, g.netns, g.ip)
 	}
 
-	server := udpInPath(t, guests[1].netns, "172.30.0.6:5000")
-	client := udpInPath(t, guests[0].netns, "172.30.0.5:40000")
+	server := vpctest.ListenUDP(t, guests[1].netns, "172.30.0.6:5000")
+	client := vpctest.ListenUDP(t, guests[0].netns, "172.30.0.5:40000")
 	go func() {
 		buf := make([]byte, 2048)
 		for {
@@ -224,54 +224,6 @@ func guestNetns(t *testing.T, addr string) string {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// configureGuest gives a stand-in guest what OPTE's DHCP would: its
-// address /32, a route to the gateway 172.30.0.1 and a default route
-// through it (the gateway's MAC it finds by ARP, which the data path
-// answers); and turns its NIC's offloads off, as a QEMU tap's frames are
-// whole.
-func configureGuest(t *testing.T, g *standInGuest) {
-	t.Helper()
-	ns, err := netns.GetFromPath(g.netns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth0, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := net.ParseIP("172.30.0.1")
-	for _, err := range []error{
-		h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(g.ip), Mask: net.CIDRMask(32, 32)}}),
-		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}),
-		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw}),
-		netio.DisableOffloads(g.netns, "eth0"),
-	} {
-		if err != nil {
-			t.Fatalf("configuring guest %s: %v", g.ip, err)
-		}
-	}
-}
-
-func udpInPath(t *testing.T, ns, addr string) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	if err := zonenet.RunInPath(ns, func() error {
-		var err error
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // hasEphemeral reports whether a port of st has the ephemeral address ip.

@@ -26,8 +26,8 @@ import (
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
 	"github.com/sled-agent/sled-agent/internal/vmm/standin"
-	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
+	"github.com/sled-agent/sled-agent/internal/vpc/vpctest"
 )
 
 // vpcSled is one sled of the two: its namespace, agent and guest.
@@ -178,10 +178,10 @@ func TestTwoSledsCarryAVPC(t *testing.T) {
 		time.Sleep(waitInterval)
 	}
 	for _, s := range sleds {
-		configureStandIn(t, guests[s.mac], s.ip)
+		vpctest.ConfigureGuest(t, guests[s.mac], s.ip)
 	}
-	server := udpAt(t, guests[bs.mac], bs.ip+":5000")
-	client := udpAt(t, guests[a.mac], a.ip+":40000")
+	server := vpctest.ListenUDP(t, guests[bs.mac], bs.ip+":5000")
+	client := vpctest.ListenUDP(t, guests[a.mac], a.ip+":40000")
 	go func() {
 		buf := make([]byte, 2048)
 		for {
@@ -242,50 +242,4 @@ func standInGuests(t *testing.T) map[string]string {
 		ns.Close()
 	}
 	return out
-}
-
-// configureStandIn gives a stand-in guest what OPTE's DHCP would (its
-// address /32, a route to the gateway, a default route through it) and
-// turns its NIC's offloads off.
-func configureStandIn(t *testing.T, path, addr string) {
-	t.Helper()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth0, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := net.ParseIP("172.30.0.1")
-	for _, err := range []error{
-		h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(addr), Mask: net.CIDRMask(32, 32)}}),
-		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}),
-		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw}),
-		netio.DisableOffloads(path, "eth0"),
-	} {
-		if err != nil {
-			t.Fatalf("configuring the guest %s: %v", addr, err)
-		}
-	}
-}
-
-func udpAt(t *testing.T, path, addr string) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	if err := zonenet.RunInPath(path, func() error {
-		var err error
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
