@@ -1,13 +1,9 @@
 package vpcd
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -40,26 +36,12 @@ func (t natTable) Lookup(ip netip.Addr, port uint16) (dpd.NatTarget, bool) {
 // the namespaces' paths.
 func rackWithGuest(t *testing.T) (sw, sled, inet string, g guest) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes network namespaces and links")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip")
-	}
-	r := make([]byte, 3)
-	rand.Read(r)
-	tag := "zt" + hex.EncodeToString(r)
-	ns := func(n string) string {
-		name := tag + "-" + n
-		run(t, "ip", "netns", "add", name)
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-		run(t, "ip", "-n", name, "link", "set", "lo", "up")
-		return name
-	}
+	ns := namespaces(t)
 	swNS, sledNS, inetNS, gNS := ns("sw"), ns("sled"), ns("inet"), ns("gA")
+	g = standInGuest(t, sledNS, gNS, "vnA", "a8:40:25:f0:00:01", "172.30.0.5")
+	run(t, "ip", "-n", gNS, "neigh", "add", "172.30.0.1", "lladdr", "a8:40:25:ff:77:77", "dev", "eth0", "nud", "permanent")
 	run(t, "ip", "link", "add", "ul0", "netns", swNS, "type", "veth", "peer", "name", "ul0", "netns", sledNS)
 	run(t, "ip", "link", "add", "ext0", "netns", swNS, "type", "veth", "peer", "name", "eth0", "netns", inetNS)
-	run(t, "ip", "link", "add", "vnA", "netns", sledNS, "type", "veth", "peer", "name", "eth0", "netns", gNS)
 	for _, c := range [][]string{
 		{"-n", swNS, "link", "set", "ul0", "mtu", "9000", "up"},
 		{"-n", sledNS, "link", "set", "ul0", "mtu", "9000", "up"},
@@ -72,25 +54,16 @@ func rackWithGuest(t *testing.T) (sw, sled, inet string, g guest) {
 		{"-n", sledNS, "route", "add", "fd00:1122:3344:1::/64", "dev", "ul0"},
 		{"-n", inetNS, "addr", "add", "198.51.100.1/24", "dev", "eth0"},
 		{"-n", inetNS, "route", "add", "192.0.2.0/24", "via", "198.51.100.254"},
-		{"netns", "exec", sledNS, "sysctl", "-qw", "net.ipv6.conf.vnA.disable_ipv6=1"},
-		{"-n", sledNS, "link", "set", "vnA", "up"},
-		{"-n", gNS, "link", "set", "eth0", "address", "a8:40:25:f0:00:01", "up"},
-		{"-n", gNS, "addr", "add", "172.30.0.5/32", "dev", "eth0"},
-		{"-n", gNS, "route", "add", "172.30.0.1", "dev", "eth0"},
-		{"-n", gNS, "route", "add", "default", "via", "172.30.0.1"},
-		{"-n", gNS, "neigh", "add", "172.30.0.1", "lladdr", "a8:40:25:ff:77:77", "dev", "eth0", "nud", "permanent"},
 	} {
 		run(t, "ip", c...)
 	}
-	// Whole frames with their checksums both ways: the guest's, and the
-	// internet's, which the switch carries as they are.
-	for _, l := range []struct{ ns, link string }{{gNS, "eth0"}, {inetNS, "eth0"}} {
-		if err := netio.DisableOffloads("/run/netns/"+l.ns, l.link); err != nil {
-			t.Fatal(err)
-		}
+	// Whole frames with their checksums both ways: the guest's (as
+	// standInGuest leaves it), and the internet's, which the switch carries
+	// as they are.
+	if err := netio.DisableOffloads("/run/netns/"+inetNS, "eth0"); err != nil {
+		t.Fatal(err)
 	}
-	return "/run/netns/" + swNS, "/run/netns/" + sledNS, "/run/netns/" + inetNS,
-		guest{ns: "/run/netns/" + gNS, mac: "a8:40:25:f0:00:01", ip: "172.30.0.5", link: "vnA"}
+	return "/run/netns/" + swNS, "/run/netns/" + sledNS, "/run/netns/" + inetNS, g
 }
 
 // VPC.md S6 through the data path as a process and the switch simulator:

@@ -55,22 +55,7 @@ type guest struct {
 // sled's namespace.
 func twoSleds(t testing.TB) (sledA, sledB string, a, b guest) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: makes network namespaces and links")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip")
-	}
-	r := make([]byte, 3)
-	rand.Read(r)
-	tag := "zt" + hex.EncodeToString(r)
-	ns := func(n string) string {
-		name := tag + "-" + n
-		run(t, "ip", "netns", "add", name)
-		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-		run(t, "ip", "-n", name, "link", "set", "lo", "up")
-		return name
-	}
+	ns := namespaces(t)
 	sa, sb, ga, gb := ns("sledA"), ns("sledB"), ns("gA"), ns("gB")
 	run(t, "ip", "link", "add", "ul0", "netns", sa, "type", "veth", "peer", "name", "ul0", "netns", sb)
 	for _, c := range [][]string{
@@ -83,30 +68,54 @@ func twoSleds(t testing.TB) (sledA, sledB string, a, b guest) {
 	} {
 		run(t, "ip", c...)
 	}
-	mk := func(sled, gns, link, mac, ip string) guest {
-		run(t, "ip", "link", "add", link, "netns", sled, "type", "veth", "peer", "name", "eth0", "netns", gns)
-		for _, c := range [][]string{
-			{"netns", "exec", sled, "sysctl", "-qw", "net.ipv6.conf." + link + ".disable_ipv6=1"},
-			{"-n", sled, "link", "set", link, "up"},
-			{"-n", gns, "link", "set", "eth0", "address", mac, "up"},
-			{"-n", gns, "addr", "add", ip + "/32", "dev", "eth0"},
-			{"-n", gns, "route", "add", "172.30.0.1", "dev", "eth0"},
-			{"-n", gns, "route", "add", "default", "via", "172.30.0.1"},
-		} {
-			cmd := append([]string{}, c...)
-			if cmd[0] == "netns" {
-				run(t, "ip", cmd...)
-				continue
-			}
-			run(t, "ip", cmd...)
-		}
-		if err := netio.DisableOffloads("/run/netns/"+gns, "eth0"); err != nil {
-			t.Fatal(err)
-		}
-		return guest{ns: "/run/netns/" + gns, mac: mac, ip: ip, link: link}
-	}
 	return "/run/netns/" + sa, "/run/netns/" + sb,
-		mk(sa, ga, "vnA", "a8:40:25:f0:00:01", "172.30.0.5"), mk(sb, gb, "vnB", "a8:40:25:f0:00:02", "172.30.0.6")
+		standInGuest(t, sa, ga, "vnA", "a8:40:25:f0:00:01", "172.30.0.5"), standInGuest(t, sb, gb, "vnB", "a8:40:25:f0:00:02", "172.30.0.6")
+}
+
+// namespaces skips the test unless it can make network namespaces, and
+// gives a maker of them: each named by the test's own tag and n, with lo
+// up, removed when the test ends. It returns the name.
+func namespaces(t testing.TB) func(n string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: makes network namespaces and links")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip")
+	}
+	r := make([]byte, 3)
+	rand.Read(r)
+	tag := "zt" + hex.EncodeToString(r)
+	return func(n string) string {
+		name := tag + "-" + n
+		run(t, "ip", "netns", "add", name)
+		t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+		run(t, "ip", "-n", name, "link", "set", "lo", "up")
+		return name
+	}
+}
+
+// standInGuest joins the guest namespace gns to the sled namespace sled by
+// a veth pair (link on the sled's side, eth0 with mac on the guest's) and
+// gives eth0 ip/32, a route to the gateway 172.30.0.1 and a default route
+// through it, with offloads off.
+func standInGuest(t testing.TB, sled, gns, link, mac, ip string) guest {
+	t.Helper()
+	run(t, "ip", "link", "add", link, "netns", sled, "type", "veth", "peer", "name", "eth0", "netns", gns)
+	for _, c := range [][]string{
+		{"netns", "exec", sled, "sysctl", "-qw", "net.ipv6.conf." + link + ".disable_ipv6=1"},
+		{"-n", sled, "link", "set", link, "up"},
+		{"-n", gns, "link", "set", "eth0", "address", mac, "up"},
+		{"-n", gns, "addr", "add", ip + "/32", "dev", "eth0"},
+		{"-n", gns, "route", "add", "172.30.0.1", "dev", "eth0"},
+		{"-n", gns, "route", "add", "default", "via", "172.30.0.1"},
+	} {
+		run(t, "ip", c...)
+	}
+	if err := netio.DisableOffloads("/run/netns/"+gns, "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	return guest{ns: "/run/netns/" + gns, mac: mac, ip: ip, link: link}
 }
 
 func portSpec(t testing.TB, g guest) PortSpec {
