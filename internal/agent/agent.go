@@ -712,9 +712,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { a.runTimeSync(ctx) })
 	if a.vpcAPI != nil {
-		wg.Go(func() { a.runVPC(ctx) })
+		// restarted tells runV2B the data path came back empty.
+		restarted := make(chan struct{}, 1)
+		wg.Go(func() { a.runVPC(ctx, restarted) })
 		if a.ddm != nil {
-			wg.Go(func() { a.runV2B(ctx) })
+			wg.Go(func() { a.runV2B(ctx, restarted) })
 		}
 	}
 	if a.ntpServers != nil {

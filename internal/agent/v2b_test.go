@@ -1,9 +1,15 @@
 package agent
 
 import (
+	"context"
+	"errors"
+	"log/slog"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/sled-agent/sled-agent/internal/ddm"
 	"github.com/sled-agent/sled-agent/internal/vpc/mappings"
@@ -28,4 +34,77 @@ func TestV2BFromTunnelRoutes(t *testing.T) {
 	if !slices.EqualFunc(got, want, sameBoundary) {
 		t.Errorf("v2b %+v, want %+v", got, want)
 	}
+}
+
+type fakeTunnelEndpoints []ddm.TunnelRoute
+
+func (f fakeTunnelEndpoints) TunnelEndpoints(context.Context) ([]ddm.TunnelRoute, error) {
+	return f, nil
+}
+
+// fakeV2B records when it was given a table; it fails while down.
+type fakeV2B struct {
+	mu    sync.Mutex
+	down  bool
+	given []time.Time
+}
+
+func (f *fakeV2B) SetV2B(context.Context, []mappings.Boundary) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down {
+		return errors.New("data path down")
+	}
+	f.given = append(f.given, time.Now())
+	return nil
+}
+
+func (f *fakeV2B) times() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.given)
+}
+
+// The boundary table is given every v2bPeriod, every second while the data
+// path refuses it, and at once when the data path restarted, not at the
+// next period: a restarted data path has no way out of the rack until then.
+func TestKeepV2B(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := fakeTunnelEndpoints{{Origin: ddm.TunnelOrigin{OverlayPrefix: netip.MustParsePrefix("0.0.0.0/0"), BoundaryAddr: netip.MustParseAddr("fd00:99::1"), VNI: 99}}}
+		dp := &fakeV2B{down: true}
+		restarted := make(chan struct{}, 1)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); keepV2B(ctx, slog.New(slog.DiscardHandler), src, dp, restarted) }()
+		start := time.Now()
+
+		time.Sleep(2500 * time.Millisecond)
+		synctest.Wait()
+		if got := dp.times(); len(got) != 0 {
+			t.Fatalf("given %d times while the data path was down", len(got))
+		}
+		dp.mu.Lock()
+		dp.down = false
+		dp.mu.Unlock()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := dp.times(); len(got) != 1 || got[0].Sub(start) != 3*time.Second {
+			t.Fatalf("given at %v after the start, want once, at the first retry after it came up (3s)", got)
+		}
+
+		time.Sleep(v2bPeriod / 2)
+		at := time.Now()
+		restarted <- struct{}{}
+		synctest.Wait()
+		if got := dp.times(); len(got) != 2 || !got[1].Equal(at) {
+			t.Fatalf("given at %v, want again at once on the restart (%v)", got, at)
+		}
+		time.Sleep(v2bPeriod)
+		synctest.Wait()
+		if got := dp.times(); len(got) != 3 || got[2].Sub(got[1]) != v2bPeriod {
+			t.Fatalf("given at %v, want again a period after the restart", got)
+		}
+		cancel()
+		<-done
+	})
 }

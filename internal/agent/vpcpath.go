@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/netip"
 	"path/filepath"
@@ -266,11 +267,11 @@ const vpcSyncPeriod = time.Second
 
 // runVPC keeps the data path's ports the sled's until ctx ends: every
 // second, and at once when the data path restarted (it lost what it was
-// given, and is given it all again). A data path in this process also
+// given, and is given it all again; restarted tells runV2B). A data path in this process also
 // serves its API on <run-dir>/vpcd.sock, and stops with the agent; one run
 // as a service of its own (the linux runtime) is started if it is not
 // running, and outlives the agent.
-func (a *Agent) runVPC(ctx context.Context) {
+func (a *Agent) runVPC(ctx context.Context, restarted chan<- struct{}) {
 	var served chan struct{}
 	if a.vpcd != nil {
 		defer a.vpcd.Close()
@@ -299,6 +300,10 @@ func (a *Agent) runVPC(ctx context.Context) {
 		if err == nil && b != boot {
 			if boot != "" {
 				a.log.Warn("the VPC data path restarted: giving it everything again", "component", "vpcd")
+				select {
+				case restarted <- struct{}{}:
+				default: // told already
+				}
 			}
 			if err := a.vpc.DataPathRestarted(sctx); err == nil {
 				boot = b
@@ -336,35 +341,53 @@ const v2bPeriod = 10 * time.Second
 // runV2B keeps the data path's boundary table what the routing daemon
 // learned of the switches' tunnel endpoints (ddmd's sys.rs on illumos),
 // until ctx ends.
-func (a *Agent) runV2B(ctx context.Context) {
+func (a *Agent) runV2B(ctx context.Context, restarted <-chan struct{}) {
+	keepV2B(ctx, a.log, a.ddm, a.vpcAPI, restarted)
+}
+
+// tunnelEndpoints is the routing daemon as keepV2B reads it.
+type tunnelEndpoints interface {
+	TunnelEndpoints(ctx context.Context) ([]ddm.TunnelRoute, error)
+}
+
+// v2bSetter is the data path as keepV2B gives it the boundary table.
+type v2bSetter interface {
+	SetV2B(ctx context.Context, want []mappings.Boundary) error
+}
+
+// keepV2B gives dp the boundary table of what src learned every
+// v2bPeriod (every second while that fails), and at once when restarted
+// says the data path came back with an empty table, until ctx ends.
+func keepV2B(ctx context.Context, log *slog.Logger, src tunnelEndpoints, dp v2bSetter, restarted <-chan struct{}) {
 	var last []mappings.Boundary
 	for {
 		// A failure is tried again sooner: the data path may be starting.
 		next := time.Second
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		routes, err := a.ddm.TunnelEndpoints(rctx)
+		routes, err := src.TunnelEndpoints(rctx)
 		if err == nil {
 			want := v2bFrom(routes)
 			// Given again every time: a restarted data path has none.
-			if err := a.vpcAPI.SetV2B(rctx, want); err != nil {
+			if err := dp.SetV2B(rctx, want); err != nil {
 				if ctx.Err() == nil {
-					a.log.Debug("giving the data path the switches' tunnel endpoints", "component", "vpcd", "err", err)
+					log.Debug("giving the data path the switches' tunnel endpoints", "component", "vpcd", "err", err)
 				}
 			} else {
 				next = v2bPeriod
 				if !slices.EqualFunc(last, want, sameBoundary) {
-					a.log.Info("the switches' tunnel endpoints", "component", "vpcd", "v2b", want)
+					log.Info("the switches' tunnel endpoints", "component", "vpcd", "v2b", want)
 					last = want
 				}
 			}
 		} else if ctx.Err() == nil {
-			a.log.Debug("reading the switches' tunnel endpoints", "component", "vpcd", "err", err)
+			log.Debug("reading the switches' tunnel endpoints", "component", "vpcd", "err", err)
 		}
 		cancel()
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(next):
+		case <-restarted:
 		}
 	}
 }

@@ -202,6 +202,10 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 	if again, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context()); err != nil || again.Boot == st.Boot || len(again.Ports) != 2 || !hasEphemeral(again, "192.0.2.10") {
 		t.Errorf("after the kill: boot %s (was %s), %d ports, the ephemeral address given again %v (%v)", again.Boot, st.Boot, len(again.Ports), hasEphemeral(again, "192.0.2.10"), err)
 	}
+	waitFor(t, "the switches' tunnel endpoints in the restarted data path", func() (bool, string) {
+		st, err := vpcd.NewClient(agent.VPCSocket(cfg)).State(t.Context())
+		return err == nil && len(st.V2B) == 1 && len(st.V2B[0].TEPs) == 1 && st.V2B[0].TEPs[0].Addr == tep, fmt.Sprintf("%+v %v", st.V2B, err)
+	})
 }
 
 // guestNetns is the namespace a stand-in VMM's console names.
