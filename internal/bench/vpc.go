@@ -309,6 +309,9 @@ func (t *vpcTopology) measure(ctx context.Context, opts VPCOptions) (VPCPath, er
 				return err
 			}
 			client, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(vpcGuestA+":5003")))
+			if err != nil {
+				c.Close() // the stream is dialled again, and only one is accepted
+			}
 			return err
 		})
 		if err == nil {
