@@ -302,16 +302,22 @@ func (t *vpcTopology) measure(ctx context.Context, opts VPCOptions) (VPCPath, er
 	}()
 	var c net.Conn
 	var client *net.UDPConn
+	defer func() {
+		if client != nil {
+			client.Close()
+		}
+	}()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		err := zonenet.RunInPath(t.gA, func() (err error) {
-			if c, err = (&net.Dialer{Timeout: time.Second}).Dial("tcp4", vpcGuestB+":5001"); err != nil {
-				return err
+			// The socket first: only the dial is tried again, as the
+			// listener accepts one stream.
+			if client == nil {
+				if client, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(vpcGuestA+":5003"))); err != nil {
+					return err
+				}
 			}
-			client, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(vpcGuestA+":5003")))
-			if err != nil {
-				c.Close() // the stream is dialled again, and only one is accepted
-			}
+			c, err = (&net.Dialer{Timeout: time.Second}).Dial("tcp4", vpcGuestB+":5001")
 			return err
 		})
 		if err == nil {
@@ -322,7 +328,6 @@ func (t *vpcTopology) measure(ctx context.Context, opts VPCOptions) (VPCPath, er
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	defer client.Close()
 
 	progress(opts.Progress, "bench vpc: %s of one TCP stream", opts.Stream)
 	chunk := make([]byte, 64<<10)
