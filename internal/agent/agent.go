@@ -239,9 +239,10 @@ type Agent struct {
 	nat *nat.Reconciler
 	// vmms hosts the VMMs.
 	vmms *vmm.Manager
-	// localMu orders the changes of the local storage allocations
-	// (localstorage.go): one at a time.
-	localMu sync.Mutex
+	// localOp orders the changes of the local storage allocations
+	// (localstorage.go): one at a time, a waiter giving up when its
+	// request ends.
+	localOp chan struct{}
 	// guestHost makes a VMM zone's service reachable; accel and accelWhy
 	// are how the linux runtime's guests run, and reservoir their memory
 	// (vmmhost.go).
@@ -402,7 +403,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	cfg.SledID = sledID
 
-	a := &Agent{cfg: cfg, log: log.With("sled_id", sledID), lock: lock}
+	a := &Agent{cfg: cfg, log: log.With("sled_id", sledID), lock: lock, localOp: make(chan struct{}, 1)}
 	for _, n := range hwNotes {
 		a.log.Info("hardware not read from the host", "component", "hardware", "note", n)
 	}

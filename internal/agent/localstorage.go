@@ -102,8 +102,10 @@ func (a *Agent) EnsureLocalStorage(ctx context.Context, poolID string, r localst
 	if err != nil {
 		return err
 	}
-	a.localMu.Lock()
-	defer a.localMu.Unlock()
+	if err := a.lockLocalStorage(ctx); err != nil {
+		return err
+	}
+	defer func() { <-a.localOp }()
 	if a.sim != nil {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
@@ -124,8 +126,10 @@ func (a *Agent) DeleteLocalStorage(ctx context.Context, poolID, datasetID string
 	if err != nil {
 		return err
 	}
-	a.localMu.Lock()
-	defer a.localMu.Unlock()
+	if err := a.lockLocalStorage(ctx); err != nil {
+		return err
+	}
+	defer func() { <-a.localOp }()
 	remove := func() error {
 		gone, err := localstorage.Remove(dir, datasetID)
 		if err == nil && gone {
@@ -143,6 +147,17 @@ func (a *Agent) DeleteLocalStorage(ctx context.Context, poolID, datasetID string
 		return err
 	}
 	return a.vmms.WhileFree(id, remove)
+}
+
+// lockLocalStorage waits its turn to change the allocations, until ctx
+// ends.
+func (a *Agent) lockLocalStorage(ctx context.Context) error {
+	select {
+	case a.localOp <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for an earlier change of the local storage allocations: %w", ctx.Err())
+	}
 }
 
 // fileID is the device and inode of the file at path, a symbolic link's
