@@ -267,10 +267,10 @@ const vpcSyncPeriod = time.Second
 
 // runVPC keeps the data path's ports the sled's until ctx ends: every
 // second, and at once when the data path restarted (it lost what it was
-// given, and is given it all again; restarted tells runV2B). A data path in this process also
-// serves its API on <run-dir>/vpcd.sock, and stops with the agent; one run
-// as a service of its own (the linux runtime) is started if it is not
-// running, and outlives the agent.
+// given, and is given it all again; restarted tells runV2B). A data path
+// in this process also serves its API on <run-dir>/vpcd.sock, and stops
+// with the agent; one run as a service of its own (the linux runtime) is
+// started if it is not running, and outlives the agent.
 func (a *Agent) runVPC(ctx context.Context, restarted chan<- struct{}) {
 	var served chan struct{}
 	if a.vpcd != nil {
