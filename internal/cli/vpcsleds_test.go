@@ -60,13 +60,14 @@ func (s *vpcSled) call(t *testing.T, method, path, body string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// VPC.md S3 between two sleds, each an agent run as a sled in a namespace
-// of its own (--netns) with its data path (--vpc-data-path) and stand-in
-// guests: the VMMs registered and run, the VPC's firewall rules, routes and
-// v2p mappings pushed to each sled as Nexus pushes them; a UDP datagram from
-// the guest on one sled reaches the guest on the other through Geneve
-// between the sleds' data paths, and is answered.
-func TestTwoSledsCarryAVPC(t *testing.T) {
+// twoSleds starts two agents, each run as a sled in a network namespace of
+// its own (--netns) with its data path (--vpc-data-path), joined by an
+// underlay veth (MTU 9000, the underlay's /48 routed on it), and waits for
+// both data paths. extra are more `run` flags for both (--vmm-stand-in for
+// stand-in guests). Each sled's guest (vmm, nic, mac, ip) is filled in but
+// not registered. Everything is torn down when the test ends.
+func twoSleds(t *testing.T, extra ...string) (a, b *vpcSled) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: runs agents as sleds in network namespaces")
 	}
@@ -75,12 +76,12 @@ func TestTwoSledsCarryAVPC(t *testing.T) {
 			t.Skipf("needs %s (scripts/setup installs it)", bin)
 		}
 	}
-	b := make([]byte, 3)
-	rand.Read(b)
-	base := "zt" + hex.EncodeToString(b)
+	r := make([]byte, 3)
+	rand.Read(r)
+	base := "zt" + hex.EncodeToString(r)
 	// MACs of this run's own: the stand-in guests are found by them among
 	// every test's.
-	mac := func(last byte) string { return fmt.Sprintf("a8:40:25:f1:%02x:%02x", b[0], last) }
+	mac := func(last byte) string { return fmt.Sprintf("a8:40:25:f1:%02x:%02x", r[0], last) }
 	sleds := []*vpcSled{
 		{tag: base + "a", underlay: "fd00:1122:3344:1db::1", vmm: "a0000000-0000-4000-8000-0000000000a1", nic: "a0000000-0000-4000-8000-0000000000c1", mac: mac(1), ip: "172.30.0.5", addr: "[fd00:1122:3344:1db::10]:12400"},
 		{tag: base + "b", underlay: "fd00:1122:3344:1dc::1", vmm: "b0000000-0000-4000-8000-0000000000a1", nic: "b0000000-0000-4000-8000-0000000000c1", mac: mac(2), ip: "172.30.0.6", addr: "[fd00:1122:3344:1dc::10]:12400"},
@@ -101,8 +102,8 @@ func TestTwoSledsCarryAVPC(t *testing.T) {
 			return c, err
 		}}}
 	}
-	a, bs := sleds[0], sleds[1]
-	ip(t, "link", "add", "ul0", "netns", a.ns, "type", "veth", "peer", "name", "ul0", "netns", bs.ns)
+	a, b = sleds[0], sleds[1]
+	ip(t, "link", "add", "ul0", "netns", a.ns, "type", "veth", "peer", "name", "ul0", "netns", b.ns)
 	for _, s := range sleds {
 		ip(t, "-n", s.ns, "link", "set", "ul0", "mtu", "9000", "up")
 		ip(t, "-n", s.ns, "addr", "add", s.underlay+"/64", "dev", "ul0", "nodad")
@@ -125,36 +126,63 @@ func TestTwoSledsCarryAVPC(t *testing.T) {
 		}
 	})
 	for _, s := range sleds {
-		startBinary(t, append([]string{"run", "--listen", "[::1]:12345", "--underlay-ip", s.underlay, "--ddm-url", "", "--skip-timesync",
-			"--vmm-stand-in", "--vpc-data-path"}, s.flags()...)...)
+		startBinary(t, append(append([]string{"run", "--listen", "[::1]:12345", "--underlay-ip", s.underlay, "--ddm-url", "", "--skip-timesync",
+			"--vpc-data-path"}, extra...), s.flags()...)...)
 	}
 	for _, s := range sleds {
-		sock := agent.VPCSocket(agent.Config{RunDir: s.runDir, ZoneTag: s.tag})
 		deadline := time.Now().Add(waitDeadline)
 		for {
-			if _, err := vpcd.NewClient(sock).Boot(t.Context()); err == nil {
+			if _, err := s.dataPath().Boot(t.Context()); err == nil {
 				break
 			} else if time.Now().After(deadline) {
 				t.Fatalf("sled %s: its data path did not come up: %v", s.tag, err)
 			}
 			time.Sleep(waitInterval)
 		}
-		body := ensurebody.Body(ensurebody.Instance{InstanceID: strings.Replace(s.vmm, "a1", "01", 1), PropolisAddr: s.addr, Hostname: "inst",
-			NICID: s.nic, MAC: s.mac, NICIP: s.ip, NICSubnet: "172.30.0.0/22", VNI: 7777,
-			ProjectID: "960e0000-0000-4000-8000-000000000001", SiloID: "5170e000-0000-4000-8000-000000000001"},
-			ensurebody.Spec(ensurebody.Guest{CPUs: 1, MemoryMiB: 256, NICID: s.nic, ImageBlob: []byte{0, 0, 0, 0}}), nil)
-		if code, out := s.call(t, http.MethodPut, "/vmms/"+s.vmm, string(body)); code != http.StatusOK {
-			t.Fatalf("sled %s: register: %d %s", s.tag, code, out)
-		}
-		if code, out := s.call(t, http.MethodPut, "/vmms/"+s.vmm+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
-			t.Fatalf("sled %s: run: %d %s", s.tag, code, out)
-		}
 	}
-	target := func(s *vpcSled) string {
-		return `{"id":"` + s.nic + `","kind":{"type":"instance","id":"` + strings.Replace(s.vmm, "a1", "01", 1) + `"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"` + s.ip + `","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"` + strings.ToUpper(s.mac) + `","vni":7777,"primary":true,"slot":0}`
+	return a, b
+}
+
+// dataPath is a client of the sled's vpcd.
+func (s *vpcSled) dataPath() *vpcd.Client {
+	return vpcd.NewClient(agent.VPCSocket(agent.Config{RunDir: s.runDir, ZoneTag: s.tag}))
+}
+
+// instanceID is the sled's guest's instance.
+func (s *vpcSled) instanceID() string { return strings.Replace(s.vmm, "a1", "01", 1) }
+
+// runGuest registers the sled's guest with spec, as Nexus does (its NIC in
+// VNI 7777, 172.30.0.0/22), and runs it.
+func (s *vpcSled) runGuest(t *testing.T, spec map[string]any) {
+	t.Helper()
+	body := ensurebody.Body(ensurebody.Instance{InstanceID: s.instanceID(), PropolisAddr: s.addr, Hostname: "inst",
+		NICID: s.nic, MAC: s.mac, NICIP: s.ip, NICSubnet: "172.30.0.0/22", VNI: 7777,
+		ProjectID: "960e0000-0000-4000-8000-000000000001", SiloID: "5170e000-0000-4000-8000-000000000001"},
+		spec, nil)
+	if code, out := s.call(t, http.MethodPut, "/vmms/"+s.vmm, string(body)); code != http.StatusOK {
+		t.Fatalf("sled %s: register: %d %s", s.tag, code, out)
+	}
+	if code, out := s.call(t, http.MethodPut, "/vmms/"+s.vmm+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
+		t.Fatalf("sled %s: run: %d %s", s.tag, code, out)
+	}
+}
+
+// target is the sled's guest's NIC as a firewall rule's target.
+func (s *vpcSled) target() string {
+	return `{"id":"` + s.nic + `","kind":{"type":"instance","id":"` + s.instanceID() + `"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"` + s.ip + `","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"` + strings.ToUpper(s.mac) + `","vni":7777,"primary":true,"slot":0}`
+}
+
+// pushVPC pushes to every sled what Nexus pushes for the guests' VPC (VNI
+// 7777): its firewall rules (inbound allowed within the VPC), its system
+// router's routes (the subnet) and every guest's v2p mapping.
+func pushVPC(t *testing.T, sleds ...*vpcSled) {
+	t.Helper()
+	var targets []string
+	for _, s := range sleds {
+		targets = append(targets, s.target())
 	}
 	pushes := []struct{ method, path, body string }{
-		{http.MethodPut, "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", `{"vni":7777,"rules":[{"status":"enabled","direction":"inbound","targets":[` + target(a) + `,` + target(bs) + `],"filter_hosts":[{"type":"vpc","value":7777}],"action":"allow","priority":65534}]}`},
+		{http.MethodPut, "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", `{"vni":7777,"rules":[{"status":"enabled","direction":"inbound","targets":[` + strings.Join(targets, ",") + `],"filter_hosts":[{"type":"vpc","value":7777}],"action":"allow","priority":65534}]}`},
 		{http.MethodPut, "/vpc-routes", `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":3},"routes":[{"dest":"172.30.0.0/22","target":{"type":"vpc_subnet","value":"172.30.0.0/22"}}]},{"id":{"vni":7777,"kind":{"type":"custom","subnet":"172.30.0.0/22"}},"version":null,"routes":[]}]`},
 	}
 	for _, s := range sleds {
@@ -168,6 +196,21 @@ func TestTwoSledsCarryAVPC(t *testing.T) {
 			}
 		}
 	}
+}
+
+// VPC.md S3 between two sleds, each an agent run as a sled in a namespace
+// of its own with its data path and stand-in guests: the VMMs registered
+// and run, the VPC's firewall rules, routes and v2p mappings pushed to each
+// sled as Nexus pushes them; a UDP datagram from the guest on one sled
+// reaches the guest on the other through Geneve between the sleds' data
+// paths, and is answered.
+func TestTwoSledsCarryAVPC(t *testing.T) {
+	a, bs := twoSleds(t, "--vmm-stand-in")
+	sleds := []*vpcSled{a, bs}
+	for _, s := range sleds {
+		s.runGuest(t, ensurebody.Spec(ensurebody.Guest{CPUs: 1, MemoryMiB: 256, NICID: s.nic, ImageBlob: []byte{0, 0, 0, 0}}))
+	}
+	pushVPC(t, sleds...)
 	guests := map[string]string{} // MAC → the stand-in guest's namespace
 	deadline := time.Now().Add(waitDeadline)
 	for guests[a.mac] == "" || guests[bs.mac] == "" {
@@ -204,7 +247,7 @@ func TestTwoSledsCarryAVPC(t *testing.T) {
 		if time.Now().After(deadline) {
 			var states []string
 			for _, s := range sleds {
-				st, _ := vpcd.NewClient(agent.VPCSocket(agent.Config{RunDir: s.runDir, ZoneTag: s.tag})).State(context.Background())
+				st, _ := s.dataPath().State(context.Background())
 				states = append(states, fmt.Sprintf("%+v", st))
 			}
 			t.Fatalf("no echo across the sleds: %v\n%s", err, strings.Join(states, "\n"))
