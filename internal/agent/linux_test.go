@@ -50,6 +50,7 @@ func TestMain(m *testing.M) {
 	zoneservicetest.ServeIfAsked()
 	ntpzonetest.ServeIfAsked()
 	serveVMMIfAsked()
+	zoneservicetest.ExitIfService()
 	os.Exit(m.Run())
 }
 

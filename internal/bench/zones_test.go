@@ -19,6 +19,7 @@ import (
 // zone-service the benchmark's zones run.
 func TestMain(m *testing.M) {
 	zoneservicetest.ServeIfAsked()
+	zoneservicetest.ExitIfService()
 	os.Exit(m.Run())
 }
 

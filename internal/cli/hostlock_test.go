@@ -44,6 +44,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(runAgentEnv) == "1" {
 		os.Exit(Main(os.Args[1:]))
 	}
+	zoneservicetest.ExitIfService()
 	os.Exit(m.Run())
 }
 

@@ -1,28 +1,33 @@
 package crashtest_test
 
 import (
+	"errors"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/cli"
 	"github.com/sled-agent/sled-agent/internal/crashtest"
+	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/vmm/qemujail"
 	"github.com/sled-agent/sled-agent/internal/zoneservice/zoneservicetest"
 )
 
 // agentEnv makes this test binary the agent: the crash test runs it with
-// `run …`, the linux runtime's default image with `zone-service …`, and a
-// VMM's zone with `vmm-service …`.
+// `run …`, the linux runtime's default image with `zone-service …`, a
+// VMM's zone with `vmm-service …` and the data path's service with
+// `vpc-service …`.
 const agentEnv = "CRASHTEST_RUN_AGENT"
 
 func TestMain(m *testing.M) {
 	qemujail.RunIfAsked() // a VMM service's QEMU, shut in
 	zoneservicetest.ServeIfAsked()
-	if os.Getenv(agentEnv) == "1" || len(os.Args) > 1 && os.Args[1] == "vmm-service" {
+	if os.Getenv(agentEnv) == "1" || len(os.Args) > 1 && (os.Args[1] == "vmm-service" || os.Args[1] == "vpc-service") {
 		os.Exit(cli.Main(os.Args[1:]))
 	}
+	zoneservicetest.ExitIfService()
 	os.Exit(m.Run())
 }
 
@@ -66,4 +71,21 @@ func total(m map[string]int) int {
 		n += v
 	}
 	return n
+}
+
+// This binary, started as a service would be (with a service's mark) and
+// with arguments nothing recognises, must not run the tests: the crash
+// test's would start an agent whose services start this binary again.
+func TestAServiceNeverRunsTheTests(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^TestKilledAgentRecovers$", "-test.v")
+	cmd.Env = append(os.Environ(), supervise.MarkerEnv+"="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), "not running the tests") || strings.Contains(string(out), "=== RUN") {
+		t.Fatalf("started as a service: %v\n%s", err, out)
+	}
 }

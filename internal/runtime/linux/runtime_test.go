@@ -45,6 +45,7 @@ func TestMain(m *testing.M) {
 	standInIfAsked()
 	guestStandInIfAsked()
 	ntpzonetest.ServeIfAsked()
+	zoneservicetest.ExitIfService()
 	os.Exit(m.Run())
 }
 

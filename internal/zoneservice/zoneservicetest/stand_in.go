@@ -58,3 +58,15 @@ func ServeIfAsked() {
 	}
 	os.Exit(0)
 }
+
+// ExitIfService is for a test's TestMain, called last before the tests run:
+// a binary that carries a service's mark (runsv started it as a service,
+// or a service started it) but that nothing before recognised exits with
+// an error instead of running the tests, which would make more services
+// that run this binary, and so on without end.
+func ExitIfService() {
+	if dir := os.Getenv(supervise.MarkerEnv); dir != "" {
+		fmt.Fprintf(os.Stderr, "started as (or by) the service %s with arguments no stand-in knows: %q; not running the tests\n", dir, os.Args)
+		os.Exit(2)
+	}
+}
