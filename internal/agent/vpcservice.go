@@ -19,8 +19,8 @@ import (
 // again by the agent). Its service directory is <run-dir>/<tag>-vpcd,
 // beside the zones', and its API <run-dir>/<tag>-vpcd.sock.
 
-// vpcServiceDir is the data path's runit service directory.
-func vpcServiceDir(cfg Config) string {
+// VPCServiceDir is the data path's runit service directory.
+func VPCServiceDir(cfg Config) string {
 	return filepath.Join(cmp.Or(cfg.RunDir, DefaultRunDir), cmp.Or(cfg.ZoneTag, DefaultZoneTag)+"-vpcd")
 }
 
@@ -29,7 +29,7 @@ func vpcServiceDir(cfg Config) string {
 func (a *Agent) startVPCService(ctx context.Context) error {
 	bin := filepath.Join(a.cfg.DataDir, "bin", "sled-agent") // the linux runtime keeps it
 	argv := []string{bin, "vpc-service", "--underlay", a.underlay.String(), "--socket", a.vpcSocket()}
-	dir := vpcServiceDir(a.cfg)
+	dir := VPCServiceDir(a.cfg)
 	if err := supervise.PrepareDirect(dir, argv, nil); err != nil {
 		return fmt.Errorf("preparing the data path's service: %w", err)
 	}
@@ -44,7 +44,7 @@ func (a *Agent) startVPCService(ctx context.Context) error {
 // stopVPCService stops the data path's service, if there is one, and
 // removes its directory and socket (teardown).
 func stopVPCService(ctx context.Context, cfg Config) (string, error) {
-	dir := vpcServiceDir(cfg)
+	dir := VPCServiceDir(cfg)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}

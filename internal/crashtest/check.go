@@ -74,6 +74,9 @@ func (r *run) mismatch(ctx context.Context) string {
 	if problem := r.vmmMismatch(ctx); problem != "" {
 		return problem
 	}
+	if problem := r.portMismatch(ctx); problem != "" {
+		return problem
+	}
 	// The machine: the config's zones and the zones of the VMMs that run.
 	vmmZones := r.wantedVMMZones()
 	for name, id := range vmmZones {
@@ -296,6 +299,9 @@ func (r *run) cleanup(keepLog bool) error {
 			errs = append(errs, err)
 		} else if n := len(owned.Zones) + len(owned.Namespaces) + len(owned.Links) + len(owned.Processes); n > 0 {
 			errs = append(errs, fmt.Errorf("left behind after teardown: %+v", owned))
+		}
+		if procs, err := r.dataPathProcesses(); err != nil || len(procs) > 0 {
+			errs = append(errs, fmt.Errorf("the data path left behind after teardown: %v %v", procs, err))
 		}
 		for id, pids := range qemuProcesses(r.dir) {
 			if _, ours := r.vmms[id]; ours {

@@ -130,6 +130,9 @@ type Result struct {
 	// VMMsRebooted counts the VMMs a reboot took down: each was then
 	// reported failed with nothing of it running, or gone.
 	VMMsRebooted int `json:"vmms_rebooted"`
+	// DataPathKills counts the kills that killed the VPC data path too
+	// (ports.go).
+	DataPathKills int `json:"data_path_kills"`
 	// AgentLog is where the agent's log was kept, when the run failed.
 	AgentLog string `json:"agent_log,omitempty"`
 }
@@ -154,6 +157,7 @@ type run struct {
 	opts    Options
 	rnd     *mrand.Rand
 	rndBoot *mrand.Rand // draws the reboots, apart from rnd, so that a seed's kills stay as they were
+	rndVPC  *mrand.Rand // draws the kills of the data path, apart from both
 	tag     string
 	prefix  string
 	dir     string // temp dir: data/, agent.log
@@ -213,7 +217,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	}
 	var b [3]byte
 	rand.Read(b[:])
-	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), rndBoot: mrand.New(mrand.NewPCG(opts.Seed, 1)), tag: "ct" + hex.EncodeToString(b[:]), data: map[string]string{}, vmms: map[string]*ctVMM{}}
+	r := &run{opts: opts, rnd: mrand.New(mrand.NewPCG(opts.Seed, 0)), rndBoot: mrand.New(mrand.NewPCG(opts.Seed, 1)), rndVPC: mrand.New(mrand.NewPCG(opts.Seed, 2)), tag: "ct" + hex.EncodeToString(b[:]), data: map[string]string{}, vmms: map[string]*ctVMM{}}
 	r.prefix = r.tag + "-"
 	if r.dir, err = os.MkdirTemp("", "sled-agent-crashtest-"); err != nil {
 		return nil, err
@@ -269,6 +273,9 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 	if err := r.put(ctx, r.zones); err != nil {
 		return nil, err
 	}
+	if err := r.pushServiceRules(ctx); err != nil {
+		return nil, err
+	}
 	if _, problem := r.converge(ctx); problem != "" {
 		return nil, fmt.Errorf("the first config did not converge: %s", problem)
 	}
@@ -313,6 +320,12 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		healthy := map[string]int{}
 		if !boot {
 			healthy = r.healthyPIDs(ctx)
+		}
+		if !boot && r.rndVPC.IntN(3) == 0 {
+			if err := r.killDataPath(); err != nil {
+				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
+			}
+			res.DataPathKills++
 		}
 		if err := r.kill(); err != nil {
 			return nil, fmt.Errorf("iteration %d: %w", i+1, err)
@@ -437,7 +450,8 @@ func (r *run) reboot(ctx context.Context) error {
 
 // host is what of the machine is the run's, for reboot.
 func (r *run) host() reboot.Host {
-	return reboot.Host{Tag: r.tag, NetnsPrefix: r.prefix, RunDir: r.runDir, PoolRoot: filepath.Join(r.cfg.DataDir, "storage"), VdevDir: r.cfg.VdevDir}
+	return reboot.Host{Tag: r.tag, NetnsPrefix: r.prefix, RunDir: r.runDir, PoolRoot: filepath.Join(r.cfg.DataDir, "storage"), VdevDir: r.cfg.VdevDir,
+		Services: []string{agent.VPCServiceDir(r.cfg)}}
 }
 
 // mutate picks what the iteration does before the kill, and the config that
@@ -524,7 +538,8 @@ func (r *run) startAgent(ctx context.Context) error {
 	defer logf.Close()
 	cmd := exec.Command(r.opts.Agent, "run", "--config", filepath.Join(r.dir, "agent.json"), "--runtime", "linux", "--data-dir", r.cfg.DataDir, "--run-dir", r.runDir,
 		"--listen", r.listen, "--vdev-dir", r.cfg.VdevDir, "--skip-timesync", // no NTP zone
-		"--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--underlay-ip", r.cfg.UnderlayIP, "--log-level", "info")
+		"--zone-tag", r.tag, "--netns-prefix", r.prefix, "--sled-id", r.cfg.SledID, "--underlay-ip", r.cfg.UnderlayIP, "--log-level", "info",
+		"--vpc-data-path") // ports (ports.go)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), r.opts.AgentEnv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

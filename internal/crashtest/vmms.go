@@ -15,6 +15,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/vmm"
+	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
 	"github.com/sled-agent/sled-agent/internal/vmm/vmmtest"
 	"github.com/sled-agent/sled-agent/internal/zone"
 )
@@ -45,6 +46,27 @@ type ctVMM struct {
 	// running, or gone (the agent forgot it: 404); never running again,
 	// nor half-made. counted: it is in vmmsRebooted.
 	rebooted, counted bool
+	// nic and mac are its NIC's, its own: its port on the data path is
+	// found by the MAC.
+	nic, mac string
+}
+
+// vmmBody is v's registration: the test's guest, with a NIC of its own
+// (an address of its own in Nexus's default subnet) and one firewall rule
+// of the instance's, which its port must hold (ports.go).
+func (r *run) vmmBody(v *ctVMM) ([]byte, error) {
+	in := ensurebody.Instance{InstanceID: uuid.NewString(), PropolisAddr: v.addr, Hostname: "vm0", NICID: v.nic, MAC: v.mac,
+		NICIP: fmt.Sprintf("172.30.1.%d", r.vmmSeq%250+1), NICSubnet: "172.30.0.0/22",
+		ProjectID: "11111111-2222-3333-4444-555555555555", SiloID: "66666666-7777-8888-9999-000000000000"}
+	spec := ensurebody.Spec(ensurebody.Guest{CPUs: 1, MemoryMiB: vmmtest.MemoryMiB, NICID: v.nic, ImageBlob: []byte{0, 0, 0, 0}})
+	var b map[string]any
+	if err := json.Unmarshal(ensurebody.Body(in, spec, nil), &b); err != nil {
+		return nil, err
+	}
+	lc := b["local_config"].(map[string]any)
+	lc["firewall_rules"] = []any{map[string]any{"status": "enabled", "direction": "inbound", "targets": lc["nics"],
+		"filter_protocols": []any{map[string]any{"type": "tcp"}}, "filter_ports": []any{instanceRulePort}, "action": "allow", "priority": 65534}}
+	return json.Marshal(b)
 }
 
 // vmmMutate does a VMM action before the kill, or none; it returns what it
@@ -88,9 +110,14 @@ func (r *run) vmmMutate(ctx context.Context) (string, error) {
 func (r *run) runVMM(ctx context.Context) error {
 	r.vmmSeq++
 	// In the sled's /64, as the zones (the subnet rule), apart from them.
-	v := &ctVMM{id: uuid.NewString(), addr: fmt.Sprintf("[%s:1:%x]:12400", r.addrs("1cf"), r.vmmSeq+0x10), want: vmm.StateRunning}
+	v := &ctVMM{id: uuid.NewString(), addr: fmt.Sprintf("[%s:1:%x]:12400", r.addrs("1cf"), r.vmmSeq+0x10), want: vmm.StateRunning,
+		nic: uuid.NewString(), mac: fmt.Sprintf("A8:40:25:F3:%02X:%02X", r.vmmSeq>>8&0xff, r.vmmSeq&0xff)}
 	r.vmms[v.id] = v
-	if err := r.vmmCall(ctx, http.MethodPut, "/vmms/"+v.id, string(vmmtest.Body(uuid.NewString(), v.addr, nil, nil))); err != nil {
+	body, err := r.vmmBody(v)
+	if err != nil {
+		return err
+	}
+	if err := r.vmmCall(ctx, http.MethodPut, "/vmms/"+v.id, string(body)); err != nil {
 		return err
 	}
 	return r.vmmCall(ctx, http.MethodPut, "/vmms/"+v.id+"/state", `{"state":{"type":"running"}}`)

@@ -52,6 +52,10 @@ type Host struct {
 	// VdevDir holds its file-backed disks (--vdev-dir): their loop devices
 	// are detached. The files stay, as disks do.
 	VdevDir string
+	// Services are the agent's own service directories beside its zones'
+	// (its data path's, agent.VPCServiceDir): their supervisors and every
+	// process carrying their marks are killed. Each must be under RunDir.
+	Services []string
 }
 
 // Deadline bounds a whole reboot: processes that do not die, cgroups that
@@ -165,6 +169,11 @@ func (h Host) valid() error {
 			return fmt.Errorf("reboot: directory %q: want an absolute path of one's own", d)
 		}
 	}
+	for _, d := range h.Services {
+		if rel, err := filepath.Rel(h.RunDir, d); err != nil || !filepath.IsAbs(d) || rel == "." || strings.HasPrefix(rel, "..") {
+			return fmt.Errorf("reboot: service directory %q: want one under the run dir %s", d, h.RunDir)
+		}
+	}
 	return nil
 }
 
@@ -258,16 +267,29 @@ func (h Host) processes() (map[int]func() bool, error) {
 		out[p.PID] = func() bool { return true } // ListMarked read its mark a moment ago
 	}
 	dirs, _ := os.ReadDir(services)
+	supervised := slices.Clone(h.Services)
 	for _, d := range dirs {
-		if !d.IsDir() {
-			continue
+		if d.IsDir() {
+			supervised = append(supervised, filepath.Join(services, d.Name()))
 		}
-		dir := filepath.Join(services, d.Name())
+	}
+	for _, dir := range supervised {
 		p, ok, err := supervise.Find(dir)
 		if err == nil && ok {
 			pid := p.PID
 			p.Close()
 			out[pid] = func() bool { return runsvOf(pid, dir) }
+		}
+	}
+	if len(h.Services) > 0 {
+		marked, err := supervise.ListMarked(h.RunDir)
+		if err != nil {
+			return nil, fmt.Errorf("reboot: %w", err)
+		}
+		for _, p := range marked {
+			if slices.Contains(h.Services, p.Dir) {
+				out[p.PID] = func() bool { return true }
+			}
 		}
 	}
 	return out, nil
