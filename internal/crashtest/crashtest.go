@@ -249,7 +249,7 @@ func Run(ctx context.Context, opts Options) (res *Result, err error) {
 	if err := r.writeAgentConfig(); err != nil {
 		return nil, err
 	}
-	if r.obs, err = linux.New(linux.Options{DataDir: r.cfg.DataDir, RunDir: r.runDir, Tag: r.tag, Sled: r.cfg.SledID, NetnsPrefix: r.prefix}); err != nil {
+	if r.obs, err = linux.New(linux.Options{DataDir: r.cfg.DataDir, RunDir: r.runDir, Tag: r.tag, Sled: r.cfg.SledID, NetnsPrefix: r.prefix, VPC: true}); err != nil {
 		return nil, err
 	}
 	if r.c, err = client.New("http://" + r.listen); err != nil {
@@ -321,7 +321,7 @@ func (r *run) loop(ctx context.Context) (*Result, error) {
 		if !boot {
 			healthy = r.healthyPIDs(ctx)
 		}
-		if !boot && r.rndVPC.IntN(3) == 0 {
+		if !boot && (res.DataPathKills == 0 || r.rndVPC.IntN(3) == 0) { // the first kill, and a third of the others
 			if err := r.killDataPath(); err != nil {
 				return nil, fmt.Errorf("iteration %d: %w", i+1, err)
 			}

@@ -54,8 +54,8 @@ func TestKilledAgentRecovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("seed %d, kills %v, reboots %v, convergence p50 %.0f ms, max %.0f ms (after a reboot p50 %.0f ms), VMMs a kill failed %v, VMMs a reboot took down %d",
-		res.Seed, res.Kills, res.Reboots, res.ConvergeP50ms, res.ConvergeMaxms, res.RebootConvergeP50ms, res.VMMsFailed, res.VMMsRebooted)
+	t.Logf("seed %d, kills %v (of the data path too: %d), reboots %v, convergence p50 %.0f ms, max %.0f ms (after a reboot p50 %.0f ms), VMMs a kill failed %v, VMMs a reboot took down %d",
+		res.Seed, res.Kills, res.DataPathKills, res.Reboots, res.ConvergeP50ms, res.ConvergeMaxms, res.RebootConvergeP50ms, res.VMMsFailed, res.VMMsRebooted)
 	if n := total(res.Reboots); n == 0 {
 		t.Errorf("no reboot in %d iterations", res.Iterations)
 	}
