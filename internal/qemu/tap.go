@@ -18,7 +18,9 @@ import (
 // tap's host side, and takes them whole, each at most the MTU with its
 // checksums computed, as OPTE's first phase on Linux does (VPC.md §3.2 d);
 // without the header the guest is offered no checksum or segmentation
-// offload. It is not persistent: the kernel
+// offload. It is up: a packet socket bound to a link that is down reads
+// nothing but ENETDOWN, so the data path could not take the guest's
+// frames (OPTE's port is the guest's device, always up). It is not persistent: the kernel
 // removes it when its last descriptor closes, which is QEMU's once the
 // caller has closed its own after starting QEMU. A tap of that name
 // already there (left by a VMM service that died while its QEMU ran on, or
@@ -47,6 +49,9 @@ func OpenTap(name string, uid, gid uint32) (*os.File, error) {
 	if err == nil {
 		err = unix.IoctlSetInt(fd, unix.TUNSETGROUP, int(gid))
 	}
+	if err == nil {
+		err = setUp(name)
+	}
 	if err != nil {
 		unix.Close(fd) // the tap, not persistent, goes with it
 		return nil, fmt.Errorf("tap %s: %w", name, err)
@@ -73,4 +78,16 @@ func RemoveTap(name string) (bool, error) {
 		return false, fmt.Errorf("tap %s: deleting it: %w", name, err)
 	}
 	return true, nil
+}
+
+// setUp sets the link name up.
+func setUp(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err == nil {
+		err = netlink.LinkSetUp(l)
+	}
+	if err != nil {
+		return fmt.Errorf("setting it up: %w", err)
+	}
+	return nil
 }

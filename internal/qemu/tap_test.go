@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,9 @@ func TestOpenTap(t *testing.T) {
 		tap.Flags&netlink.TUNTAP_VNET_HDR != 0 || tap.Flags&netlink.TUNTAP_NO_PI == 0 {
 		t.Errorf("tap: mode %d, owner %d, group %d, not persistent %v, flags %#x; want a tap of %d:%d, not persistent, no vnet_hdr, no_pi",
 			tap.Mode, tap.Owner, tap.Group, tap.NonPersist, tap.Flags, uid, gid)
+	}
+	if tap.Attrs().Flags&net.FlagUp == 0 {
+		t.Errorf("tap flags %v: want it up, for the data path's packet socket", tap.Attrs().Flags)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -282,31 +282,46 @@ func (a *attached) run(ctx context.Context, link Link) {
 			delay = min(2*delay, a.d.opts.MaxAttachDelay)
 			continue
 		}
-		delay = first
 		a.setIO(p, "attached")
-		err = a.read(ctx, p)
+		frames, err := a.read(ctx, p)
 		p.Close()
-		if ctx.Err() == nil {
-			a.setIO(nil, "its link went: "+err.Error())
+		if ctx.Err() != nil {
+			return
 		}
+		a.setIO(nil, "its link went: "+err.Error())
+		if frames > 0 {
+			delay = first
+			continue
+		}
+		// Lost before a frame came: a link that is down (a packet
+		// socket bound to it reads only ENETDOWN) is tried again with
+		// the capped delay, not at once and again.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, a.d.opts.MaxAttachDelay)
 	}
 }
 
 // read hands what the guest sends to the engine until the link fails or
-// ctx ends.
-func (a *attached) read(ctx context.Context, p *netio.Port) error {
+// ctx ends, and says how many frames it read.
+func (a *attached) read(ctx context.Context, p *netio.Port) (int, error) {
 	buf := make([]byte, engine.Headroom+1<<16)
+	frames := 0
 	for ctx.Err() == nil {
 		n, err := p.Read(buf[engine.Headroom:])
 		if errors.Is(err, netio.ErrTruncated) {
 			continue
 		}
 		if err != nil {
-			return err
+			return frames, err
 		}
+		frames++
 		a.d.dispatch(a.d.eng.Outbound(a.port, buf, n))
 	}
-	return ctx.Err()
+	return frames, ctx.Err()
 }
 
 // write sends a frame to the guest, if the port is attached.
