@@ -4,7 +4,8 @@
 //
 //   - a named network namespace, bind-mounted at /run/netns/<name> as
 //     `ip netns add` does, so `ip netns list` shows it;
-//   - an underlay veth pair: the host end (LinkNames) in the calling thread's
+//   - an underlay veth pair (none for a zone without an underlay address,
+//     a probe's, which is its NIC alone): the host end (LinkNames) in the calling thread's
 //     network namespace (the global one in production), up, holding fe80::1/64
 //     and a /128 route to the zone's underlay address; the zone end
 //     "underlay0" in the namespace, up, holding <underlay>/128 and a default
