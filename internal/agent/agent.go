@@ -609,6 +609,7 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	if a.probes != nil {
 		a.probes.Set(a.vpc.View().Probes)
 		deps.VPC = vpcWithProbes{Store: a.vpc, probes: a.probes}
+		deps.Probes = a.probes
 	}
 	if a.nexus != nil {
 		deps.Nexus = a.nexus
