@@ -35,6 +35,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/ledger"
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/prefix"
+	"github.com/sled-agent/sled-agent/internal/probes"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
@@ -268,8 +269,11 @@ type Agent struct {
 	// vpcAPI is the sled's VPC data path (--vpc-data-path), nil without
 	// it; vpcd is it when it runs in the agent (the sim runtime), else it
 	// is a service of its own (the linux runtime).
-	vpcAPI   dataPathAPI
-	vpcd     *vpcd.Daemon
+	vpcAPI dataPathAPI
+	vpcd   *vpcd.Daemon
+	// probes makes the probes' zones (probes.go), nil unless the data
+	// path runs with the linux runtime.
+	probes   *probes.Reconciler
 	underlay netip.Addr
 	// ddm is the routing daemon's client (nil without --ddm-url): the
 	// switches' tunnel endpoints come from it.
@@ -554,6 +558,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 			a.vpcAPI = vpcd.Local{D: a.vpcd}
 		}
 		vpcOpts.DataPath = vpcPath{a: a, d: a.vpcAPI}
+		if cfg.Runtime == "linux" {
+			a.probes = probes.New(probes.Options{Zones: probeZones(cfg), Log: a.log.With("component", "probes")})
+		}
 	}
 	if a.vpc, err = told.Open(vpcOpts); err != nil {
 		if a.vpcd != nil {
@@ -599,6 +606,11 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 	}
 	deps.VMMs, deps.SledUnderlay = a.vmms, underlay
 	deps.VPC = a.vpc
+	if a.probes != nil {
+		a.probes.Set(a.vpc.View().Probes)
+		deps.VPC = vpcWithProbes{Store: a.vpc, probes: a.probes}
+		deps.Probes = a.probes
+	}
 	if a.nexus != nil {
 		deps.Nexus = a.nexus
 	}
@@ -716,6 +728,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		// restarted tells runV2B the data path came back empty.
 		restarted := make(chan struct{}, 1)
 		wg.Go(func() { a.runVPC(ctx, restarted) })
+		if a.probes != nil {
+			wg.Go(func() { a.probes.Run(ctx) })
+		}
 		if a.ddm != nil {
 			wg.Go(func() { a.runV2B(ctx, restarted) })
 		}

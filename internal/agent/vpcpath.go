@@ -61,10 +61,11 @@ func portName(ref told.PortRef) string { return ref.Kind + "-" + strings.ToLower
 
 // link is where the port's frames are: a VMM's NIC's tap (vn<mac>) in the
 // VMM's zone with the linux runtime, in the agent's namespace with the sim
-// runtime (a stand-in guest's); a service zone's NIC's host end.
+// runtime (a stand-in guest's); a service zone's or a probe's zone's NIC's
+// host end, named alike from the sled's tag and the zone's or probe's id.
 func (v vpcPath) link(p told.Port, mac [6]byte) vpcd.Link {
 	switch p.NIC.Kind.Type {
-	case "service":
+	case "service", "probe":
 		_, nic := zonenet.LinkNames(v.a.cfg.ZoneTag, p.Owner)
 		if v.a.cfg.ZoneTag == "" {
 			_, nic = zonenet.LinkNames(DefaultZoneTag, p.Owner)

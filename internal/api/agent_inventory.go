@@ -6,6 +6,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/nexus"
+	"github.com/sled-agent/sled-agent/internal/probes"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
@@ -34,6 +35,7 @@ type AgentInventory struct {
 	Storage            *storage.Status          `json:"storage" doc:"The storage reconciler's status: every configured disk's and dataset's result, attempts, next retry and call in flight; the disks, pools and datasets last observed; the orphaned datasets kept (with why) and the last destroyed; null when the agent manages no storage."`
 	NTPServers         *servers.Status          `json:"ntp_servers" doc:"The rack's boundary NTP servers as internal DNS last named them, and what the agent set in each running internal NTP zone; null when the agent does not follow them (no --dns-server, or not the linux runtime)."`
 	Nexus              *nexus.Status            `json:"nexus" doc:"Where the sled stands with Nexus: how Nexus is found, the sled record Nexus holds (as last learned) with the last success and error and any request outstanding, and where each VMM's state stands (the newest, the generation Nexus took, retries, refusals); null when Nexus is told nothing (no --nexus, no --dns-server)."`
+	Probes             *probes.Status           `json:"probes" doc:"The probes' zones (PUT /probes): each probe's zone, where it is, its state and last error; null when the agent makes none (no --vpc-data-path, or not the linux runtime)."`
 	TimeSync           *timesync.Status         `json:"timesync" doc:"Whether the sled's time is synchronized, as its NTP zone's ntp-admin last said: the reason when it is not, the source, stratum and offset, since when, and when it first was; zones that need synchronized time start only while it is. Null when the agent does not check."`
 }
 
@@ -46,6 +48,11 @@ type NTPServers interface {
 // Nexus is the agent's link to Nexus, as inventory sees it.
 type Nexus interface {
 	Status() nexus.Status
+}
+
+// Probes is the maker of the probes' zones, as inventory sees it.
+type Probes interface {
+	Status() probes.Status
 }
 
 // TimeSync is the time-sync watcher, as inventory sees it.
@@ -169,6 +176,10 @@ func (s *Server) agentInventory(context.Context, *struct{}) (*agentInventoryOutp
 	if s.deps.NTPServers != nil {
 		st := s.deps.NTPServers.Status()
 		inv.NTPServers = &st
+	}
+	if s.deps.Probes != nil {
+		st := s.deps.Probes.Status()
+		inv.Probes = &st
 	}
 	if s.deps.TimeSync != nil {
 		st := s.deps.TimeSync.Status()

@@ -26,6 +26,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/nat"
 	"github.com/sled-agent/sled-agent/internal/nexus"
 	"github.com/sled-agent/sled-agent/internal/prefix"
+	"github.com/sled-agent/sled-agent/internal/probes"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/runtime/sim"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
@@ -129,6 +130,8 @@ type Deps struct {
 	// NTPServers, if set, the follower of the boundary NTP servers.
 	TimeSync   TimeSync
 	NTPServers NTPServers
+	// Probes is the maker of the probes' zones, nil when there is none.
+	Probes Probes
 	// Nexus, if set, is the agent's link to Nexus, reported in inventory.
 	Nexus Nexus
 	Log   *slog.Logger
@@ -322,6 +325,8 @@ var upstreamNames = map[reflect.Type]string{
 	reflect.TypeFor[told.AttachedSubnets]():   "AttachedSubnets",
 	reflect.TypeFor[told.AttachedSubnet]():    "AttachedSubnet",
 	reflect.TypeFor[told.ProbeSet]():          "ProbeSet",
+	reflect.TypeFor[probes.Status]():          "ProbeZonesStatus",
+	reflect.TypeFor[probes.ProbeStatus]():     "ProbeZoneStatus",
 	reflect.TypeFor[told.Probe]():             "ProbeCreate",
 	reflect.TypeFor[told.ProbeExternalIP]():   "ExternalIp",
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/api"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/nat"
+	"github.com/sled-agent/sled-agent/internal/probes"
 	"github.com/sled-agent/sled-agent/internal/reconciler"
 	"github.com/sled-agent/sled-agent/internal/storage"
 	"github.com/sled-agent/sled-agent/internal/timesync"
@@ -223,6 +224,9 @@ func printInventory(w io.Writer, inv *api.AgentInventory) error {
 	}
 	if ts := inv.TimeSync; ts != nil {
 		printTimeSync(tw, ts)
+	}
+	if p := inv.Probes; p != nil {
+		printProbes(tw, p)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -558,4 +562,23 @@ func printZone(w io.Writer, z *api.ZoneDetail) error {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", e.At.Local().Format("15:04:05.000"), e.Event, e.Detail)
 	}
 	return tw.Flush()
+}
+
+// printProbes says where each probe's zone is and how it stands.
+func printProbes(tw io.Writer, st *probes.Status) {
+	fmt.Fprintf(tw, "probes\t%d", len(st.Probes))
+	if st.LastError != "" {
+		fmt.Fprintf(tw, "; failing (%d): %s", st.Failures, rootFirst(st.LastError, 100))
+	}
+	fmt.Fprintln(tw)
+	for _, p := range st.Probes {
+		state := p.State
+		if p.Adopted {
+			state += " (adopted)"
+		}
+		if p.LastError != "" {
+			state += ": " + rootFirst(p.LastError, 100)
+		}
+		fmt.Fprintf(tw, "  %s\t%s, link %s, in %s\n", p.Zone, state, p.Link, p.Netns)
+	}
 }

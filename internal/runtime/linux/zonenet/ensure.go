@@ -53,9 +53,13 @@ type Pending struct {
 }
 
 // Wait waits, until ctx ends, for the underlay pair to carry traffic, and
-// releases what p holds.
+// releases what p holds. A zone without an underlay pair has nothing to
+// wait for.
 func (p *Pending) Wait(ctx context.Context) error {
 	defer p.s.close()
+	if p.hl == nil {
+		return nil
+	}
 	if err := p.s.waitLive(ctx, p.hl, p.zl, p.underlay); err != nil {
 		return fmt.Errorf("zonenet: ensuring %s: %w", p.netns, err)
 	}
@@ -70,8 +74,10 @@ func ensure(ctx context.Context, c Config) (_ *Pending, err error) {
 	// Before anything is made: a route to the zone's address that is not
 	// ours leads somewhere else (another host's address, a service's), and
 	// the zone must not take its traffic.
-	if err := checkHostRoute(ctx, c.Underlay, up); err != nil {
-		return nil, err
+	if c.Underlay.IsValid() {
+		if err := checkHostRoute(ctx, c.Underlay, up); err != nil {
+			return nil, err
+		}
 	}
 	fresh, err := createNetns(c.Netns)
 	if err != nil {
@@ -99,6 +105,13 @@ func ensure(ctx context.Context, c Config) (_ *Pending, err error) {
 
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if !c.Underlay.IsValid() {
+		// Only a NIC (a probe's zone): no underlay pair to make or wait for.
+		if err := s.ensureNIC(c, np); err != nil {
+			return nil, err
+		}
+		return &Pending{s: s, netns: c.Netns}, nil
 	}
 	hl, zl, created, err := s.ensurePair(up, nil)
 	if err != nil {

@@ -4,7 +4,8 @@
 //
 //   - a named network namespace, bind-mounted at /run/netns/<name> as
 //     `ip netns add` does, so `ip netns list` shows it;
-//   - an underlay veth pair: the host end (LinkNames) in the calling thread's
+//   - an underlay veth pair (none for a zone without an underlay address,
+//     a probe's, which is its NIC alone): the host end (LinkNames) in the calling thread's
 //     network namespace (the global one in production), up, holding fe80::1/64
 //     and a /128 route to the zone's underlay address; the zone end
 //     "underlay0" in the namespace, up, holding <underlay>/128 and a default
@@ -65,11 +66,14 @@ var (
 
 // Config is what Ensure builds for one zone.
 type Config struct {
-	Netns    string     // namespace name (/run/netns/<Netns>): 1–128 bytes of [A-Za-z0-9_.-], no leading dot
-	Tag      string     // ownership tag: 1–20 bytes of [a-z0-9-]
-	ZoneID   string     // zone UUID, 36-character hyphenated form (compared in lower case)
-	Underlay netip.Addr // the zone's underlay IPv6 address
-	NIC      *NIC       // optional second link: the OPTE-port analog
+	Netns  string // namespace name (/run/netns/<Netns>): 1–128 bytes of [A-Za-z0-9_.-], no leading dot
+	Tag    string // ownership tag: 1–20 bytes of [a-z0-9-]
+	ZoneID string // zone UUID, 36-character hyphenated form (compared in lower case)
+	// Underlay is the zone's underlay IPv6 address. A zone without one
+	// (the zero Addr), a probe's, has no underlay pair: only its NIC,
+	// which it must then have.
+	Underlay netip.Addr
+	NIC      *NIC // optional second link: the OPTE-port analog
 	// GZ, if set, is an address of the global zone (the host) in the zone's
 	// /64: an internal DNS zone's gz_address. It is put, as a /64, on the
 	// host end of the underlay pair, so it lives exactly as long as the
@@ -134,7 +138,12 @@ func (c Config) validate() error {
 		return err
 	}
 	u := c.Underlay
-	if !u.Is6() || u.Is4In6() || u.Zone() != "" || !u.IsGlobalUnicast() {
+	switch {
+	case !u.IsValid() && c.NIC == nil:
+		return fmt.Errorf("%w: a zone without an underlay address needs a NIC", ErrInvalid)
+	case !u.IsValid() && c.GZ.IsValid():
+		return fmt.Errorf("%w: a global zone address needs the zone's underlay address", ErrInvalid)
+	case u.IsValid() && (!u.Is6() || u.Is4In6() || u.Zone() != "" || !u.IsGlobalUnicast()):
 		return fmt.Errorf("%w: underlay address %v is not a global or unique-local IPv6 unicast address", ErrInvalid, u)
 	}
 	if g := c.GZ; g.IsValid() && (!g.Is6() || g.Is4In6() || g.Zone() != "" || !g.IsGlobalUnicast() || g == u) {

@@ -204,6 +204,10 @@ func TestValidation(t *testing.T) {
 		"zone id":          func(c *Config) { c.ZoneID = "not-a-uuid" },
 		"zone id no dash":  func(c *Config) { c.ZoneID = "7f1ee3f60c9f4d8e9f3a2b8f6a1c0d11" },
 		"underlay missing": func(c *Config) { c.Underlay = netip.Addr{} },
+		"gz without underlay": func(c *Config) {
+			c.Underlay, c.GZ = netip.Addr{}, netip.MustParseAddr("fd00:1122:3344:101::2")
+			c.NIC = &NIC{Addrs: []netip.Prefix{netip.MustParsePrefix("172.30.2.9/32")}}
+		},
 		"underlay v4":      func(c *Config) { c.Underlay = netip.MustParseAddr("10.0.0.1") },
 		"underlay mapped":  func(c *Config) { c.Underlay = netip.MustParseAddr("::ffff:10.0.0.1") },
 		"underlay ll":      func(c *Config) { c.Underlay = netip.MustParseAddr("fe80::5") },
@@ -629,6 +633,79 @@ func TestRemove(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A zone without an underlay address (a probe's) is its namespace and its
+// NIC alone: OPTE's /32, the route to its gateway and the default route
+// through it; Ensure again changes nothing; Remove leaves nothing.
+func TestEnsureNICOnly(t *testing.T) {
+	e := newEnv(t)
+	c := e.config(false)
+	c.Underlay = netip.Addr{}
+	c.NIC = &NIC{Addrs: []netip.Prefix{netip.MustParsePrefix("172.30.0.9/32")}, MAC: net.HardwareAddr{0xa8, 0x40, 0x25, 0xf0, 0x00, 0x09},
+		Gateway: netip.MustParseAddr("172.30.0.1")}
+	mustEnsure(t, c)
+	un, nn := LinkNames(c.Tag, c.ZoneID)
+	if hostLink(t, un) != nil {
+		t.Errorf("an underlay host end %s for a zone without an underlay address", un)
+	}
+	hl := hostLink(t, nn)
+	if hl == nil || hl.Attrs().Alias != alias(c.Tag, c.ZoneID, RoleNIC) {
+		t.Fatalf("the NIC's host end %s: %+v", nn, hl)
+	}
+	type zoneView struct {
+		links  []string
+		addrs  []string
+		routes []string
+	}
+	look := func() (zoneView, error) {
+		return inNetns(c.Netns, func() (zoneView, error) {
+			var v zoneView
+			ls, err := netlink.LinkList()
+			if err != nil {
+				return v, err
+			}
+			for _, l := range ls {
+				v.links = append(v.links, l.Attrs().Name)
+			}
+			l, err := netlink.LinkByName(NICIfName)
+			if err != nil {
+				return v, err
+			}
+			as, err := netlink.AddrList(l, netlink.FAMILY_V4)
+			if err != nil {
+				return v, err
+			}
+			for _, a := range as {
+				v.addrs = append(v.addrs, a.IPNet.String())
+			}
+			rs, err := netlink.RouteList(l, netlink.FAMILY_V4)
+			for _, r := range rs {
+				v.routes = append(v.routes, fmt.Sprintf("%v via %v", r.Dst, r.Gw))
+			}
+			return v, err
+		})
+	}
+	v, err := look()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(v.links)
+	slices.Sort(v.routes)
+	if !slices.Equal(v.links, []string{"lo", NICIfName}) || !slices.Equal(v.addrs, []string{"172.30.0.9/32"}) ||
+		!slices.Equal(v.routes, []string{"0.0.0.0/0 via 172.30.0.1", "172.30.0.1/32 via <nil>"}) {
+		t.Errorf("the zone: %+v; want lo and %s, 172.30.0.9/32, a route to 172.30.0.1 and the default through it", v, NICIfName)
+	}
+	mustEnsure(t, c)
+	if again := hostLink(t, nn); again == nil || again.Attrs().Index != hl.Attrs().Index {
+		t.Errorf("Ensure again made the NIC again: %+v, was index %d", again, hl.Attrs().Index)
+	}
+	if err := Remove(t.Context(), c.Netns, c.Tag, c.ZoneID); err != nil {
+		t.Fatal(err)
+	}
+	if namespaces, links, err := List(e.prefix, e.tag); err != nil || len(namespaces) != 0 || len(links) != 0 {
+		t.Errorf("after Remove: %v, %v, %v; want nothing", namespaces, links, err)
 	}
 }
 
