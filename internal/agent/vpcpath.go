@@ -29,11 +29,8 @@ import (
 // vpcPath is the data path the record of what the sled was told drives
 // (told.DataPath): the sled's vpcd, given each port with the link it is
 // (a guest's tap in its VMM's zone, a service zone's NIC's host end), its
-// rules and routes, and the sled's v2p mappings.
-//
-// Not yet realised (the data path has no attached subnets yet): a port's
-// attached subnets are taken and kept by the record, and given to the data
-// path once it has them.
+// rules and routes, its external addresses and attached subnets, and the
+// sled's v2p mappings.
 type vpcPath struct {
 	a *Agent
 	d dataPathAPI
@@ -49,6 +46,8 @@ type dataPathAPI interface {
 	SetFirewall(ctx context.Context, name string, rs []rules.FirewallRule) error
 	ApplyRoutes(ctx context.Context, name string, c vpcd.RouteChange) error
 	SetExternalIPs(ctx context.Context, name string, ch vpcd.ExternalChange) error
+	AttachSubnet(ctx context.Context, name string, s vpcd.AttachSubnet) error
+	DetachSubnet(ctx context.Context, name string, s vpcd.DetachSubnet) error
 	SetV2B(ctx context.Context, want []mappings.Boundary) error
 	SetV2P(ctx context.Context, m vpcd.V2P) error
 	ClearV2P(ctx context.Context, m vpcd.V2P) error
@@ -111,7 +110,28 @@ func (v vpcPath) portSpec(pc told.PortConfig) (vpcd.PortSpec, error) {
 			return s, fmt.Errorf("dhcp: %w", err)
 		}
 	}
+	// The record's attached subnets, those of a family the port has an
+	// address in (upstream's port manager leaves the others out when it
+	// makes a port: build_opte_ipv4_config, build_opte_ipv6_config).
+	for _, a := range pc.Subnets {
+		x, err := attachedSubnet(a)
+		if err != nil {
+			return s, err
+		}
+		if x.CIDR.Addr().Is4() && s.IPv4 != nil || x.CIDR.Addr().Is6() && s.IPv6 != nil {
+			s.AttachedSubnets = append(s.AttachedSubnets, x)
+		}
+	}
 	return s, nil
+}
+
+// attachedSubnet is an attached subnet as the data path takes it.
+func attachedSubnet(a told.AttachedSubnet) (vpcd.AttachSubnet, error) {
+	p, err := netip.ParsePrefix(a.Subnet)
+	if err != nil {
+		return vpcd.AttachSubnet{}, fmt.Errorf("attached subnet: %w", err)
+	}
+	return vpcd.AttachSubnet{CIDR: p, IsExternal: a.Kind == "external"}, nil
 }
 
 // external is a port's external addresses and their gateways as the data
@@ -251,15 +271,24 @@ func (v vpcPath) SetExternalIPs(ctx context.Context, ref told.PortRef, ips told.
 	return v.d.SetExternalIPs(ctx, portName(ref), ch)
 }
 
-// AttachSubnet: the record keeps it; the data path has no attached subnets
-// yet.
+// AttachSubnet attaches a subnet to the port (OPTE's attach_subnet); one
+// of a family the port has no address in is refused, as OPTE refuses it.
 func (v vpcPath) AttachSubnet(ctx context.Context, ref told.PortRef, s told.AttachedSubnet) error {
-	return nil
+	x, err := attachedSubnet(s)
+	if err != nil {
+		return err
+	}
+	return v.d.AttachSubnet(ctx, portName(ref), x)
 }
 
-// DetachSubnet: as AttachSubnet.
+// DetachSubnet detaches one (OPTE's detach_subnet); one not attached is no
+// error.
 func (v vpcPath) DetachSubnet(ctx context.Context, ref told.PortRef, subnet string) error {
-	return nil
+	p, err := netip.ParsePrefix(subnet)
+	if err != nil {
+		return fmt.Errorf("attached subnet: %w", err)
+	}
+	return v.d.DetachSubnet(ctx, portName(ref), vpcd.DetachSubnet{CIDR: p})
 }
 
 // vpcSyncPeriod is how often the data path's ports are made the sled's

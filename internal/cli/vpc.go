@@ -118,6 +118,15 @@ func printVPC(w io.Writer, st vpcd.State) error {
 		section(w, "routes", p.Routes)
 		section(w, "flows", p.Flows)
 		section(w, "NAT flows", p.NATFlows)
+		var subnets []string
+		for _, a := range p.Spec.AttachedSubnets {
+			kind := "vpc"
+			if a.IsExternal {
+				kind = "external"
+			}
+			subnets = append(subnets, a.CIDR.String()+" ("+kind+")")
+		}
+		section(w, "attached subnets", subnets)
 	}
 	fmt.Fprintln(w, "\nv2p")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -18,8 +18,8 @@ import (
 )
 
 // sled-agent vpc shows the data path as opteadm does: its ports (link,
-// status, VNI, MAC, addresses), each port's rules, routes and flows, and
-// the v2p table; -o json is the data path's state as it gave it.
+// status, VNI, MAC, addresses), each port's rules, routes, flows and
+// attached subnets, and the v2p table; -o json is the data path's state as it gave it.
 func TestVPCCommandShowsTheDataPath(t *testing.T) {
 	d := lonelyDataPath(t)
 	sock := filepath.Join(t.TempDir(), "vpcd.sock")
@@ -32,8 +32,9 @@ func TestVPCCommandShowsTheDataPath(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		err := c.EnsurePort(t.Context(), "vna84025f00001", vpcd.PortSpec{Link: vpcd.Link{Name: "vna84025f00001"}, VNI: 7777, MAC: rules.MustMAC("a8:40:25:f0:00:01"),
-			IPv4:   &vpcd.IPSpec{Private: netip.MustParseAddr("172.30.0.5"), Subnet: subnet},
-			System: []rules.Route{{Dest: subnet, Target: rules.SubnetTarget(subnet)}}})
+			IPv4:            &vpcd.IPSpec{Private: netip.MustParseAddr("172.30.0.5"), Subnet: subnet},
+			System:          []rules.Route{{Dest: subnet, Target: rules.SubnetTarget(subnet)}},
+			AttachedSubnets: []vpcd.AttachSubnet{{CIDR: netip.MustParsePrefix("203.0.113.0/28"), IsExternal: true}}})
 		if err == nil {
 			break
 		}
@@ -48,7 +49,7 @@ func TestVPCCommandShowsTheDataPath(t *testing.T) {
 	if code := run([]string{"vpc", "--socket", sock}, &out, &errOut); code != 0 {
 		t.Fatalf("vpc: exit %d: %s", code, errOut.String())
 	}
-	for _, want := range []string{"vna84025f00001", "7777", "172.30.0.5 in 172.30.0.0/22", "waiting for its link", "routes:", "172.30.0.0/22", "firewall, inbound (default deny): none", "172.30.0.6", "fd00:1122:3344:102::1"} {
+	for _, want := range []string{"vna84025f00001", "7777", "172.30.0.5 in 172.30.0.0/22", "waiting for its link", "routes:", "172.30.0.0/22", "firewall, inbound (default deny): none", "attached subnets:\n    203.0.113.0/28 (external)", "172.30.0.6", "fd00:1122:3344:102::1"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("vpc does not say %q:\n%s", want, out.String())
 		}

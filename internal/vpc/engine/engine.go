@@ -35,7 +35,9 @@
 //     SetExternalIPs replaces the addresses; flows are checked again on
 //     their next packet. The packet an ICMP error quotes is translated
 //     with a 1:1 flow, as OPTE's body transforms do (not with SNAT, nor
-//     in NDP redirects). Not done: attached external subnets.
+//     in NDP redirects). Attached external subnets are not translated
+//     either way: what the guest sends from one is external as it is,
+//     and the gateway lets every attached subnet through both ways.
 //   - overlay: v2p for VPC targets, Geneve as OPTE encapsulates it
 //     (wire.InternalEncap), delivery to a port of this sled without leaving
 //     it; internet gateway targets to the boundary tunnel endpoint v2b

@@ -161,13 +161,18 @@ type natFamily struct {
 	ext  ExternalIPs
 	out  []natRule // by priority
 	pool *snat.Pool
+	// attachedExt are the attached external subnets: what comes from or
+	// goes to them is not translated (OPTE's priority-4 rules).
+	attachedExt []netip.Prefix
 }
 
-// natConfig is the NAT layer's rules, replaced whole by SetExternalIPs.
+// natConfig is the NAT layer's rules, replaced whole by SetExternalIPs
+// and by a change of the attached subnets.
 type natConfig struct {
-	gen    uint64
-	ext    External
-	v4, v6 natFamily
+	gen      uint64
+	ext      External
+	attached []AttachedSubnet
+	v4, v6   natFamily
 }
 
 func (c *natConfig) family(a netip.Addr) *natFamily {
@@ -188,12 +193,18 @@ func (n *natFamily) owns(a netip.Addr) bool {
 	return n.oneToOne(a) || n.pool != nil && n.pool.IP() == a
 }
 
-// compileNAT makes the NAT layer's rules of ext (OPTE's create_nat_rules):
-// per family floating, then ephemeral, then source NAT, each once per
-// internet gateway its address may leave through. old's SNAT pools are kept
-// when their address and ports stay, so that no port is handed out twice.
-func compileNAT(ext External, old *natConfig, gen uint64) *natConfig {
-	c := &natConfig{gen: gen, ext: ext}
+// compileNAT makes the NAT layer's rules of ext and the attached subnets
+// (OPTE's create_nat_rules): per family the attached external subnets,
+// then floating, then ephemeral, then source NAT, each once per internet
+// gateway its address may leave through. old's SNAT pools are kept when
+// their address and ports stay, so that no port is handed out twice.
+func compileNAT(ext External, attached []AttachedSubnet, old *natConfig, gen uint64) *natConfig {
+	c := &natConfig{gen: gen, ext: ext, attached: attached}
+	for _, s := range attached {
+		if s.External {
+			c.family(s.Prefix.Addr()).attachedExt = append(c.family(s.Prefix.Addr()).attachedExt, s.Prefix)
+		}
+	}
 	// gateways is the rules' gateway matches of ip: its listed
 	// gateways, or the system one when the map does not hold it.
 	gateways := func(ip netip.Addr) []natRule {
@@ -318,7 +329,7 @@ func (p *Port) SetExternalIPs(ext External) error {
 	p.natMu.Lock()
 	defer p.natMu.Unlock()
 	old := p.nat.Load()
-	p.nat.Store(compileNAT(ext, old, old.gen+1))
+	p.nat.Store(compileNAT(ext, old.attached, old, old.gen+1))
 	return nil
 }
 
@@ -463,16 +474,24 @@ func (p *Port) expireNAT() int {
 }
 
 // natOut is the NAT layer, outbound: a flow's packets are rewritten as its
-// first was; a new flow to an internet gateway takes the first rule that
-// the gateway matches. It reports whether the packet now comes from an
+// first was; a new flow from an attached external subnet is external as it
+// is; a new flow to an internet gateway takes the first rule that the
+// gateway matches. It reports whether the packet now comes from an
 // external address.
 func (p *Port) natOut(frame []byte, f *wire.Frame, key wire.FlowKey, rt rules.Target) (bool, Reason) {
-	if p.natActive.Load() == 0 && rt.Kind != rules.TargetInternetGateway {
+	fam := p.nat.Load().family(key.Src)
+	if p.natActive.Load() == 0 && rt.Kind != rules.TargetInternetGateway && len(fam.attachedExt) == 0 {
 		return false, ReasonNone
 	}
 	now := p.e.cfg.Now()
 	nf := p.natLookup(key, rules.Out, now)
 	if nf == nil {
+		// From an attached external subnet: external as it is, to
+		// whatever the router chose (OPTE's ExternalIpTagger; the
+		// overlay then refuses it into the VPC).
+		if fam.externalSubnet(key.Src) {
+			return true, ReasonNone
+		}
 		if rt.Kind != rules.TargetInternetGateway {
 			return false, ReasonNone
 		}
@@ -546,7 +565,8 @@ func (p *Port) newNATOut(f *wire.Frame, key wire.FlowKey, rt rules.Target, now t
 
 // natIn is the NAT layer, inbound: an answer to a NAT flow is rewritten
 // back; a new flow to the port's ephemeral or a floating address is
-// translated 1:1 to the private one.
+// translated 1:1 to the private one; one to an attached external subnet
+// is left alone.
 func (p *Port) natIn(frame []byte, f *wire.Frame) Reason {
 	c := p.nat.Load()
 	if p.natActive.Load() == 0 && !c.family(f.DstIP).oneToOne(f.DstIP) {
@@ -557,7 +577,10 @@ func (p *Port) natIn(frame []byte, f *wire.Frame) Reason {
 	nf := p.natLookup(key, rules.In, now)
 	if nf == nil {
 		fam := c.family(key.Dst)
-		if !fam.oneToOne(key.Dst) {
+		// To an attached external subnet: not translated, even were an
+		// external address of the port in it (OPTE's priority 4 comes
+		// before 1:1 NAT's 5 and 10).
+		if !fam.oneToOne(key.Dst) || fam.externalSubnet(key.Dst) {
 			return ReasonNone
 		}
 		ip := p.cfg.IPv4

@@ -57,7 +57,7 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 	}
 	// Gateway: ARP, DHCP, echo and NDP for the gateway are answered to
 	// the guest; anything else must come from its own MAC and addresses.
-	gd := p.gw.Outbound(frame, &f, p.reply)
+	gd := p.gw.Load().Outbound(frame, &f, p.reply)
 	switch gd.Verdict {
 	case gateway.Reply:
 		return Result{Verdict: ToPort, Port: p, Data: p.reply[:gd.Len]}
@@ -204,9 +204,10 @@ func (e *Engine) deliver(p *Port, frame []byte, f *wire.Frame, tag rules.VNITag)
 	if r := p.natIn(frame, f); r != ReasonNone {
 		return p.drop(r)
 	}
-	if p.nat.Load().family(f.DstIP).owns(f.DstIP) {
+	if fam := p.nat.Load().family(f.DstIP); fam.owns(f.DstIP) && !fam.externalSubnet(f.DstIP) {
 		// For an external address of the port, answering no flow of its
-		// NAT.
+		// NAT (and not in an attached external subnet, which the guest
+		// answers itself).
 		return p.drop(ReasonNAT)
 	}
 	fl := rules.Flow{Dir: rules.In, Proto: rules.Proto(f.Proto), Src: f.SrcIP, Dst: f.DstIP,
@@ -216,7 +217,7 @@ func (e *Engine) deliver(p *Port, frame []byte, f *wire.Frame, tag rules.VNITag)
 	}
 	// Gateway, inbound, last: only for the guest's MAC and addresses,
 	// and what it receives comes from its gateway.
-	gd := p.gw.Inbound(frame, f)
+	gd := p.gw.Load().Inbound(frame, f)
 	if gd.Verdict != gateway.Continue {
 		return p.drop(ReasonSpoof)
 	}

@@ -17,7 +17,7 @@ import (
 
 // IPConfig is a port's address in one family: its private address in its
 // subnet, and the other addresses it may send from and receive for
-// (transit IPs, attached subnets).
+// (transit IPs; attached subnets are the port's, PortConfig.Attached).
 type IPConfig struct {
 	Private netip.Addr
 	Subnet  netip.Prefix
@@ -44,6 +44,8 @@ type PortConfig struct {
 	// External is its external addresses and their gateways, as
 	// SetExternalIPs sets them.
 	External External
+	// Attached are its attached subnets, as SetAttachedSubnets sets them.
+	Attached []AttachedSubnet
 }
 
 func (c PortConfig) check() error {
@@ -76,7 +78,12 @@ type Port struct {
 	e   *Engine
 	cfg PortConfig
 
-	gw *gateway.Gateway
+	// gw is the gateway layer, made again from gwBase when the attached
+	// subnets change (attachMu orders the changes; attached is the set).
+	gw       atomic.Pointer[gateway.Gateway]
+	gwBase   gateway.Config
+	attachMu sync.Mutex
+	attached []AttachedSubnet
 	// reply holds the gateway's answer to the frame Outbound is running:
 	// a port's frames from its guest are run one at a time.
 	reply []byte
@@ -120,19 +127,22 @@ func newPort(e *Engine, cfg PortConfig) (*Port, error) {
 	if ip := cfg.IPv6; ip != nil {
 		gc.IPv6 = &gateway.IPv6Config{Private: ip.Private, Transit: transit(ip.Transit)}
 	}
-	gw, err := gateway.New(gc, e.cfg.V2P)
-	if err != nil {
-		return nil, fmt.Errorf("engine: port %s: %w", cfg.Name, err)
-	}
-	p := &Port{e: e, cfg: cfg, gw: gw, reply: make([]byte, 4096), fwFlows: flow.New[wire.FlowKey, fwFlow](flow.Config[fwFlow]{Now: e.cfg.Now}),
+	p := &Port{e: e, cfg: cfg, gwBase: gc, reply: make([]byte, 4096), fwFlows: flow.New[wire.FlowKey, fwFlow](flow.Config[fwFlow]{Now: e.cfg.Now}),
 		// A NAT flow takes two entries; a port's SNAT ranges need up
 		// to one per port and protocol (OPTE's FW_FT_LIMIT).
 		natFlows: flow.New[wire.FlowKey, natEntry](flow.Config[natEntry]{Limit: flow.PortLimit, Now: e.cfg.Now})}
 	if err := p.checkExternal(cfg.External); err != nil {
 		return nil, err
 	}
-	p.cfg.External = cfg.External.clone()
-	p.nat.Store(compileNAT(p.cfg.External, nil, 1))
+	attached, err := p.normalize(cfg.Attached)
+	if err != nil {
+		return nil, err
+	}
+	p.cfg.External, p.cfg.Attached = cfg.External.clone(), nil
+	p.nat.Store(compileNAT(p.cfg.External, nil, nil, 1))
+	if err := p.setAttachedLocked(attached); err != nil { // p is not shared yet
+		return nil, err
+	}
 	fw, err := rules.CompileFirewall(nil, rules.Port{VNI: cfg.VNI, MAC: rules.MAC(cfg.MAC)})
 	if err != nil {
 		return nil, err
@@ -152,11 +162,12 @@ func transit(ps []netip.Prefix) []gateway.Transit {
 	return out
 }
 
-// Config is what the port was made with, its external addresses as they
-// are now (shared: not to be modified).
+// Config is what the port was made with, its external addresses and
+// attached subnets as they are now (shared: not to be modified).
 func (p *Port) Config() PortConfig {
 	c := p.cfg
 	c.External = p.nat.Load().ext
+	c.Attached = p.AttachedSubnets()
 	return c
 }
 

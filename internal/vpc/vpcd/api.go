@@ -29,6 +29,8 @@ import (
 //	PUT    /ports/{name}/firewall  replace its firewall rules
 //	POST   /ports/{name}/routes    remove and add router entries (RouteChange)
 //	PUT    /ports/{name}/external-ips  replace its external addresses (ExternalChange)
+//	POST   /ports/{name}/attach-subnet  attach a subnet (AttachSubnet; again: no change)
+//	POST   /ports/{name}/detach-subnet  detach one ({"cidr": …}; absent: 204 all the same)
 //	PUT    /v2p            set a mapping (V2P)
 //	DELETE /v2p            clear one (by VNI and virtual IP)
 //	PUT    /v2b            make the boundary table what the routing daemon says
@@ -119,6 +121,18 @@ func (d *Daemon) Handler() http.Handler {
 		var c ExternalChange
 		if decode(w, r, &c) {
 			done(w, d.SetExternalIPs(r.PathValue("name"), c.ExternalIPs, c.EIPGateways))
+		}
+	})
+	route("POST /ports/{name}/attach-subnet", httpbound.Small, func(w http.ResponseWriter, r *http.Request) {
+		var s AttachSubnet
+		if decode(w, r, &s) {
+			done(w, d.AttachSubnet(r.PathValue("name"), s))
+		}
+	})
+	route("POST /ports/{name}/detach-subnet", httpbound.Small, func(w http.ResponseWriter, r *http.Request) {
+		var s DetachSubnet
+		if decode(w, r, &s) {
+			done(w, d.DetachSubnet(r.PathValue("name"), s.CIDR))
 		}
 	})
 	route("PUT /v2p", httpbound.Small, func(w http.ResponseWriter, r *http.Request) {
@@ -288,6 +302,21 @@ func (c *Client) ApplyRoutes(ctx context.Context, name string, change RouteChang
 // SetExternalIPs replaces the external addresses of the port called name.
 func (c *Client) SetExternalIPs(ctx context.Context, name string, ch ExternalChange) error {
 	return c.do(ctx, http.MethodPut, "/ports/"+name+"/external-ips", ch, nil)
+}
+
+// AttachSubnet attaches a subnet to the port called name.
+func (c *Client) AttachSubnet(ctx context.Context, name string, s AttachSubnet) error {
+	return c.do(ctx, http.MethodPost, "/ports/"+name+"/attach-subnet", s, nil)
+}
+
+// DetachSubnet detaches a subnet from the port called name.
+func (c *Client) DetachSubnet(ctx context.Context, name string, s DetachSubnet) error {
+	return c.do(ctx, http.MethodPost, "/ports/"+name+"/detach-subnet", s, nil)
+}
+
+// DetachSubnet is the subnet to detach (OPTE's DetachSubnetReq).
+type DetachSubnet struct {
+	CIDR netip.Prefix `json:"cidr"`
 }
 
 // SetV2P sets a mapping.

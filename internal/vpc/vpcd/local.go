@@ -65,3 +65,13 @@ func (l Local) SetV2B(_ context.Context, want []mappings.Boundary) error {
 	_, err := l.D.eng.V2B().Replace(m)
 	return wrapBad(err)
 }
+
+// AttachSubnet attaches a subnet to the port called name.
+func (l Local) AttachSubnet(_ context.Context, name string, s AttachSubnet) error {
+	return l.D.AttachSubnet(name, s)
+}
+
+// DetachSubnet detaches a subnet from the port called name.
+func (l Local) DetachSubnet(_ context.Context, name string, s DetachSubnet) error {
+	return l.D.DetachSubnet(name, s.CIDR)
+}

@@ -73,6 +73,24 @@ type PortSpec struct {
 	// MTU is the port's MTU (1500 if 0; 8500 for an instance with jumbo
 	// frames), announced in router advertisements.
 	MTU uint32 `json:"mtu,omitempty"`
+	// AttachedSubnets are the port's attached subnets (OPTE's
+	// attach_subnet for each).
+	AttachedSubnets []AttachSubnet `json:"attached_subnets,omitempty"`
+}
+
+// AttachSubnet is a subnet attached to a port (OPTE's AttachSubnetReq):
+// its prefix, and whether it is a block of external addresses.
+type AttachSubnet struct {
+	CIDR       netip.Prefix `json:"cidr"`
+	IsExternal bool         `json:"is_external"`
+}
+
+func (s PortSpec) attached() []engine.AttachedSubnet {
+	var out []engine.AttachedSubnet
+	for _, a := range s.AttachedSubnets {
+		out = append(out, engine.AttachedSubnet{Prefix: a.CIDR, External: a.IsExternal})
+	}
+	return out
 }
 
 // DHCPSpec is a guest's DHCP options besides its address.
@@ -112,6 +130,7 @@ func (s PortSpec) engineConfig(name string) (engine.PortConfig, error) {
 		c.IPv6 = &engine.IPConfig{Private: s.IPv6.Private, Subnet: s.IPv6.Subnet, Transit: s.IPv6.Transit}
 	}
 	c.External = s.external()
+	c.Attached = s.attached()
 	return c, nil
 }
 
@@ -215,6 +234,9 @@ func setRules(p *engine.Port, spec PortSpec) error {
 		if err := p.SetExternalIPs(ext); err != nil {
 			return err
 		}
+	}
+	if _, err := p.SetAttachedSubnets(spec.attached()); err != nil {
+		return err
 	}
 	return errors.Join(p.SetRoutes(rules.System, spec.System), p.SetRoutes(rules.Custom, spec.Custom))
 }
@@ -431,4 +453,43 @@ func (d *Daemon) SetExternalIPs(name string, ext ExternalSpec, gateways map[neti
 type ExternalChange struct {
 	ExternalIPs ExternalSpec               `json:"external_ips"`
 	EIPGateways map[netip.Addr][]uuid.UUID `json:"eip_gateways,omitempty"`
+}
+
+// AttachSubnet attaches a subnet to the port called name, or changes
+// whether it is external (OPTE's attach_subnet); the same again changes
+// nothing.
+func (d *Daemon) AttachSubnet(name string, s AttachSubnet) error {
+	return d.changeSubnets(name, func(p *engine.Port) error {
+		_, err := p.AttachSubnet(engine.AttachedSubnet{Prefix: s.CIDR, External: s.IsExternal})
+		return err
+	})
+}
+
+// DetachSubnet detaches a subnet from the port called name (OPTE's
+// detach_subnet); one it does not have is no error.
+func (d *Daemon) DetachSubnet(name string, cidr netip.Prefix) error {
+	return d.changeSubnets(name, func(p *engine.Port) error {
+		_, err := p.DetachSubnet(cidr)
+		return err
+	})
+}
+
+func (d *Daemon) changeSubnets(name string, f func(*engine.Port) error) error {
+	d.opMu.Lock()
+	defer d.opMu.Unlock()
+	a, ok := d.lookup(name)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNoPort, name)
+	}
+	if err := f(a.port); err != nil {
+		return wrapBad(err)
+	}
+	var now []AttachSubnet
+	for _, s := range a.port.AttachedSubnets() {
+		now = append(now, AttachSubnet{CIDR: s.Prefix, IsExternal: s.External})
+	}
+	d.mu.Lock()
+	a.spec.AttachedSubnets = now
+	d.mu.Unlock()
+	return nil
 }
