@@ -5,8 +5,11 @@
 // \EFI\BOOT\BOOTX64.EFI; scripts/build-test-guest builds it from Debian
 // packages. On every boot it prints [ReadyPrefix] and its first NIC's MAC on
 // the serial console (COM1), then runs the commands it reads there line by
-// line: [CmdPoweroff], [CmdReboot], [CmdPanic] and [CmdEcho]. The ACPI power
-// button (QMP system_powerdown) powers it off; a panic is reported to QEMU's
+// line: [CmdPoweroff], [CmdReboot], [CmdPanic], [CmdEcho] and [CmdPing]. In
+// the background it asks for its NIC's address by DHCP, as a rack's guest
+// does of its VPC's gateway, and prints [NetPrefix] once it has a lease;
+// where nothing answers it keeps asking, quietly. The ACPI power button
+// (QMP system_powerdown) powers it off; a panic is reported to QEMU's
 // pvpanic device and the guest halts.
 package testguest
 
@@ -42,6 +45,15 @@ const (
 	PowerButton = "SLED-AGENT-TEST-GUEST POWERBUTTON"
 	// UnknownPrefix starts the answer to a line that is no command.
 	UnknownPrefix = "SLED-AGENT-TEST-GUEST UNKNOWN "
+	// NetPrefix starts the line printed when the guest's NIC is given an
+	// address by DHCP: "NET ip=ADDR router=GATEWAY", the gateway being the
+	// default route's (from option 121, else option 3), or "none". The
+	// NIC has the address as a /32 when the lease says so, as a rack's
+	// leases do, with the gateway on-link.
+	NetPrefix = "SLED-AGENT-TEST-GUEST NET ip="
+	// PingPrefix starts the answer to [CmdPing]: "PING ADDR ok avg=RTTms"
+	// and busybox ping's packet count, or "PING ADDR failed: " and why.
+	PingPrefix = "SLED-AGENT-TEST-GUEST PING "
 )
 
 // The commands the guest reads from its serial console, one a line.
@@ -57,10 +69,14 @@ const (
 	CmdPanic = "panic"
 	// CmdEcho followed by a word makes the guest print the word on a line.
 	CmdEcho = "echo "
+	// CmdPing followed by an IPv4 address makes the guest send it three
+	// ICMP echoes, a second apart, and print a [PingPrefix] line.
+	CmdPing = "ping "
 )
 
-// CacheDir holds the built image (test-guest.raw, its stamp, the downloaded
-// packages) and the lock that serializes builds between test binaries.
+// CacheDir holds the built images (test-guest-<hash>.raw, one per version of
+// the script, each with its stamp), the downloaded packages (debs/) and the
+// lock that serializes builds between test binaries.
 const CacheDir = "/var/cache/sled-agent/test-guest"
 
 // QEMU is the emulator the guest is built for.
@@ -178,7 +194,10 @@ func build(logf func(format string, args ...any)) (string, error) {
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 
-	img := filepath.Join(CacheDir, "test-guest.raw")
+	// Named by the script's hash: checkouts whose scripts differ (branches,
+	// worktrees) each keep their own image instead of rebuilding the one
+	// another is about to copy. The packages are shared.
+	img := filepath.Join(CacheDir, "test-guest-"+hash[:16]+".raw")
 	if stamp, err := os.ReadFile(img + ".stamp"); err == nil && strings.TrimSpace(string(stamp)) == hash && regular(img) {
 		return img, nil
 	}
@@ -186,6 +205,7 @@ func build(logf func(format string, args ...any)) (string, error) {
 	start := time.Now()
 	var out bytes.Buffer
 	cmd := exec.Command("bash", script, img)
+	cmd.Env = append(os.Environ(), "TEST_GUEST_DEBS="+filepath.Join(CacheDir, "debs"))
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("%s %s: %w\n%s", script, img, err, out.Bytes())
