@@ -16,6 +16,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
+	"github.com/sled-agent/sled-agent/internal/probes"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/vmm/guestcg"
 )
@@ -190,14 +191,21 @@ func (r *Runtime) findOrphans(zones zoneSet) (orphans, error) {
 	var errs []error
 	nss, links, err := zonenet.List(r.netnsName(sledconfig.ZoneNamePrefix), r.opts.Tag)
 	errs = append(errs, err)
+	// Probes' zones and their links are the probes reconciler's
+	// (internal/probes), which keeps and removes them: not the zones'.
+	probeIDs := map[string]bool{}
 	for _, ns := range nss {
+		if id, ok := strings.CutPrefix(ns, r.netnsName(probes.ZonePrefix)); ok {
+			probeIDs[strings.ToLower(id)] = true
+			continue
+		}
 		if !zones.netns[ns] && r.adopt(&o, zones, strings.TrimPrefix(ns, r.opts.NetnsPrefix), "namespace "+ns) {
 			o.namespaces = append(o.namespaces, ns)
 		}
 	}
 	for _, l := range links {
 		id := strings.ToLower(l.ZoneID)
-		if zones.ids[id] {
+		if zones.ids[id] || probeIDs[id] {
 			continue
 		}
 		c, ok := zones.idClaims[id]
