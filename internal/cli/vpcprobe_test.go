@@ -160,17 +160,23 @@ func findGuests(t *testing.T, gs ...*acceptGuest) {
 // stats are the counters of the guest's port on its sled's data path.
 func (g *acceptGuest) stats(t *testing.T) engine.Stats {
 	t.Helper()
-	st, err := g.sled.dataPath().State(t.Context())
-	if err != nil {
-		t.Fatalf("sled %s: the data path's state: %v", g.sled.tag, err)
-	}
-	for _, p := range st.Ports {
-		if strings.EqualFold(p.Spec.MAC.String(), g.mac) {
-			return p.Stats
+	// The port is made a moment after the guest's link appears.
+	deadline := time.Now().Add(waitDeadline)
+	for {
+		st, err := g.sled.dataPath().State(t.Context())
+		if err != nil {
+			t.Fatalf("sled %s: the data path's state: %v", g.sled.tag, err)
 		}
+		for _, p := range st.Ports {
+			if strings.EqualFold(p.Spec.MAC.String(), g.mac) {
+				return p.Stats
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sled %s has no port of %s's MAC %s: %+v", g.sled.tag, g.name, g.mac, st.Ports)
+		}
+		time.Sleep(waitInterval)
 	}
-	t.Fatalf("sled %s has no port of %s's MAC %s", g.sled.tag, g.name, g.mac)
-	return engine.Stats{}
 }
 
 // probe is a way to send something and see whether it was answered.
