@@ -61,12 +61,22 @@ func (s *vpcSled) call(t *testing.T, method, path, body string) (int, string) {
 }
 
 // twoSleds starts two agents, each run as a sled in a network namespace of
-// its own (--netns) with its data path (--vpc-data-path), joined by an
-// underlay veth (MTU 9000, the underlay's /48 routed on it), and waits for
-// both data paths. extra are more `run` flags for both (--vmm-stand-in for
-// stand-in guests). Each sled's guest (vmm, nic, mac, ip) is filled in but
-// not registered. Everything is torn down when the test ends.
+// its own (--netns) with its data path (--vpc-data-path), their underlay
+// links (MTU 9000, the underlay's /48 routed on them) joined by the rack's
+// bridge, and waits for both data paths. extra are more `run` flags for
+// both (--vmm-stand-in for stand-in guests). Each sled's guest (vmm, nic,
+// mac, ip) is filled in but not registered. Everything is torn down when
+// the test ends.
 func twoSleds(t *testing.T, extra ...string) (a, b *vpcSled) {
+	t.Helper()
+	a, b, _ = rackOfSleds(t, false, extra...)
+	return a, b
+}
+
+// rackOfSleds is twoSleds, and with withSwitch the rack's switch too
+// (rackSwitch): the agents then read the switch's tunnel endpoint from
+// their sled's routing daemon (simulated, in the sled's namespace).
+func rackOfSleds(t *testing.T, withSwitch bool, extra ...string) (a, b *vpcSled, sw *rackSwitch) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: runs agents as sleds in network namespaces")
@@ -103,11 +113,16 @@ func twoSleds(t *testing.T, extra ...string) (a, b *vpcSled) {
 		}}}
 	}
 	a, b = sleds[0], sleds[1]
-	ip(t, "link", "add", "ul0", "netns", a.ns, "type", "veth", "peer", "name", "ul0", "netns", b.ns)
+	rack := newRack(t, base)
 	for _, s := range sleds {
-		ip(t, "-n", s.ns, "link", "set", "ul0", "mtu", "9000", "up")
+		rack.plug(t, s.ns, s.tag[len(base):])
 		ip(t, "-n", s.ns, "addr", "add", s.underlay+"/64", "dev", "ul0", "nodad")
 		ip(t, "-n", s.ns, "route", "add", "fd00:1122:3344::/48", "dev", "ul0")
+	}
+	ddmURL := ""
+	if withSwitch {
+		sw = rack.addSwitch(t, base, sleds)
+		ddmURL = "http://" + sledDDM
 	}
 	// Registered first, run last: the agents are stopped by then.
 	t.Cleanup(func() {
@@ -126,7 +141,7 @@ func twoSleds(t *testing.T, extra ...string) (a, b *vpcSled) {
 		}
 	})
 	for _, s := range sleds {
-		startBinary(t, append(append([]string{"run", "--listen", "[::1]:12345", "--underlay-ip", s.underlay, "--ddm-url", "", "--skip-timesync",
+		startBinary(t, append(append([]string{"run", "--listen", "[::1]:12345", "--underlay-ip", s.underlay, "--ddm-url", ddmURL, "--skip-timesync",
 			"--vpc-data-path"}, extra...), s.flags()...)...)
 	}
 	for _, s := range sleds {
@@ -140,7 +155,7 @@ func twoSleds(t *testing.T, extra ...string) (a, b *vpcSled) {
 			time.Sleep(waitInterval)
 		}
 	}
-	return a, b
+	return a, b, sw
 }
 
 // dataPath is a client of the sled's vpcd.
