@@ -14,9 +14,9 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/sled-agent/sled-agent/internal/probes"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
-	"github.com/sled-agent/sled-agent/internal/probes"
 	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/vmm/guestcg"
 )
