@@ -237,7 +237,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	<-t.C
-	fails := 0
+	fails, waits := 0, 0
 	for {
 		next := r.opts.Period
 		if err := r.pass(ctx); err != nil {
@@ -250,6 +250,16 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		} else {
 			fails = 0
 		}
+		// Prefixes kept for zones no config judged yet are looked at
+		// again soon: the zones' judgement (a config read, the zones
+		// removed) need not change the present zones, which is what
+		// pokes this loop.
+		if r.keeping() {
+			waits++
+			next = min(next, r.retryDelay(waits), r.opts.RetryMax)
+		} else {
+			waits = 0
+		}
 		t.Reset(next)
 		select {
 		case <-ctx.Done():
@@ -261,6 +271,14 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// keeping reports whether the last pass kept prefixes for zones that no
+// readable config judges.
+func (r *Reconciler) keeping() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.status.Kept) > 0
 }
 
 func (r *Reconciler) retryDelay(fails int) time.Duration {

@@ -367,3 +367,29 @@ func TestNothingWithdrawnWhileZonesAreUnjudged(t *testing.T) {
 		}
 	})
 }
+
+// Zones judged without the present zones changing (nothing pokes the
+// reconciler): what was kept for them is looked at again within the capped
+// retry delay, not at the next period.
+func TestKeptPrefixesAreLookedAtAgainUnpoked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := newFakeDDM("fd00:1122:3344:1::/64")
+		z := &fakeZones{restored: make(chan struct{}), unmanaged: []string{dnsZone(0).Name()}}
+		close(z.restored)
+		r := start(t, d, z, prefix.Options{Period: time.Hour, RetryInitial: time.Second, RetryMax: 5 * time.Second})
+		synctest.Wait()
+		if st := r.Status(); len(st.Kept) != 1 {
+			t.Fatalf("status %+v: want the prefix kept", st)
+		}
+		z.mu.Lock()
+		z.unmanaged = nil
+		z.mu.Unlock()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		want := []string{underlay, bootstrap}
+		slices.Sort(want)
+		if got := d.originated(); !slices.Equal(got, want) {
+			t.Fatalf("judged, unpoked, 5 s later: originated %v, want %v", got, want)
+		}
+	})
+}
