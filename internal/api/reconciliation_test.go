@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -87,3 +88,20 @@ type staticStorage struct{ st *storage.Status }
 
 func (s staticStorage) Status() storage.Status { return *s.st }
 func (s staticStorage) Version() uint64        { return s.st.Version }
+
+// A pass that had no config (the first, before any was put) is not turned
+// into a running status while storage works on a config: upstream's
+// running status carries the config it works on, and one without it
+// validates against no variant. It stays idle.
+func TestReconcilerStatusWithoutAConfigStaysIdle(t *testing.T) {
+	done := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	st := reconciler.Status{Phase: reconciler.PhaseIdle, CompletedAt: done, RanFor: time.Millisecond, Last: &reconciler.Reconciliation{}}
+	rs := reconcilerStatus(st, true, done.Add(time.Second))
+	if rs.Status != "idle" || rs.Config != nil || rs.CompletedAt == nil || !rs.CompletedAt.Equal(done) {
+		t.Fatalf("status %+v, want idle since %v", rs, done)
+	}
+	st.Last.Config = &sledconfig.Config{Generation: 2}
+	if rs := reconcilerStatus(st, true, done.Add(time.Second)); rs.Status != "running" || rs.Config == nil {
+		t.Fatalf("with a config, storage pending: %+v, want running with it", rs)
+	}
+}

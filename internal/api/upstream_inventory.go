@@ -143,9 +143,11 @@ func (s *Server) servicesResult(now time.Time) SvcsEnabledNotOnlineResult {
 // reconciles zones and storage in one pass; here the zone reconciler's
 // pass is not over while the storage reconciler has not answered for its
 // config (storagePending): its last pass, idle to the zone reconciler, is
-// still running, since its start.
+// still running, since its start. A last pass that had no config (the
+// first, before any was put) stays idle: upstream's running status carries
+// the config it works on.
 func reconcilerStatus(st reconciler.Status, storagePending bool, now time.Time) ReconcilerStatus {
-	if st.Phase == reconciler.PhaseIdle && storagePending && st.Last != nil {
+	if st.Phase == reconciler.PhaseIdle && storagePending && st.Last != nil && st.Last.Config != nil {
 		st.Phase, st.Config, st.StartedAt = reconciler.PhaseRunning, st.Last.Config, st.CompletedAt.Add(-st.RanFor)
 	}
 	rs := ReconcilerStatus{Status: string(st.Phase)}
