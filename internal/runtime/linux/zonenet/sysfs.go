@@ -105,10 +105,16 @@ func sysfsShowsUs(h *netlink.Handle) bool {
 			continue
 		}
 		index, err := sysfsIndex(e.Name())
-		if err != nil {
+		switch {
+		case err != nil:
 			return false
+		case index == 0:
+			continue // deleted since it was listed
 		}
 		if l, err := h.LinkByName(e.Name()); err != nil || l.Attrs().Index != index {
+			if now, err := sysfsIndex(e.Name()); err == nil && now != index {
+				continue // deleted (or made again) meanwhile
+			}
 			return false // sysfs has it and netlink does not
 		}
 	}
