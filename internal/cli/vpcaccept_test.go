@@ -33,15 +33,7 @@ func TestVPCAcceptBeforeRoutes(t *testing.T) {
 	a.register(n, defaultRules(7777, a, b), "192.0.2.20")
 	b.register(n, defaultRules(7777, a, b), "192.0.2.21")
 	findGuests(t, a, b)
-	debug := func() string {
-		var out []string
-		for _, s := range []*vpcSled{sa, sb} {
-			st, _ := s.dataPath().State(t.Context())
-			j, _ := json.Marshal(st)
-			out = append(out, string(j))
-		}
-		return strings.Join(out, "\n")
-	}
+	debug := dataPaths(t, sa, sb)
 	var ids []string
 	var got []map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(n.must(sa, http.StatusOK, http.MethodGet, "/vpc-routes", "")), &got); err != nil {
@@ -64,4 +56,129 @@ func TestVPCAcceptBeforeRoutes(t *testing.T) {
 	newUDPEcho(t, b.ns, b.ip+":5000", "B")
 	droppedProbe(t, "A to B before routes", newUDPProbe(t, a.ns, a.ip+":0", b.ip+":5000"), a, "no route", debug)
 	answeredProbe(t, "A to its gateway", newICMPProbe(t, a.ns, "172.30.0.1"), debug)
+}
+
+// dataPaths is what the sleds' data paths hold, for a failure's message.
+func dataPaths(t *testing.T, sleds ...*vpcSled) func() string {
+	return func() string {
+		var out []string
+		for _, s := range sleds {
+			st, _ := s.dataPath().State(t.Context())
+			j, _ := json.Marshal(st)
+			out = append(out, string(j))
+		}
+		return strings.Join(out, "\n")
+	}
+}
+
+// vpcRoutes are the route sets of VPC.md S2 for VNI 7777, without the
+// internet gateway: the subnet, in the system router's version 3.
+const vpcRoutes = `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":3},"routes":[{"dest":"172.30.0.0/22","target":{"type":"vpc_subnet","value":"172.30.0.0/22"}}]},` +
+	`{"id":{"vni":7777,"kind":{"type":"custom","subnet":"172.30.0.0/22"}},"version":null,"routes":[]}]`
+
+// VPC.md S3 and S4 at agent level. With the routes and v2p mappings
+// pushed, ICMP, UDP and TCP cross the sleds. Then the VPC's rules as
+// Nexus pushes them: allow-ssh alone drops ICMP and UDP at B's port by its
+// firewall while TCP to port 22 flows, answers included (stateful); a
+// deny of ICMP from A at priority 100 beats the allows at 65534, while UDP
+// from A and ICMP from B still pass; at equal priority (65534) the deny
+// still wins; the defaults again let ICMP through.
+func TestVPCAcceptFirewall(t *testing.T) {
+	sa, sb := twoSleds(t, "--vmm-stand-in")
+	sleds := []*vpcSled{sa, sb}
+	n := newNexus(t)
+	a, b := sledGuest("a", sa), sledGuest("b", sb)
+	defaults := defaultRules(7777, a, b)
+	a.register(n, defaults, "192.0.2.20")
+	b.register(n, defaults, "192.0.2.21")
+	findGuests(t, a, b)
+	debug := dataPaths(t, sa, sb)
+	n.all(sleds, http.MethodPut, "/vpc-routes", vpcRoutes)
+	for _, g := range []*acceptGuest{a, b} {
+		n.all(sleds, http.MethodPut, "/v2p", g.v2p())
+	}
+	newUDPEcho(t, b.ns, b.ip+":5000", "B")
+	tcpServe(t, b.ns, b.ip+":22", "B")
+	icmpAB := func() probe { return newICMPProbe(t, a.ns, b.ip) }
+	udpAB := func() probe { return newUDPProbe(t, a.ns, a.ip+":0", b.ip+":5000") }
+	answeredProbe(t, "S3: ICMP A to B", icmpAB(), debug)
+	answeredProbe(t, "S3: UDP A to B", udpAB(), debug)
+	tcpBanner(t, "S3: TCP A to B", a.ns, b.ip+":22", debug)
+	answeredProbe(t, "S3: ICMP B to A", newICMPProbe(t, b.ns, a.ip), debug)
+
+	firewall := func(rules string) {
+		t.Helper()
+		n.all(sleds, http.MethodPut, "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", `{"vni":7777,"rules":`+rules+`}`)
+	}
+	var all []json.RawMessage
+	if err := json.Unmarshal([]byte(defaults), &all); err != nil {
+		t.Fatal(err)
+	}
+	firewall("[" + string(all[1]) + "]") // allow-ssh alone
+	droppedProbe(t, "S4: ICMP A to B, allow-ssh alone", icmpAB(), b, "firewall", debug)
+	droppedProbe(t, "S4: UDP A to B, allow-ssh alone", udpAB(), b, "firewall", debug)
+	tcpBanner(t, "S4: TCP A to B port 22, allow-ssh alone", a.ns, b.ip+":22", debug)
+
+	deny := func(priority int) string {
+		return fmt.Sprintf(`{"status":"enabled","direction":"inbound","targets":[%s],"filter_hosts":[{"type":"ip","value":"%s/32"}],`+
+			`"filter_protocols":[{"type":"icmp","value":null}],"action":"deny","priority":%d}`, b.nicJSON(), a.ip, priority)
+	}
+	withDeny := func(priority int) string { return strings.TrimSuffix(defaults, "]") + "," + deny(priority) + "]" }
+	firewall(withDeny(100))
+	droppedProbe(t, "S4: ICMP A to B, denied at 100", icmpAB(), b, "firewall", debug)
+	answeredProbe(t, "S4: UDP A to B beside the deny", udpAB(), debug)
+	answeredProbe(t, "S4: ICMP B to A beside the deny", newICMPProbe(t, b.ns, a.ip), debug)
+	firewall(withDeny(65534))
+	droppedProbe(t, "S4: ICMP A to B, deny and allow both at 65534", icmpAB(), b, "firewall", debug)
+	firewall(defaults)
+	answeredProbe(t, "S4: ICMP A to B, the defaults again", icmpAB(), debug)
+}
+
+// VPC.md S5 at agent level: guest D on sled A, in another VPC (VNI 8888)
+// with the very address of B, its own rules, routes and v2p mapping pushed
+// as Nexus pushes them. A's datagrams to that address reach B, never D; D
+// has no mapping for A's address in its VPC and its datagrams are dropped
+// at its port; sled A lists D's VPC's RouterIDs too.
+func TestVPCAcceptIsolation(t *testing.T) {
+	sa, sb := twoSleds(t, "--vmm-stand-in")
+	sleds := []*vpcSled{sa, sb}
+	n := newNexus(t)
+	a, b := sledGuest("a", sa), sledGuest("b", sb)
+	d := &acceptGuest{name: "d", sled: sa, vmm: "d0000000-0000-4000-8000-0000000000a1", nic: "d0000000-0000-4000-8000-0000000000c1",
+		instance: "d0000000-0000-4000-8000-000000000001", mac: sa.mac[:len(sa.mac)-2] + "04", ip: b.ip, vni: 8888,
+		addr: strings.Replace(sa.addr, "::10]", "::11]", 1)}
+	defaults := defaultRules(7777, a, b)
+	a.register(n, defaults, "192.0.2.20")
+	b.register(n, defaults, "192.0.2.21")
+	d.register(n, defaultRules(8888, d), "192.0.2.22")
+	findGuests(t, a, b, d)
+	debug := dataPaths(t, sa, sb)
+	n.all(sleds, http.MethodPut, "/vpc-routes", vpcRoutes)
+	n.all(sleds, http.MethodPut, "/vpc-routes", strings.ReplaceAll(vpcRoutes, "7777", "8888"))
+	for _, g := range []*acceptGuest{a, b, d} {
+		n.all(sleds, http.MethodPut, "/v2p", g.v2p())
+	}
+	atB := newUDPEcho(t, b.ns, b.ip+":5000", "B")
+	atD := newUDPEcho(t, d.ns, d.ip+":5000", "D")
+	newUDPEcho(t, a.ns, a.ip+":5000", "A")
+	answeredProbe(t, "S5: UDP A to "+b.ip, newUDPProbe(t, a.ns, a.ip+":0", b.ip+":5000"), debug)
+	if atB.heard.Load() == 0 || atD.heard.Load() != 0 {
+		t.Fatalf("A's datagrams to %s: B heard %d, D heard %d; want B's alone", b.ip, atB.heard.Load(), atD.heard.Load())
+	}
+	droppedProbe(t, "S5: UDP D to "+a.ip, newUDPProbe(t, d.ns, d.ip+":0", a.ip+":5000"), d, "no v2p mapping", debug)
+	var got []struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(n.must(sa, http.StatusOK, http.MethodGet, "/vpc-routes", "")), &got); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range got {
+		ids = append(ids, string(r.ID))
+	}
+	for _, want := range []string{`{"vni":8888,"kind":{"type":"system"}}`, `{"vni":8888,"kind":{"type":"custom","subnet":"172.30.0.0/22"}}`} {
+		if !slices.Contains(ids, want) {
+			t.Errorf("GET /vpc-routes on sled A: %v, want %s among them", ids, want)
+		}
+	}
 }

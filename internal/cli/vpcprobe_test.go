@@ -86,6 +86,9 @@ type acceptGuest struct {
 	vmm, nic, instance, mac, ip string
 	vni                         int
 	ns                          string // its stand-in's namespace, once found
+	// addr is its propolis_addr, when not its sled's (a second guest of
+	// the sled).
+	addr string
 }
 
 // sledGuest is the guest twoSleds filled in for s, in VNI 7777.
@@ -110,7 +113,11 @@ func (g *acceptGuest) v2p() string {
 // it.
 func (g *acceptGuest) register(n *nexus, firewall, snat string) {
 	n.t.Helper()
-	body := ensurebody.Body(ensurebody.Instance{InstanceID: g.instance, PropolisAddr: g.sled.addr, Hostname: "inst-" + g.name,
+	addr := g.addr
+	if addr == "" {
+		addr = g.sled.addr
+	}
+	body := ensurebody.Body(ensurebody.Instance{InstanceID: g.instance, PropolisAddr: addr, Hostname: "inst-" + g.name,
 		NICID: g.nic, MAC: strings.ToUpper(g.mac), NICIP: g.ip, NICSubnet: "172.30.0.0/22", VNI: uint32(g.vni),
 		ProjectID: "960e0000-0000-4000-8000-000000000001", SiloID: "5170e000-0000-4000-8000-000000000001"},
 		ensurebody.Spec(ensurebody.Guest{CPUs: 1, MemoryMiB: 256, NICID: g.nic, ImageBlob: []byte{0, 0, 0, 0}}), nil)
