@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -29,13 +28,7 @@ func TestLinuxProbeIsAZoneWithAPort(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
 	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
 		VMMStandIn: true, VPCDataPath: true, UnderlayIP: "fd00:1122:3344:1de::1"}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := agent.Teardown(ctx, cfg, nil); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	tearDownAtEnd(t, cfg)
 	a := newAgent(t, cfg)
 	stop := run(t, a)
 	const id = "e0000000-0000-4000-8000-0000000000e1"

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,8 +15,6 @@ import (
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
-	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
-	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpctest"
 )
 
@@ -33,43 +30,21 @@ func TestLinuxVPCAttachedSubnet(t *testing.T) {
 	const underlay = "fd00:1122:3344:1de::1"
 	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
 		VMMStandIn: true, VPCDataPath: true, UnderlayIP: underlay}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := agent.Teardown(ctx, cfg, nil); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	tearDownAtEnd(t, cfg)
 	a := newAgent(t, cfg)
 	run(t, a)
-	dp := vpcd.NewClient(agent.VPCSocket(cfg))
-	waitFor(t, "the data path's service", func() (bool, string) {
-		_, err := dp.Boot(t.Context())
-		return err == nil, fmt.Sprint(err)
-	})
+	dp := waitDataPath(t, cfg)
 	guests := []*standInGuest{
 		{vmm: "a0000000-0000-4000-8000-0000000000a1", nic: "a0000000-0000-4000-8000-0000000000c1", mac: "a8:40:25:f0:01:01", ip: "172.30.0.5", addr: "[fd00:1122:3344:1de::10]:12400"},
 		{vmm: "b0000000-0000-4000-8000-0000000000a1", nic: "b0000000-0000-4000-8000-0000000000c1", mac: "a8:40:25:f0:01:02", ip: "172.30.0.6", addr: "[fd00:1122:3344:1de::11]:12400"},
 	}
 	for _, g := range guests {
-		body := ensurebody.Body(ensurebody.Instance{InstanceID: strings.Replace(g.vmm, "a1", "01", 1), PropolisAddr: g.addr, Hostname: "inst",
-			NICID: g.nic, MAC: g.mac, NICIP: g.ip, NICSubnet: "172.30.0.0/22", VNI: 7777,
-			ProjectID: "960e0000-0000-4000-8000-000000000001", SiloID: "5170e000-0000-4000-8000-000000000001"},
-			ensurebody.Spec(ensurebody.Guest{CPUs: 1, MemoryMiB: 256, NICID: g.nic, ImageBlob: []byte{0, 0, 0, 0}}), nil)
-		if code, b := call(t, a, http.MethodPut, "/vmms/"+g.vmm, string(body)); code != http.StatusOK {
-			t.Fatalf("register %s: %d %s", g.vmm, code, b)
-		}
-		if code, b := call(t, a, http.MethodPut, "/vmms/"+g.vmm+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
-			t.Fatalf("run %s: %d %s", g.vmm, code, b)
-		}
-	}
-	target := func(g *standInGuest) string {
-		return `{"id":"` + g.nic + `","kind":{"type":"instance","id":"` + strings.Replace(g.vmm, "a1", "01", 1) + `"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"` + g.ip + `","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"` + strings.ToUpper(g.mac) + `","vni":7777,"primary":true,"slot":0}`
+		g.start(t, a)
 	}
 	w := newWire(t, a)
 	// The system router's routes hold the attached subnet's, to A (RFD 599).
 	for _, c := range []struct{ method, path, body string }{
-		{http.MethodPut, "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", `{"vni":7777,"rules":[{"status":"enabled","direction":"inbound","targets":[` + target(guests[0]) + `,` + target(guests[1]) + `],"filter_hosts":[{"type":"vpc","value":7777}],"filter_ports":null,"filter_protocols":null,"action":"allow","priority":65534}]}`},
+		{http.MethodPut, "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", `{"vni":7777,"rules":[{"status":"enabled","direction":"inbound","targets":[` + guests[0].target() + `,` + guests[1].target() + `],"filter_hosts":[{"type":"vpc","value":7777}],"filter_ports":null,"filter_protocols":null,"action":"allow","priority":65534}]}`},
 		{http.MethodPut, "/vpc-routes", `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":3},"routes":[{"dest":"172.30.0.0/22","target":{"type":"vpc_subnet","value":"172.30.0.0/22"}},{"dest":"10.1.0.0/24","target":{"type":"ip","value":"172.30.0.5"}}]},{"id":{"vni":7777,"kind":{"type":"custom","subnet":"172.30.0.0/22"}},"version":null,"routes":[]}]`},
 		{http.MethodPut, "/v2p", `{"virtual_ip":"172.30.0.5","virtual_mac":"A8:40:25:F0:01:01","physical_host_ip":"` + underlay + `","vni":7777}`},
 		{http.MethodPut, "/v2p", `{"virtual_ip":"172.30.0.6","virtual_mac":"A8:40:25:F0:01:02","physical_host_ip":"` + underlay + `","vni":7777}`},

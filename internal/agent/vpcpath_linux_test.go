@@ -35,6 +35,52 @@ type standInGuest struct {
 	netns                   string // the guest's namespace
 }
 
+// start registers the guest's VMM on a as Nexus does (its NIC in VNI 7777,
+// 172.30.0.0/22), and runs it.
+func (g *standInGuest) start(t *testing.T, a *agent.Agent) {
+	t.Helper()
+	body := ensurebody.Body(ensurebody.Instance{InstanceID: strings.Replace(g.vmm, "a1", "01", 1), PropolisAddr: g.addr, Hostname: "inst",
+		NICID: g.nic, MAC: g.mac, NICIP: g.ip, NICSubnet: "172.30.0.0/22", VNI: 7777,
+		ProjectID: "960e0000-0000-4000-8000-000000000001", SiloID: "5170e000-0000-4000-8000-000000000001"},
+		ensurebody.Spec(ensurebody.Guest{CPUs: 1, MemoryMiB: 256, NICID: g.nic, ImageBlob: []byte{0, 0, 0, 0}}), nil)
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+g.vmm, string(body)); code != http.StatusOK {
+		t.Fatalf("register %s: %d %s", g.vmm, code, b)
+	}
+	if code, b := call(t, a, http.MethodPut, "/vmms/"+g.vmm+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
+		t.Fatalf("run %s: %d %s", g.vmm, code, b)
+	}
+}
+
+// target is the guest's NIC as a firewall rule's target.
+func (g *standInGuest) target() string {
+	return `{"id":"` + g.nic + `","kind":{"type":"instance","id":"` + strings.Replace(g.vmm, "a1", "01", 1) + `"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"` + g.ip + `","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"` + strings.ToUpper(g.mac) + `","vni":7777,"primary":true,"slot":0}`
+}
+
+// tearDownAtEnd tears the sled of cfg down when the test ends. Registered
+// before the agent starts, it runs after the agent stops: the data path's
+// service outlives the agent.
+func tearDownAtEnd(t *testing.T, cfg agent.Config) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := agent.Teardown(ctx, cfg, nil); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+}
+
+// waitDataPath waits for the data path's service the agent of cfg starts,
+// and returns a client of it.
+func waitDataPath(t *testing.T, cfg agent.Config) *vpcd.Client {
+	t.Helper()
+	dp := vpcd.NewClient(agent.VPCSocket(cfg))
+	waitFor(t, "the data path's service", func() (bool, string) {
+		_, err := dp.Boot(t.Context())
+		return err == nil, fmt.Sprint(err)
+	})
+	return dp
+}
+
 // The outside check of the data path driven as Nexus drives it, on one
 // sled: two stand-in VMMs of one VPC registered and run, the services'
 // firewall rules, the system router's routes and the v2p mappings pushed
@@ -65,43 +111,22 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
 		VMMStandIn: true, VPCDataPath: true, UnderlayIP: underlay, DDMURL: ddmSim.URL()}
 	// After the agents: the data path's service, which outlives them.
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := agent.Teardown(ctx, cfg, nil); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	tearDownAtEnd(t, cfg)
 	a := newAgent(t, cfg)
 	stop := run(t, a)
 	// The data path is a service the agent starts: Nexus's pushes before
 	// it answers are 500s (Nexus pushes again).
-	waitFor(t, "the data path's service", func() (bool, string) {
-		_, err := vpcd.NewClient(agent.VPCSocket(cfg)).Boot(t.Context())
-		return err == nil, fmt.Sprint(err)
-	})
+	waitDataPath(t, cfg)
 	guests := []*standInGuest{
 		{vmm: "a0000000-0000-4000-8000-0000000000a1", nic: "a0000000-0000-4000-8000-0000000000c1", mac: "a8:40:25:f0:00:01", ip: "172.30.0.5", addr: "[fd00:1122:3344:1da::10]:12400"},
 		{vmm: "b0000000-0000-4000-8000-0000000000a1", nic: "b0000000-0000-4000-8000-0000000000c1", mac: "a8:40:25:f0:00:02", ip: "172.30.0.6", addr: "[fd00:1122:3344:1da::11]:12400"},
 	}
 	for _, g := range guests {
-		body := ensurebody.Body(ensurebody.Instance{InstanceID: strings.Replace(g.vmm, "a1", "01", 1), PropolisAddr: g.addr, Hostname: "inst",
-			NICID: g.nic, MAC: g.mac, NICIP: g.ip, NICSubnet: "172.30.0.0/22", VNI: 7777,
-			ProjectID: "960e0000-0000-4000-8000-000000000001", SiloID: "5170e000-0000-4000-8000-000000000001"},
-			ensurebody.Spec(ensurebody.Guest{CPUs: 1, MemoryMiB: 256, NICID: g.nic, ImageBlob: []byte{0, 0, 0, 0}}), nil)
-		if code, b := call(t, a, http.MethodPut, "/vmms/"+g.vmm, string(body)); code != http.StatusOK {
-			t.Fatalf("register %s: %d %s", g.vmm, code, b)
-		}
-		if code, b := call(t, a, http.MethodPut, "/vmms/"+g.vmm+"/state", `{"state":{"type":"running"}}`); code != http.StatusOK {
-			t.Fatalf("run %s: %d %s", g.vmm, code, b)
-		}
+		g.start(t, a)
 	}
 	// Nexus's pushes: the VPC's rules (allow inside the VPC), its system
 	// router's routes, the mappings of both guests.
-	target := func(g *standInGuest) string {
-		return `{"id":"` + g.nic + `","kind":{"type":"instance","id":"` + strings.Replace(g.vmm, "a1", "01", 1) + `"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"` + g.ip + `","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"` + strings.ToUpper(g.mac) + `","vni":7777,"primary":true,"slot":0}`
-	}
-	rulesBody := `{"vni":7777,"rules":[{"status":"enabled","direction":"inbound","targets":[` + target(guests[0]) + `,` + target(guests[1]) + `],"filter_hosts":[{"type":"vpc","value":7777}],"action":"allow","priority":65534}]}`
+	rulesBody := `{"vni":7777,"rules":[{"status":"enabled","direction":"inbound","targets":[` + guests[0].target() + `,` + guests[1].target() + `],"filter_hosts":[{"type":"vpc","value":7777}],"action":"allow","priority":65534}]}`
 	for _, c := range []struct{ method, path, body string }{
 		{http.MethodPut, "/vpc/9b5e0c5e-0000-4000-8000-000000000001/firewall/rules", rulesBody},
 		{http.MethodPut, "/vpc-routes", `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":3},"routes":[{"dest":"172.30.0.0/22","target":{"type":"vpc_subnet","value":"172.30.0.0/22"}}]},{"id":{"vni":7777,"kind":{"type":"custom","subnet":"172.30.0.0/22"}},"version":null,"routes":[]}]`},
@@ -250,13 +275,7 @@ func TestLinuxServiceZoneIsAPort(t *testing.T) {
 	tag, prefix, dir, runDir := linuxEnv(t)
 	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
 		VPCDataPath: true, UnderlayIP: "fd00:1122:3344:1df::1"}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := agent.Teardown(ctx, cfg, nil); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	tearDownAtEnd(t, cfg)
 	a := newAgent(t, cfg)
 	run(t, a)
 	zones := sledconfigtest.OwnPools(tag, sledconfigtest.Nexus(0x77, "[fd00:1122:3344:1df::7]:12221"))

@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -108,13 +107,7 @@ func TestLinuxBoundaryNTPReachesOutsideThroughSNAT(t *testing.T) {
 
 	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
 		VPCDataPath: true, UnderlayIP: underlay, DDMURL: ddmSim.URL(), Switches: []string{dpd.Addr()}, NATPeriod: natPeriod}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := agent.Teardown(ctx, cfg, nil); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	tearDownAtEnd(t, cfg)
 	a := newAgent(t, cfg)
 	run(t, a)
 	zones := sledconfigtest.OwnPools(tag, sledconfigtest.BoundaryNTP(7, "[fd00:1122:3344:1e4::5]:123", "198.51.100.1"))
