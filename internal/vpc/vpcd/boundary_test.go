@@ -13,6 +13,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/vpc/mappings"
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
+	"github.com/sled-agent/sled-agent/internal/vpc/vpctest"
 	"github.com/sled-agent/sled-agent/internal/vpc/wire"
 )
 
@@ -105,7 +106,7 @@ func TestGuestReachesTheInternet(t *testing.T) {
 	}
 
 	// The internet's echo server says who it saw.
-	echo := udpIn(t, inetNS, "198.51.100.1:7")
+	echo := vpctest.ListenUDP(t, inetNS, "198.51.100.1:7")
 	go func() {
 		buf := make([]byte, 2048)
 		for {
@@ -138,7 +139,7 @@ func TestGuestReachesTheInternet(t *testing.T) {
 	}
 
 	// SNAT: the internet sees the SNAT address and the range's last port.
-	client := udpIn(t, g.ns, "172.30.0.5:40000")
+	client := vpctest.ListenUDP(t, g.ns, "172.30.0.5:40000")
 	got, from := ask(client, "hello")
 	if from != netip.AddrPortFrom(inetIP, 7) || got != "192.0.2.20:32767 said hello" {
 		t.Fatalf("the guest got %q from %s, want the internet to see 192.0.2.20:32767", got, from)
@@ -189,7 +190,7 @@ func TestGuestReachesTheInternet(t *testing.T) {
 		t.Errorf("the guest saw the connection from %s, want the internet's address", peer)
 	}
 	// A new flow leaves from the ephemeral address (it beats SNAT).
-	client2 := udpIn(t, g.ns, "172.30.0.5:40001")
+	client2 := vpctest.ListenUDP(t, g.ns, "172.30.0.5:40001")
 	if got, _ := ask(client2, "again"); got != "192.0.2.10:40001 said again" {
 		t.Errorf("a new flow with an ephemeral address: the internet says %q", got)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
+	"github.com/sled-agent/sled-agent/internal/vpc/vpctest"
 )
 
 const nics = `[
@@ -126,21 +127,6 @@ func portSpec(t testing.TB, g guest) PortSpec {
 		System:   []rules.Route{{Dest: subnet, Target: rules.SubnetTarget(subnet)}}}
 }
 
-// udpIn opens a UDP socket on addr in the namespace at ns.
-func udpIn(t *testing.T, ns string, addr string) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	if err := zonenet.RunInPath(ns, func() error {
-		var err error
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // VPC.md S3 through the data path as a process would run it: two sleds'
 // daemons, a port each on a stand-in guest's link, routes and v2p as Nexus
 // gives them; a UDP datagram from A's guest reaches B's and B's answer
@@ -179,8 +165,8 @@ func TestTwoSledsCarryUDP(t *testing.T) {
 			}
 		}
 	}
-	server := udpIn(t, gb.ns, "172.30.0.6:5000")
-	client := udpIn(t, ga.ns, "172.30.0.5:40000")
+	server := vpctest.ListenUDP(t, gb.ns, "172.30.0.6:5000")
+	client := vpctest.ListenUDP(t, ga.ns, "172.30.0.5:40000")
 	go func() {
 		buf := make([]byte, 2048)
 		for {
