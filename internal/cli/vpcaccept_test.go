@@ -33,7 +33,7 @@ func TestVPCAcceptBeforeRoutes(t *testing.T) {
 	a.register(n, defaultRules(7777, a, b), "192.0.2.20")
 	b.register(n, defaultRules(7777, a, b), "192.0.2.21")
 	findGuests(t, a, b)
-	debug := dataPaths(t, sa, sb)
+	debug := dataPaths(sa, sb)
 	var ids []string
 	var got []map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(n.must(sa, http.StatusOK, http.MethodGet, "/vpc-routes", "")), &got); err != nil {
@@ -59,13 +59,11 @@ func TestVPCAcceptBeforeRoutes(t *testing.T) {
 }
 
 // dataPaths is what the sleds' data paths hold, for a failure's message.
-func dataPaths(t *testing.T, sleds ...*vpcSled) func() string {
+func dataPaths(sleds ...*vpcSled) func() string {
 	return func() string {
 		var out []string
 		for _, s := range sleds {
-			st, _ := s.dataPath().State(t.Context())
-			j, _ := json.Marshal(st)
-			out = append(out, string(j))
+			out = append(out, s.dataPathState())
 		}
 		return strings.Join(out, "\n")
 	}
@@ -92,7 +90,7 @@ func TestVPCAcceptFirewall(t *testing.T) {
 	a.register(n, defaults, "192.0.2.20")
 	b.register(n, defaults, "192.0.2.21")
 	findGuests(t, a, b)
-	debug := dataPaths(t, sa, sb)
+	debug := dataPaths(sa, sb)
 	n.all(sleds, http.MethodPut, "/vpc-routes", vpcRoutes)
 	for _, g := range []*acceptGuest{a, b} {
 		n.all(sleds, http.MethodPut, "/v2p", g.v2p())
@@ -152,7 +150,7 @@ func TestVPCAcceptIsolation(t *testing.T) {
 	b.register(n, defaults, "192.0.2.21")
 	d.register(n, defaultRules(8888, d), "192.0.2.22")
 	findGuests(t, a, b, d)
-	debug := dataPaths(t, sa, sb)
+	debug := dataPaths(sa, sb)
 	n.all(sleds, http.MethodPut, "/vpc-routes", vpcRoutes)
 	n.all(sleds, http.MethodPut, "/vpc-routes", strings.ReplaceAll(vpcRoutes, "7777", "8888"))
 	for _, g := range []*acceptGuest{a, b, d} {

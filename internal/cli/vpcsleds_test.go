@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -22,7 +21,6 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/sled-agent/sled-agent/internal/agent"
-	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/vmm/ensurebody"
 	"github.com/sled-agent/sled-agent/internal/vmm/standin"
@@ -101,16 +99,7 @@ func rackOfSleds(t *testing.T, withSwitch bool, extra ...string) (a, b *vpcSled,
 		ip(t, "netns", "add", s.ns)
 		t.Cleanup(func() { exec.Command("ip", "netns", "del", s.ns).Run() })
 		ip(t, "-n", s.ns, "link", "set", "lo", "up")
-		path := "/run/netns/" + s.ns
-		s.hc = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var c net.Conn
-			err := zonenet.RunInPath(path, func() error {
-				var err error
-				c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
-				return err
-			})
-			return c, err
-		}}}
+		s.hc = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: s.dialIn}}
 	}
 	a, b = sleds[0], sleds[1]
 	rack := newRack(t, base)
