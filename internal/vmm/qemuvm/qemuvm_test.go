@@ -393,3 +393,22 @@ func TestQEMUOutlivesTheRequestThatStartedIt(t *testing.T) {
 	g.request(t, propolisapi.RequestRun)
 	g.waitState(t, propolisapi.StateRunning, propolisapi.StateFailed)
 }
+
+// A run whose client went away as it asked (an agent killed meanwhile)
+// still runs the guest: the request is the VM's once taken. Cut short
+// between the state it set and QEMU's part, it would leave the guest
+// starting and paused for good, a run asked again being a no-op.
+func TestRunOutlivesTheRequestThatAskedIt(t *testing.T) {
+	g := newGuest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := g.vm.Ensure(ctx, props, specJSON(g.disk, false)); err != nil {
+		t.Fatal(err)
+	}
+	gone, stop := context.WithCancel(context.Background())
+	stop()
+	if err := g.vm.Request(gone, propolisapi.RequestRun); err != nil {
+		t.Fatalf("run asked by a client already gone: %v", err)
+	}
+	g.waitState(t, propolisapi.StateRunning, propolisapi.StateFailed)
+}

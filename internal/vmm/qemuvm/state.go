@@ -89,7 +89,12 @@ func (v *VM) Request(ctx context.Context, r propolisapi.StateRequest) error {
 		}
 		return invalid()
 	}
-	cctx, cancel := context.WithTimeout(ctx, v.opts.CallTimeout)
+	// A request taken is the VM's, as QEMU is (Ensure): the client going
+	// away (an agent killed while it asks) must not cut it short between
+	// the state it set and QEMU's part, which would leave a guest starting
+	// and paused for good, a run asked again being a no-op. Bounded by
+	// CallTimeout all the same.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), v.opts.CallTimeout)
 	defer cancel()
 	mon := proc.Monitor()
 	switch r {
@@ -100,6 +105,8 @@ func (v *VM) Request(ctx context.Context, r propolisapi.StateRequest) error {
 		case propolisapi.StateCreating:
 			v.set(propolisapi.StateStarting, "QEMU asked to run the guest")
 			if err := mon.Cont(cctx); err != nil {
+				// Still paused: a run asked again tries again.
+				v.revert(propolisapi.StateStarting, propolisapi.StateCreating, "QEMU holds the guest paused: asked to run, it did not: "+err.Error())
 				return fmt.Errorf("running the guest: %w", err)
 			}
 			v.confirmRunning(cctx, mon)
@@ -126,6 +133,7 @@ func (v *VM) Request(ctx context.Context, r propolisapi.StateRequest) error {
 		if state == propolisapi.StateRunning || state == propolisapi.StateRebooting {
 			v.set(propolisapi.StateRebooting, "system reset asked")
 			if err := mon.SystemReset(cctx); err != nil {
+				v.revert(propolisapi.StateRebooting, propolisapi.StateRunning, "asked to reset, QEMU did not: "+err.Error())
 				return fmt.Errorf("resetting the guest: %w", err)
 			}
 			v.confirmRunning(cctx, mon)
@@ -133,6 +141,16 @@ func (v *VM) Request(ctx context.Context, r propolisapi.StateRequest) error {
 		}
 	}
 	return invalid()
+}
+
+// revert moves the VM from state from back to state to, unless something
+// (QEMU's events, another request) moved it on meanwhile.
+func (v *VM) revert(from, to propolisapi.InstanceState, detail string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.status.State == from {
+		v.setLocked(to, v.confinedLocked(detail))
+	}
 }
 
 // confirmRunning moves a starting or rebooting VM to Running once QEMU says
@@ -206,7 +224,10 @@ func (v *VM) event(proc *qemu.Process, ev qemu.Event) {
 			// The guest reset itself: it reboots, and runs again at once.
 			v.setLocked(propolisapi.StateRebooting, "the guest reset itself")
 			v.setLocked(propolisapi.StateRunning, v.confinedLocked("QEMU runs the guest after its reset"))
-		case s == propolisapi.StateStarting || s == propolisapi.StateRebooting:
+		case s == propolisapi.StateStarting || s == propolisapi.StateRebooting,
+			// A run whose answer from QEMU was lost (revert) ran all the
+			// same: QEMU, started paused, resumes only when asked.
+			s == propolisapi.StateCreating && ev.Name == "RESUME":
 			v.setLocked(propolisapi.StateRunning, v.confinedLocked("QEMU runs the guest"))
 		}
 		v.mu.Unlock()
