@@ -558,9 +558,9 @@ func New(cfg Config, log *slog.Logger) (_ *Agent, err error) {
 			a.vpcAPI = vpcd.Local{D: a.vpcd}
 		}
 		vpcOpts.DataPath = vpcPath{a: a, d: a.vpcAPI}
-		if cfg.Runtime == "linux" {
-			a.probes = probes.New(probes.Options{Zones: probeZones(cfg), Log: a.log.With("component", "probes")})
-		}
+		// Probes' zones are network namespaces with either runtime, as
+		// stand-in guests are: a port needs a link to attach to.
+		a.probes = probes.New(probes.Options{Zones: probeZones(cfg), Log: a.log.With("component", "probes")})
 	}
 	if a.vpc, err = told.Open(vpcOpts); err != nil {
 		if a.vpcd != nil {

@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -24,10 +25,19 @@ import (
 // rule of the VPC lets it in: the probe's own does); the zone
 // outlives the agent and a restarted agent keeps it (the same link); the
 // empty set removes the zone, namespace and link.
-func TestLinuxProbeIsAZoneWithAPort(t *testing.T) {
+func TestLinuxProbeIsAZoneWithAPort(t *testing.T) { probeIsAZoneWithAPort(t, "linux") }
+
+// The same with the sim runtime, whose data path runs in the agent: the
+// probe's zone is a namespace all the same, as a stand-in guest's is.
+func TestSimProbeIsAZoneWithAPort(t *testing.T) { probeIsAZoneWithAPort(t, "sim") }
+
+func probeIsAZoneWithAPort(t *testing.T, runtime string) {
 	tag, prefix, dir, runDir := linuxEnv(t)
-	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: "linux", VdevDir: vdevDir(dir), ZoneTag: tag, NetnsPrefix: prefix,
+	cfg := agent.Config{DataDir: dir, RunDir: runDir, Runtime: runtime, ZoneTag: tag, NetnsPrefix: prefix,
 		VMMStandIn: true, VPCDataPath: true, UnderlayIP: "fd00:1122:3344:1de::1"}
+	if runtime == "linux" {
+		cfg.VdevDir = vdevDir(dir)
+	}
 	tearDownAtEnd(t, cfg)
 	a := newAgent(t, cfg)
 	stop := run(t, a)
@@ -65,7 +75,7 @@ func TestLinuxProbeIsAZoneWithAPort(t *testing.T) {
 			t.Fatalf("%s %s: %d %s", c.method, c.path, code, b)
 		}
 	}
-	g.netns = guestNetns(t, g.addr)
+	g.netns = guestNetns(t, serviceAddr(t, a, g.vmm))
 	vpctest.ConfigureGuest(t, g.netns, g.ip)
 	probeNetns, _ := probes.Namespaces{Prefix: prefix, Tag: tag}.Where(id)
 	server := vpctest.ListenUDP(t, probeNetns, "172.30.0.9:5000")
@@ -112,4 +122,31 @@ func TestLinuxProbeIsAZoneWithAPort(t *testing.T) {
 		_, err := netlink.LinkByName(link)
 		return err != nil && !zonenet.NetnsExists(prefix+probes.ZoneName(id)), fmt.Sprint(err)
 	})
+}
+
+// serviceAddr is where the agent reaches VMM id's service: its
+// propolis_addr with the linux runtime, a loopback port in the agent
+// with the sim runtime.
+func serviceAddr(t *testing.T, a *agent.Agent, id string) string {
+	t.Helper()
+	addr := ""
+	waitFor(t, "VMM "+id+"'s service", func() (bool, string) {
+		code, b := call(t, a, http.MethodGet, "/agent/vmms", "")
+		var page struct {
+			Items []struct {
+				ID          string `json:"propolis_id"`
+				ServiceAddr string `json:"service_addr"`
+			} `json:"items"`
+		}
+		if code != http.StatusOK || json.Unmarshal(b, &page) != nil {
+			return false, fmt.Sprintf("%d %s", code, b)
+		}
+		for _, v := range page.Items {
+			if v.ID == id {
+				addr = v.ServiceAddr
+			}
+		}
+		return addr != "", string(b)
+	})
+	return addr
 }

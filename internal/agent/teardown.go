@@ -83,14 +83,15 @@ func teardown(ctx context.Context, cfg Config, log *slog.Logger) (done, left []s
 		if stopped != "" {
 			done = append(done, stopped)
 		}
-		// The probes' zones: their NICs' host ends were the data path's.
-		pctx, cancel := context.WithTimeout(ctx, time.Minute)
-		removed, err := probeZones(cfg).RemoveAll(pctx)
-		cancel()
-		done = append(done, removed...)
-		if err != nil {
-			return done, nil, fmt.Errorf("removing the probes' zones: %w", err)
-		}
+	}
+	// The probes' zones, with either runtime: their NICs' host ends were
+	// the data path's.
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
+	removed, err := probeZones(cfg).RemoveAll(pctx)
+	cancel()
+	done = append(done, removed...)
+	if err != nil {
+		return done, nil, fmt.Errorf("removing the probes' zones: %w", err)
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
 	zones, err := rt.List(lctx)
