@@ -114,6 +114,13 @@ func (p *Port) DetachSubnet(prefix netip.Prefix) (bool, error) {
 	return true, p.setAttachedLocked(slices.Delete(slices.Clone(p.attached), i, i+1))
 }
 
+// CheckAttachedSubnets reports whether SetAttachedSubnets would take ss,
+// changing nothing.
+func (p *Port) CheckAttachedSubnets(ss []AttachedSubnet) error {
+	_, err := p.normalize(ss)
+	return err
+}
+
 // SetAttachedSubnets makes the port's attached subnets exactly ss, as
 // detaching those not in ss and attaching each of ss would. It reports
 // whether anything changed.

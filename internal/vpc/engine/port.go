@@ -171,6 +171,13 @@ func (p *Port) Config() PortConfig {
 	return c
 }
 
+// CheckFirewall reports whether SetFirewall would take rs, changing
+// nothing.
+func (p *Port) CheckFirewall(rs []rules.FirewallRule) error {
+	_, err := rules.CompileFirewall(rs, rules.Port{VNI: p.cfg.VNI, MAC: rules.MAC(p.cfg.MAC)})
+	return err
+}
+
 // SetFirewall replaces the port's firewall rules (OPTE's set_fw_rules), and
 // forgets the flows the old ones allowed: they are decided again.
 func (p *Port) SetFirewall(rs []rules.FirewallRule) error {

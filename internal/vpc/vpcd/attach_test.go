@@ -81,4 +81,16 @@ func TestAPIAttachedSubnets(t *testing.T) {
 		t.Fatal(err)
 	}
 	have(AttachSubnet{CIDR: vpc})
+	// A spec for the port whose subnet it would refuse changes nothing of
+	// it: not its firewall either, which comes before the subnets.
+	bad := spec
+	bad.Firewall = []rules.FirewallRule{{Status: rules.Enabled, Direction: rules.Inbound, Action: rules.RuleAllow, Priority: 100}}
+	bad.AttachedSubnets = []AttachSubnet{{CIDR: netip.MustParsePrefix("fd00:1::/64")}}
+	if err := c.EnsurePort(t.Context(), "p1", bad); !errors.As(err, &ae) || ae.Status != 400 {
+		t.Errorf("a spec with an IPv6 subnet on an IPv4 port: %v", err)
+	}
+	have(AttachSubnet{CIDR: vpc})
+	if p, _ := d.Port("p1"); len(p.Firewall().Rules(rules.In)) != 0 {
+		t.Errorf("the refused spec's firewall was applied: %+v", p.Firewall().Rules(rules.In))
+	}
 }

@@ -219,12 +219,15 @@ func (d *Daemon) EnsurePort(name string, spec PortSpec) error {
 	return nil
 }
 
-// setRules gives p spec's external addresses, firewall rules and router
-// entries. The addresses are set only when they changed: OPTE checks every
-// NAT flow again after set_external_ips.
+// setRules gives p spec's external addresses, firewall rules, attached
+// subnets and router entries. What the port would refuse is found before
+// anything is changed; routes that cannot be entries are reported and the
+// rest applied, as OPTE's router entries are one by one. The addresses
+// are set only when they changed: OPTE checks every NAT flow again after
+// set_external_ips.
 func setRules(p *engine.Port, spec PortSpec) error {
 	ext := spec.external()
-	if err := p.CheckExternalIPs(ext); err != nil {
+	if err := errors.Join(p.CheckExternalIPs(ext), p.CheckFirewall(spec.Firewall), p.CheckAttachedSubnets(spec.attached())); err != nil {
 		return err
 	}
 	if err := p.SetFirewall(spec.Firewall); err != nil {
