@@ -148,16 +148,7 @@ Simulator-only control endpoints (no api-version header needed):
   DELETE /__sim/vmm-faults              end every VMM fault
   GET    /__sim/state                   fault, sleds, VMM updates, VMM faults, request counts
 A "refuse" fault stops listening, so it cannot be cleared over HTTP: give
-"refuse_for" to have it end by itself.
-
-With --tep and --external it is also the switch's boundary services data
-path (internal/sim/boundary; needs root): Geneve that sleds send to the
-tunnel endpoint [--tep]:6081 is decapsulated and its inner packet routed out
-through the external link --external; packets arriving there are matched
-against the NAT entries (destination, and TCP/UDP port or ICMP echo id) and
-encapsulated to the entry's sled with its VNI, its MAC and the External
-option. --netns runs that side in another network namespace (a path, e.g.
-/run/netns/switch0), which must not forward IP itself.`,
+"refuse_for" to have it end by itself.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return serveSim("nexus", listen, logLevel, func(log *slog.Logger) simServer { return nexussim.New(nexussim.Config{Log: log}) })
