@@ -75,8 +75,9 @@ const (
 )
 
 // CacheDir holds the built images (test-guest-<hash>.raw, one per version of
-// the script, each with its stamp), the downloaded packages (debs/) and the
-// lock that serializes builds between test binaries.
+// the script, each with its stamp, removed once unused for two weeks), the
+// downloaded packages (debs/) and the lock that serializes builds between
+// test binaries.
 const CacheDir = "/var/cache/sled-agent/test-guest"
 
 // QEMU is the emulator the guest is built for.
@@ -199,6 +200,13 @@ func build(logf func(format string, args ...any)) (string, error) {
 	// another is about to copy. The packages are shared.
 	img := filepath.Join(CacheDir, "test-guest-"+hash[:16]+".raw")
 	if stamp, err := os.ReadFile(img + ".stamp"); err == nil && strings.TrimSpace(string(stamp)) == hash && regular(img) {
+		// The stamp's time is the image's last use: images of other
+		// versions unused for a while are removed.
+		now := time.Now()
+		os.Chtimes(img+".stamp", now, now)
+		for _, p := range prune(CacheDir, img, now) {
+			logf("testguest: removed %s, unused since %s", p, pruneAfter)
+		}
 		return img, nil
 	}
 	logf("testguest: building %s with %s", img, script)
@@ -212,6 +220,34 @@ func build(logf func(format string, args ...any)) (string, error) {
 	}
 	logf("testguest: built in %v:\n%s", time.Since(start).Round(time.Second), out.Bytes())
 	return img, nil
+}
+
+// pruneAfter is how long an image of another version of the script is
+// kept unused: a checkout of an older branch within it finds its image.
+const pruneAfter = 14 * 24 * time.Hour
+
+// prune removes, from the cache dir, the images other than keep whose
+// stamps are older than pruneAfter at now (or that have none), with their
+// stamps, and the single unversioned image older caches held. It returns
+// what it removed. The cache's lock is held.
+func prune(dir, keep string, now time.Time) []string {
+	imgs, _ := filepath.Glob(filepath.Join(dir, "test-guest-*.raw"))
+	imgs = append(imgs, filepath.Join(dir, "test-guest.raw"))
+	var removed []string
+	for _, img := range imgs {
+		if img == keep || !regular(img) {
+			continue
+		}
+		if st, err := os.Stat(img + ".stamp"); err == nil && now.Sub(st.ModTime()) < pruneAfter {
+			continue
+		}
+		if os.Remove(img) == nil {
+			os.Remove(img + ".stamp")
+			os.RemoveAll(img + ".debs") // the unversioned image's own packages
+			removed = append(removed, img)
+		}
+	}
+	return removed
 }
 
 // scriptPath finds scripts/build-test-guest from this source file, or else

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -340,4 +341,52 @@ func randomMAC() string {
 	rand.Read(b)
 	b[0] = b[0]&^1 | 2
 	return fmt.Sprintf("%02x:%02x:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3], b[4], b[5])
+}
+
+// The cache keeps the image in use and those of other versions used
+// lately; it removes the others, with their stamps, and the unversioned
+// image of older caches.
+func TestPruneKeepsWhatIsUsed(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	old := now.Add(-pruneAfter - time.Hour)
+	file := func(name string, at time.Time) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, at, at); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	keep := file("test-guest-aaaa.raw", old)
+	file("test-guest-aaaa.raw.stamp", old) // in use: kept however old
+	file("test-guest-bbbb.raw", old)
+	file("test-guest-bbbb.raw.stamp", now.Add(-time.Hour))
+	stale := file("test-guest-cccc.raw", now)
+	file("test-guest-cccc.raw.stamp", old)
+	unstamped := file("test-guest-dddd.raw", now)
+	legacy := file("test-guest.raw", old)
+	file("test-guest.raw.stamp", old)
+	if err := os.Mkdir(legacy+".debs", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file("lock", old)
+	got := prune(dir, keep, now)
+	slices.Sort(got)
+	want := []string{stale, unstamped, legacy}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("removed %v, want %v", got, want)
+	}
+	left, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	wantLeft := []string{"lock", "test-guest-aaaa.raw", "test-guest-aaaa.raw.stamp", "test-guest-bbbb.raw", "test-guest-bbbb.raw.stamp"}
+	if !slices.Equal(names, wantLeft) {
+		t.Errorf("left %v, want %v", names, wantLeft)
+	}
 }
