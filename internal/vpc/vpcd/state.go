@@ -3,6 +3,8 @@ package vpcd
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sled-agent/sled-agent/internal/vpc/engine"
@@ -90,19 +92,11 @@ func (d *Daemon) State() State {
 		}
 		st.Ports = append(st.Ports, ps)
 	}
-	sortPorts(st.Ports)
+	slices.SortFunc(st.Ports, func(a, b PortState) int { return strings.Compare(a.Name, b.Name) })
 	return st
 }
 
 func flowString(f engine.Flow) string {
 	k := f.Key
 	return fmt.Sprintf("proto %d %s:%d → %s:%d", k.Proto, k.Src, k.SrcPort, k.Dst, k.DstPort)
-}
-
-func sortPorts(ps []PortState) {
-	for i := 1; i < len(ps); i++ {
-		for j := i; j > 0 && ps[j].Name < ps[j-1].Name; j-- {
-			ps[j], ps[j-1] = ps[j-1], ps[j]
-		}
-	}
 }
