@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // defaultRules are Nexus's default rules of a new VPC (allow-internal-inbound,
@@ -22,12 +23,18 @@ func defaultRules(vni int, gs ...*acceptGuest) string {
 		`{"status":"enabled","direction":"inbound","targets":[%s],"filter_protocols":[{"type":"icmp","value":null}],"action":"allow","priority":65534}]`, ts, vni, ts, ts)
 }
 
-// VPC.md S1 at agent level: two guests registered and run on two sleds as
-// Nexus does; before any route, the sled lists the RouterIDs its port
-// needs (no version), no v2p mapping, a datagram from A to B is dropped
-// by the router layer, and the gateway answers A's ICMP echo.
-func TestVPCAcceptBeforeRoutes(t *testing.T) {
+// VPC.md S1 and S2 at agent level: two guests registered and run on two
+// sleds as Nexus does; before any route, the sled lists the RouterIDs its
+// port needs (no version), no v2p mapping, a datagram from A to B is
+// dropped by the router layer, and the gateway answers A's ARP request
+// with its MAC and A's ICMP echo. With the routes in the system router's
+// version 3, the sleds list that version and A's datagrams to B are
+// dropped by the overlay for want of a mapping; version 2 of the same
+// router, without the subnet's route, is not applied: the sleds still list
+// version 3, and once the mappings are pushed A's datagrams reach B.
+func TestVPCAcceptRoutes(t *testing.T) {
 	sa, sb := twoSleds(t, "--vmm-stand-in")
+	sleds := []*vpcSled{sa, sb}
 	n := newNexus(t)
 	a, b := sledGuest("a", sa), sledGuest("b", sb)
 	a.register(n, defaultRules(7777, a, b), "192.0.2.20")
@@ -54,8 +61,26 @@ func TestVPCAcceptBeforeRoutes(t *testing.T) {
 		t.Errorf("GET /v2p = %s, want []", v2p)
 	}
 	newUDPEcho(t, b.ns, b.ip+":5000", "B")
-	droppedProbe(t, "A to B before routes", newUDPProbe(t, a.ns, a.ip+":0", b.ip+":5000"), a, "no route", debug)
-	answeredProbe(t, "A to its gateway", newICMPProbe(t, a.ns, "172.30.0.1"), debug)
+	udpAB := func() probe { return newUDPProbe(t, a.ns, a.ip+":0", b.ip+":5000") }
+	droppedProbe(t, "S1: A to B before routes", udpAB(), a, "no route", debug)
+	answeredProbe(t, "S1: A to its gateway", newICMPProbe(t, a.ns, "172.30.0.1"), debug)
+	if got := gatewayARP(t, a, debug); got.String() != gatewayMAC {
+		t.Errorf("S1: A's ARP request for its gateway answered with %s, want %s", got, gatewayMAC)
+	}
+
+	n.all(sleds, http.MethodPut, "/vpc-routes", vpcRoutes)
+	for _, s := range sleds {
+		checkRouteVersions(t, n, s, 3)
+	}
+	droppedProbe(t, "S2: A to B with routes, before any mapping", udpAB(), a, "no v2p mapping", debug)
+	n.all(sleds, http.MethodPut, "/vpc-routes", staleRoutes)
+	for _, s := range sleds {
+		checkRouteVersions(t, n, s, 3)
+	}
+	for _, g := range []*acceptGuest{a, b} {
+		n.all(sleds, http.MethodPut, "/v2p", g.v2p())
+	}
+	answeredProbe(t, "S2: A to B, version 3's routes kept", udpAB(), debug)
 }
 
 // dataPaths is what the sleds' data paths hold, for a failure's message.
@@ -74,13 +99,22 @@ func dataPaths(sleds ...*vpcSled) func() string {
 const vpcRoutes = `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":3},"routes":[{"dest":"172.30.0.0/22","target":{"type":"vpc_subnet","value":"172.30.0.0/22"}}]},` +
 	`{"id":{"vni":7777,"kind":{"type":"custom","subnet":"172.30.0.0/22"}},"version":null,"routes":[]}]`
 
+// staleRoutes are an earlier version (2) of vpcRoutes' system router,
+// without the subnet's route: the version gate keeps it out.
+const staleRoutes = `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":2},"routes":[]},` +
+	`{"id":{"vni":7777,"kind":{"type":"custom","subnet":"172.30.0.0/22"}},"version":null,"routes":[]}]`
+
 // VPC.md S3 and S4 at agent level. With the routes and v2p mappings
-// pushed, ICMP, UDP and TCP cross the sleds. Then the VPC's rules as
-// Nexus pushes them: allow-ssh alone drops ICMP and UDP at B's port by its
-// firewall while TCP to port 22 flows, answers included (stateful); a
-// deny of ICMP from A at priority 100 beats the allows at 65534, while UDP
-// from A and ICMP from B still pass; at equal priority (65534) the deny
-// still wins; the defaults again let ICMP through.
+// pushed, the sleds list the mappings, and ICMP, UDP and TCP cross the
+// sleds: on the rack's bridge as OPTE's Geneve in VNI 7777 from A's MAC to
+// B's, and into B's guest from the gateway's MAC. Pushing a mapping again
+// changes nothing; deleting B's drops a new flow from A at A's port until
+// it is back. Then the VPC's rules as Nexus pushes them: allow-ssh alone
+// drops ICMP and UDP at B's port by its firewall while TCP to port 22
+// flows, answers included (stateful); a deny of ICMP from A at priority
+// 100 beats the allows at 65534, while UDP from A and ICMP from B still
+// pass; at equal priority (65534) the deny still wins; the defaults again
+// let ICMP through.
 func TestVPCAcceptFirewall(t *testing.T) {
 	sa, sb := twoSleds(t, "--vmm-stand-in")
 	sleds := []*vpcSled{sa, sb}
@@ -95,14 +129,34 @@ func TestVPCAcceptFirewall(t *testing.T) {
 	for _, g := range []*acceptGuest{a, b} {
 		n.all(sleds, http.MethodPut, "/v2p", g.v2p())
 	}
+	for _, s := range sleds {
+		checkV2P(t, n, s, a, b)
+	}
 	newUDPEcho(t, b.ns, b.ip+":5000", "B")
 	tcpServe(t, b.ns, b.ip+":22", "B")
 	icmpAB := func() probe { return newICMPProbe(t, a.ns, b.ip) }
 	udpAB := func() probe { return newUDPProbe(t, a.ns, a.ip+":0", b.ip+":5000") }
+	onRack, atB := startCapture(t, sa.rack, "br0"), startCapture(t, b.ns, "eth0")
 	answeredProbe(t, "S3: ICMP A to B", icmpAB(), debug)
 	answeredProbe(t, "S3: UDP A to B", udpAB(), debug)
 	tcpBanner(t, "S3: TCP A to B", a.ns, b.ip+":22", debug)
 	answeredProbe(t, "S3: ICMP B to A", newICMPProbe(t, b.ns, a.ip), debug)
+	checkOverlay(t, onRack, a, b)
+	checkFromGateway(t, atB, a, b)
+
+	// The same mapping again changes nothing; without B's, a new flow
+	// from A to B is dropped at A's port, and with it again it flows.
+	n.all(sleds, http.MethodPut, "/v2p", b.v2p())
+	for _, s := range sleds {
+		checkV2P(t, n, s, a, b)
+	}
+	n.all(sleds, http.MethodDelete, "/v2p", b.v2p())
+	for _, s := range sleds {
+		checkV2P(t, n, s, a)
+	}
+	droppedProbe(t, "S3: UDP A to B, B's mapping deleted", udpAB(), a, "no v2p mapping", debug)
+	n.all(sleds, http.MethodPut, "/v2p", b.v2p())
+	answeredProbe(t, "S3: UDP A to B, B's mapping back", udpAB(), debug)
 
 	firewall := func(rules string) {
 		t.Helper()
@@ -136,7 +190,9 @@ func TestVPCAcceptFirewall(t *testing.T) {
 // with the very address of B, its own rules, routes and v2p mapping pushed
 // as Nexus pushes them. A's datagrams to that address reach B, never D; D
 // has no mapping for A's address in its VPC and its datagrams are dropped
-// at its port; sled A lists D's VPC's RouterIDs too.
+// at its port; Geneve handcrafted on the rack's bridge in VNI 8888 to B's
+// MAC is dropped by B's data path, while the same in VNI 7777 reaches B;
+// sled A lists D's VPC's RouterIDs too.
 func TestVPCAcceptIsolation(t *testing.T) {
 	sa, sb := twoSleds(t, "--vmm-stand-in")
 	sleds := []*vpcSled{sa, sb}
@@ -164,6 +220,36 @@ func TestVPCAcceptIsolation(t *testing.T) {
 		t.Fatalf("A's datagrams to %s: B heard %d, D heard %d; want B's alone", b.ip, atB.heard.Load(), atD.heard.Load())
 	}
 	droppedProbe(t, "S5: UDP D to "+a.ip, newUDPProbe(t, d.ns, d.ip+":0", a.ip+":5000"), d, "no v2p mapping", debug)
+
+	// Geneve put on the rack's bridge as if from sled A, a datagram to B's
+	// address and MAC: in VNI 8888 B's sled has no port for it and drops
+	// it; the same but for the VNI (and its payload, saying which) reaches
+	// B in VNI 7777. Sent after the first, the second is read after it by
+	// B's data path: once B has it, the first was dropped for good.
+	sink := newUDPSink(t, b.ns, b.ip+":5001")
+	inject := newInjector(t, sa, sb)
+	before := sb.unmatched(t)
+	for deadline := time.Now().Add(waitDeadline); ; time.Sleep(waitInterval) {
+		inject.udp(t, 8888, a, b, 5001, "in VNI 8888")
+		if sb.unmatched(t) > before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("S5: Geneve in VNI 8888 to B's MAC: B's data path counts no drop for it\n%s", debug())
+		}
+	}
+	for deadline := time.Now().Add(waitDeadline); ; time.Sleep(waitInterval) {
+		inject.udp(t, 7777, a, b, 5001, "in VNI 7777")
+		if sink.heard("in VNI 7777") > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("S5: Geneve in VNI 7777 to B's MAC never reached B\n%s", debug())
+		}
+	}
+	if n := sink.heard("in VNI 8888"); n != 0 {
+		t.Errorf("S5: Geneve in VNI 8888 to B's MAC reached B %d times, want never", n)
+	}
 	var got []struct {
 		ID json.RawMessage `json:"id"`
 	}

@@ -33,6 +33,9 @@ type vpcSled struct {
 	tag, ns, dataDir, runDir, underlay string
 	hc                                 *http.Client
 	vmm, nic, mac, ip, addr            string
+	// rack is the rack's namespace (a path), where the bridge br0 joins
+	// the sleds' underlay links.
+	rack string
 }
 
 func (s *vpcSled) flags() []string {
@@ -104,6 +107,7 @@ func rackOfSleds(t *testing.T, withSwitch bool, extra ...string) (a, b *vpcSled,
 	a, b = sleds[0], sleds[1]
 	rack := newRack(t, base)
 	for _, s := range sleds {
+		s.rack = "/run/netns/" + rack.ns
 		rack.plug(t, s.ns, s.tag[len(base):])
 		ip(t, "-n", s.ns, "addr", "add", s.underlay+"/64", "dev", "ul0", "nodad")
 		ip(t, "-n", s.ns, "route", "add", "fd00:1122:3344::/48", "dev", "ul0")
