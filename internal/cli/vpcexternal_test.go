@@ -2,7 +2,6 @@ package cli
 
 import (
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/netip"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/wire"
 )
 
@@ -53,51 +51,6 @@ func (sw *rackSwitch) state() string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return "switch: " + string(b)
-}
-
-// underlayCapture reads the frames one link receives, in its namespace:
-// what arrives at the switch from the sleds.
-type underlayCapture struct{ p *netio.Port }
-
-func captureOn(t *testing.T, ns, link string) *underlayCapture {
-	t.Helper()
-	p, err := netio.OpenPort(ns, link)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return &underlayCapture{p: p}
-}
-
-// geneveFrame is one Geneve frame captured: its outer headers and Geneve
-// header, and the inner frame parsed.
-type geneveFrame struct {
-	outer wire.Decap
-	inner wire.Frame
-}
-
-// next returns the first Geneve frame received (since the capture began,
-// or since the last one returned) for which match holds; false if none
-// came within wait.
-func (c *underlayCapture) next(wait time.Duration, match func(*geneveFrame) bool) (geneveFrame, bool) {
-	buf := make([]byte, 9216)
-	c.p.SetReadDeadline(time.Now().Add(wait))
-	for {
-		n, err := c.p.Read(buf)
-		if errors.Is(err, netio.ErrTruncated) {
-			continue
-		}
-		if err != nil {
-			return geneveFrame{}, false
-		}
-		var g geneveFrame
-		if wire.DecapFrame(buf[:n], &g.outer) != nil || wire.Parse(g.outer.Inner(buf[:n]), &g.inner) != nil {
-			continue
-		}
-		if match(&g) {
-			return g, true
-		}
-	}
 }
 
 // sawFrom parses an inet echo's answer ("inet saw <addr:port>").
@@ -161,19 +114,19 @@ func TestVPCAcceptExternal(t *testing.T) {
 	}
 
 	// 1. Source NAT, and the frame toward the switch.
-	ul := captureOn(t, sw.ns, "ul0")
+	ul := startCapture(t, sw.ns, "ul0")
 	snatSeen("S6.1: UDP A to the internet")
 	tep, sled := netip.MustParseAddr(tunnelEndpoint), netip.MustParseAddr(sa.underlay)
-	g, ok := ul.next(5*time.Second, func(g *geneveFrame) bool {
-		return g.outer.Src == sled && g.outer.Dst == tep && g.inner.HasL4 && g.inner.Proto == wire.ProtoUDP &&
+	g, ok := ul.waitGeneve(5*time.Second, func(g *underlayPacket) bool {
+		return g.d.Src == sled && g.d.Dst == tep && g.inner.HasL4 && g.inner.Proto == wire.ProtoUDP &&
 			g.inner.DstIP == netip.MustParseAddr(internetIP) && g.inner.DstPort == 7
 	})
 	switch {
 	case !ok:
 		t.Fatalf("S6.1: the switch's ul0 received no Geneve from %s to %s with UDP to the internet's echo\n%s", sled, tep, debug())
-	case g.outer.Geneve.VNI != wire.BoundaryServicesVNI || g.inner.Dst != wire.TunnelEndpointMAC || g.inner.SrcIP != netip.MustParseAddr("192.0.2.20") || g.outer.UDPChecksum != 0:
+	case g.d.Geneve.VNI != wire.BoundaryServicesVNI || g.inner.Dst != wire.TunnelEndpointMAC || g.inner.SrcIP != netip.MustParseAddr("192.0.2.20") || g.d.UDPChecksum != 0:
 		t.Fatalf("S6.1: the frame to the tunnel endpoint has VNI %d, inner dst MAC %s, inner src %s, outer UDP checksum %#04x; want VNI 99, %s, 192.0.2.20, 0",
-			g.outer.Geneve.VNI, g.inner.Dst, g.inner.SrcIP, g.outer.UDPChecksum, wire.TunnelEndpointMAC)
+			g.d.Geneve.VNI, g.inner.Dst, g.inner.SrcIP, g.d.UDPChecksum, wire.TunnelEndpointMAC)
 	}
 
 	// The address no longer mapped to the route's gateway: new flows are

@@ -170,6 +170,23 @@ func (c *capture) geneve() []underlayPacket {
 	return out
 }
 
+// waitGeneve waits up to wait for a Geneve packet captured, whole, for
+// which match holds.
+func (c *capture) waitGeneve(wait time.Duration, match func(*underlayPacket) bool) (underlayPacket, bool) {
+	deadline := time.Now().Add(wait)
+	for {
+		for _, p := range c.geneve() {
+			if p.err == nil && match(&p) {
+				return p, true
+			}
+		}
+		if time.Now().After(deadline) {
+			return underlayPacket{}, false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // checkOverlay checks the Geneve packets the capture on the rack's bridge
 // saw from a's sled to b's, as VPC.md S3 wants them: to port 6081 with UDP
 // checksum 0, Geneve version 0 carrying Ethernet in a's VNI, the inner
