@@ -177,7 +177,7 @@ func (d *devLinux) guests(ctx context.Context, out io.Writer, ca *client.Client)
 	}
 	fmt.Fprintln(out, "pushed to both sleds, as Nexus does: the VPC's firewall rules, its routes, both guests' v2p mappings")
 	for _, g := range gs {
-		line, err := d.waitConsole(ctx, g, testguest.NetPrefix+g.ip+" router="+devGateway, "its lease")
+		line, err := d.waitConsole(ctx, g, testguest.NetPrefix+g.ip+" router="+devGateway, "guest "+g.name+"'s lease")
 		if err != nil {
 			return err
 		}
@@ -222,7 +222,7 @@ func (d *devLinux) ping(ctx context.Context, out io.Writer, a, b *devGuest) erro
 		if err := a.send(ctx, testguest.CmdPing+b.ip); err != nil {
 			return err
 		}
-		line, err := d.waitConsoleAfter(ctx, a, want, "the ping's answer", len(before))
+		line, err := d.waitConsoleAfter(ctx, a, want, "guest A's ping of guest B", len(before))
 		if err != nil {
 			return err
 		}
@@ -294,7 +294,7 @@ func (d *devLinux) waitConsoleAfter(ctx context.Context, g *devGuest, want, what
 				g.name, want, devGuestWait, g.vmm, vmmState(v), lastLines(seen, 5))
 		}
 		if time.Now().After(next) {
-			fmt.Fprintf(d.progress, "dev: waiting for guest %s's %s: %s (%s)\n", g.name, what, time.Since(start).Round(time.Second), vmmWaitWord(ctx, g.c, g.vmm))
+			fmt.Fprintf(d.progress, "dev: waiting for %s: %s (%s)\n", what, time.Since(start).Round(time.Second), vmmWaitWord(ctx, g.c, g.vmm))
 			next = next.Add(10 * time.Second)
 		}
 		select {

@@ -48,9 +48,10 @@ const (
 	devGuestImage = "test-guest.raw"
 	// devGuestMemoryMiB is the guest's memory: the test guest needs little.
 	devGuestMemoryMiB = 256
-	// devGuestWait bounds the wait for the guest's console to show its
-	// marker: a boot through OVMF under TCG takes 20 s to a minute or two
-	// on a busy machine. A hang detector, not a timing.
+	// devGuestWait bounds each wait for a guest's console to show a line:
+	// its lease (a boot through OVMF under TCG takes 20 s to a minute or
+	// two on a busy machine), a ping's answer. A hang detector, not a
+	// timing.
 	devGuestWait = 5 * time.Minute
 	// devTeardownWait bounds the removal of everything at the end.
 	devTeardownWait = 3 * time.Minute
@@ -61,7 +62,8 @@ var errNeedsRoot = errors.New("dev --runtime linux makes network namespaces, mou
 
 // devLinux is what dev --runtime linux adds to the sled on loopback: the
 // sled's disks as files, a reference NTP server for its NTP zone, the test
-// guest's image, and at the end the removal of all of it.
+// guest's image, the rack of a second sled (devrack.go) with a guest on
+// each (devguests.go), and at the end the removal of all of it.
 type devLinux struct {
 	progress io.Writer // where waits and builds are told (stderr)
 	log      *slog.Logger
@@ -84,8 +86,9 @@ type devLinuxOptions struct {
 
 // prepareDevLinux checks that this machine can run a Linux sled, clears
 // what a killed earlier run left, and makes the sled's disks, its guest
-// image and its reference NTP server. cfg is completed with the sled's
-// places. On error nothing it made is left.
+// image, its reference NTP server and the rack, whose second sled it
+// starts. cfg is completed with the sled's places. On error nothing it
+// made is left.
 func prepareDevLinux(ctx context.Context, cfg *agent.Config, o devLinuxOptions, progress io.Writer, log *slog.Logger) (d *devLinux, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errNeedsRoot

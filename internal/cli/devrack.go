@@ -161,17 +161,17 @@ func (r *devRack) make(ctx context.Context, image string) error {
 		// No multicast snooping: neighbour discovery's solicitations reach
 		// every port, as on a switch that does not snoop MLD.
 		{"-n", r.ns, "link", "add", "br0", "mtu", devRackMTU, "type", "bridge", "mcast_snooping", "0"},
-		{"-n", r.ns, "link", "set", "br0", "up"},
+		{"-n", r.ns, "link", "set", "dev", "br0", "up"},
 		{"netns", "add", b},
-		{"-n", b, "link", "set", "lo", "up"},
-		{"link", "add", "ul0", "netns", b, "type", "veth", "peer", "name", "b", "netns", r.ns},
-		{"-n", r.ns, "link", "set", "b", "mtu", devRackMTU, "master", "br0", "up"},
-		{"-n", b, "link", "set", "ul0", "mtu", devRackMTU, "up"},
+		{"-n", b, "link", "set", "dev", "lo", "up"},
+		{"link", "add", "ul0", "netns", b, "type", "veth", "peer", "name", "sledb", "netns", r.ns},
+		{"-n", r.ns, "link", "set", "dev", "sledb", "mtu", devRackMTU, "master", "br0", "up"},
+		{"-n", b, "link", "set", "dev", "ul0", "mtu", devRackMTU, "up"},
 		{"-n", b, "addr", "add", devSledBUnderlay + "/64", "dev", "ul0", "nodad"},
 		{"-n", b, "route", "add", devRackUnderlay, "dev", "ul0"},
-		{"link", "add", r.link, "mtu", devRackMTU, "type", "veth", "peer", "name", "a", "netns", r.ns},
-		{"-n", r.ns, "link", "set", "a", "mtu", devRackMTU, "master", "br0", "up"},
-		{"link", "set", r.link, "up"},
+		{"link", "add", r.link, "mtu", devRackMTU, "type", "veth", "peer", "name", "sleda", "netns", r.ns},
+		{"-n", r.ns, "link", "set", "dev", "sleda", "mtu", devRackMTU, "master", "br0", "up"},
+		{"link", "set", "dev", r.link, "up"},
 		{"addr", "add", a + "/128", "dev", r.link, "nodad"},
 		{"route", "add", devSledBUnderlay + "/128", "dev", r.link},
 		{"route", "add", subnetB, "via", devSledBUnderlay, "dev", r.link},
@@ -224,7 +224,7 @@ func (r *devRack) flagsB() []string {
 // dev's to clear.
 func (r *devRack) startB() error {
 	args := append([]string{"run", "--netns", r.b.Netns, "--listen", r.b.Listen, "--underlay-ip", r.b.UnderlayIP,
-		"--ddm-url", "", "--skip-timesync", "--vpc-data-path", "--vmm-image-dir", r.b.VMMImageDir, "--log-level", r.logLevel}, r.flagsB()...)
+		"--ddm-url=", "--skip-timesync", "--vpc-data-path", "--vmm-image-dir", r.b.VMMImageDir, "--log-level", r.logLevel}, r.flagsB()...)
 	if r.a.VMMAccel != "" {
 		args = append(args, "--vmm-accel", r.a.VMMAccel)
 	}
@@ -375,7 +375,7 @@ func (r *devRack) removeParts(ctx context.Context, keep bool) error {
 		}
 	}
 	if _, err := os.Stat("/sys/class/net/" + r.link); err == nil {
-		errs = append(errs, runIP(ctx, "link", "del", r.link))
+		errs = append(errs, runIP(ctx, "link", "del", "dev", r.link))
 	}
 	errs = append(errs, os.RemoveAll(r.b.RunDir))
 	if !keep {
