@@ -156,7 +156,7 @@ processes, and the data dirs unless --keep.`,
 	}
 	devFlags(cmd, d)
 	cmd.Flags().StringVar(&sledConfig, "sled-config", "", "sled config to put at start (default: the built-in real example; with --runtime linux examples/sled-config-vdev.json, whose disks it makes as files)")
-	cmd.Flags().BoolVar(&keep, "keep", false, "keep the data dir (with --runtime linux its zones, mounts and loop devices go all the same)")
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the data dir (with --runtime linux both sleds' data dirs; their zones, mounts and loop devices go all the same)")
 	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running, and with --runtime linux once the guests pinged (for scripts and CI)")
 	return cmd
 }
