@@ -57,10 +57,15 @@ With --runtime linux (as root: sudo ./scripts/dev --linux) the sled is real:
 its disks are files (` + devLinuxDataDir + `/vdev), its zones network
 namespaces with their services under runit on btrfs pools, its NTP zone a
 chronyd following a reference NTP server on this host (it never sets the
-clock), and once its zones run it boots the test guest under QEMU and shows
-its console. DDM, the switches, DNS and Nexus are simulated as with sim. Ctrl-C
-removes everything it made: zones, guests, namespaces, links, mounts, loop
-devices, processes, and the data dir unless --keep.`,
+clock). It is one of a small rack on this host: a second sled, an agent run
+as a sled in a network namespace of its own, their underlay links joined by
+a bridge in the rack's namespace, each sled with its VPC data path. Once the
+first sled's zones run, dev plays Nexus: it boots the test guest under QEMU
+on each sled, on one VPC, each taking its address by DHCP, has the first
+ping the second and shows the answer. DDM, the switches, DNS and Nexus are
+simulated as with sim. Ctrl-C removes everything it made: both sleds'
+zones, guests and data paths, the namespaces, links, mounts, loop devices,
+processes, and the data dirs unless --keep.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			cfg, err := d.resolve(cmd)
@@ -98,7 +103,7 @@ devices, processes, and the data dir unless --keep.`,
 			}
 			if cfg.Runtime == "linux" {
 				ctx, cancel := signalContext()
-				linux, err = prepareDevLinux(ctx, &cfg, devLinuxOptions{dataDirGiven: changed("data-dir"), runDirGiven: changed("run-dir")}, cmd.ErrOrStderr(), log)
+				linux, err = prepareDevLinux(ctx, &cfg, devLinuxOptions{dataDirGiven: changed("data-dir"), runDirGiven: changed("run-dir"), logLevel: d.logLevel}, cmd.ErrOrStderr(), log)
 				cancel()
 				if err != nil {
 					return err
@@ -144,15 +149,15 @@ devices, processes, and the data dir unless --keep.`,
 			}
 			run := devRun{out: cmd.OutOrStdout(), cfg: cfg, log: log, doc: doc, exitWhenDone: exitWhenDone, nexus: nexus}
 			if linux != nil {
-				run.guest = linux.bootGuest
+				run.guest = linux.guests
 			}
 			return run.run(cmd.Context())
 		},
 	}
 	devFlags(cmd, d)
 	cmd.Flags().StringVar(&sledConfig, "sled-config", "", "sled config to put at start (default: the built-in real example; with --runtime linux examples/sled-config-vdev.json, whose disks it makes as files)")
-	cmd.Flags().BoolVar(&keep, "keep", false, "keep the data dir (with --runtime linux its zones, mounts and loop devices go all the same)")
-	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running, and with --runtime linux the guest's console answered (for scripts and CI)")
+	cmd.Flags().BoolVar(&keep, "keep", false, "keep the data dir (with --runtime linux both sleds' data dirs; their zones, mounts and loop devices go all the same)")
+	cmd.Flags().BoolVar(&exitWhenDone, "exit-when-converged", false, "stop once every zone is running, and with --runtime linux once the guests pinged (for scripts and CI)")
 	return cmd
 }
 
@@ -356,14 +361,14 @@ func (r devRun) run(parent context.Context) error {
 		if r.guest != nil {
 			if err := r.guest(ctx, out, c); err != nil {
 				if ctx.Err() == nil {
-					fmt.Fprintf(out, "the guest: %v\n", err)
+					fmt.Fprintf(out, "the guests: %v\n", err)
 				}
 			}
 		}
 		fmt.Fprintln(out)
 		bin, gone := "go run ./cmd/sled-agent", "zones are simulated, so they go with it"
 		if cfg.Runtime == "linux" {
-			bin, gone = "./sled-agent", "and removes every zone, guest, mount and loop device the sled made"
+			bin, gone = "./sled-agent", "and removes every zone, guest, mount and loop device the sleds made, and the rack"
 		}
 		fmt.Fprintf(out, "The agent keeps serving. Try, in another terminal:\n"+
 			"  %[1]s zones\n"+

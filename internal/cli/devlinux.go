@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -22,7 +21,7 @@ import (
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/client"
 	"github.com/sled-agent/sled-agent/internal/dns"
-	"github.com/sled-agent/sled-agent/internal/propolisapi"
+	"github.com/sled-agent/sled-agent/internal/sledconfig"
 	"github.com/sled-agent/sled-agent/internal/storage/btrfs"
 	"github.com/sled-agent/sled-agent/internal/testguest"
 	"github.com/sled-agent/sled-agent/internal/timesync/chrony"
@@ -49,9 +48,10 @@ const (
 	devGuestImage = "test-guest.raw"
 	// devGuestMemoryMiB is the guest's memory: the test guest needs little.
 	devGuestMemoryMiB = 256
-	// devGuestWait bounds the wait for the guest's console to show its
-	// marker: a boot through OVMF under TCG takes 20 s to a minute or two
-	// on a busy machine. A hang detector, not a timing.
+	// devGuestWait bounds each wait for a guest's console to show a line:
+	// its lease (a boot through OVMF under TCG takes 20 s to a minute or
+	// two on a busy machine), a ping's answer. A hang detector, not a
+	// timing.
 	devGuestWait = 5 * time.Minute
 	// devTeardownWait bounds the removal of everything at the end.
 	devTeardownWait = 3 * time.Minute
@@ -62,25 +62,33 @@ var errNeedsRoot = errors.New("dev --runtime linux makes network namespaces, mou
 
 // devLinux is what dev --runtime linux adds to the sled on loopback: the
 // sled's disks as files, a reference NTP server for its NTP zone, the test
-// guest's image, and at the end the removal of all of it.
+// guest's image, the rack of a second sled (devrack.go) with a guest on
+// each (devguests.go), and at the end the removal of all of it.
 type devLinux struct {
 	progress io.Writer // where waits and builds are told (stderr)
 	log      *slog.Logger
 	cfg      agent.Config
 	ref      *reference.Server
-	image    string // the guest's disk, in the image dir
+	image    string // guest A's disk, in the image dir
+	// rack is the second sled and what joins the two (devrack.go).
+	rack *devRack
+	// logLevel is the agents' (sled B's is given it).
+	logLevel string
 }
 
 // devLinuxOptions are what the dev command's flags say of a Linux sled.
 type devLinuxOptions struct {
 	// dataDirGiven, runDirGiven: the operator chose them.
 	dataDirGiven, runDirGiven bool
+	// logLevel is the agents' log level.
+	logLevel string
 }
 
 // prepareDevLinux checks that this machine can run a Linux sled, clears
 // what a killed earlier run left, and makes the sled's disks, its guest
-// image and its reference NTP server. cfg is completed with the sled's
-// places. On error nothing it made is left.
+// image, its reference NTP server and the rack, whose second sled it
+// starts. cfg is completed with the sled's places. On error nothing it
+// made is left.
 func prepareDevLinux(ctx context.Context, cfg *agent.Config, o devLinuxOptions, progress io.Writer, log *slog.Logger) (d *devLinux, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errNeedsRoot
@@ -101,8 +109,19 @@ func prepareDevLinux(ctx context.Context, cfg *agent.Config, o devLinuxOptions, 
 	cfg.NetnsPrefix = cmp.Or(cfg.NetnsPrefix, cfg.ZoneTag+"-")
 	cfg.VdevDir = filepath.Join(cfg.DataDir, "vdev")
 	cfg.VMMImageDir = filepath.Join(cfg.DataDir, "images")
-	d = &devLinux{progress: progress, log: log, cfg: *cfg}
+	// The sleds carry their guests' VPC (devrack.go).
+	cfg.VPCDataPath = true
+	if u, err := netip.ParseAddr(cfg.UnderlayIP); err != nil || sledconfig.SledSubnet(u).Contains(netip.MustParseAddr(devSledBUnderlay)) {
+		return nil, fmt.Errorf("--underlay-ip %q: dev's second sled is %s; give the first sled an IPv6 address of another /64", cfg.UnderlayIP, devSledBUnderlay)
+	}
+	d = &devLinux{progress: progress, log: log, cfg: *cfg, logLevel: o.logLevel}
+	if d.rack, err = newDevRack(d.cfg, o.logLevel, progress, log); err != nil {
+		return nil, err
+	}
 	if err := d.clearLeftovers(ctx); err != nil {
+		return nil, err
+	}
+	if err := d.rack.clearLeftovers(ctx); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -129,6 +148,9 @@ func prepareDevLinux(ctx context.Context, cfg *agent.Config, o devLinuxOptions, 
 	d.ref, err = reference.Start(ctx, reference.Options{Binaries: bins, Tag: cfg.ZoneTag, Addr: netip.MustParseAddr(devReferenceAddr),
 		Stratum: devReferenceStratum, Root: filepath.Join(cfg.DataDir, "reference"), Log: log.With("component", "reference-ntp")})
 	if err != nil {
+		return d, err
+	}
+	if err := d.rack.make(ctx, d.image); err != nil {
 		return d, err
 	}
 	return d, nil
@@ -175,7 +197,8 @@ func devLinuxTools() (chrony.Binaries, error) {
 	for _, t := range []struct{ bin, what string }{
 		{"runsv", "runit's runsv (zones' services)"},
 		{"mkfs.btrfs", "btrfs-progs (the sled's storage)"},
-		{testguest.QEMU, "QEMU (the guest)"},
+		{testguest.QEMU, "QEMU (the guests)"},
+		{"ip", "iproute2's ip (the rack's namespaces and links)"},
 	} {
 		if _, err := exec.LookPath(t.bin); err != nil {
 			return chrony.Binaries{}, fmt.Errorf("no %s: %s", t.what, fix)
@@ -237,66 +260,6 @@ func (d *devLinux) dnsRecords() dns.Records {
 	return dns.Records{AAAA: map[string][]netip.Addr{dns.BoundaryNTPName: {netip.MustParseAddr(devReferenceAddr)}}}
 }
 
-// bootGuest registers a VMM booting the test guest, as `sled-agent vmm
-// create` does, runs it, waits for its console to show the guest's marker,
-// and prints the console's last lines and how to attach.
-func (d *devLinux) bootGuest(ctx context.Context, out io.Writer, c *client.Client) error {
-	f := createFlags{image: d.image, cpus: 1, memoryMiB: devGuestMemoryMiB}
-	id, body, err := f.body(ctx, c)
-	if err != nil {
-		return err
-	}
-	if _, err := c.RegisterVMM(ctx, id, body); err != nil {
-		return fmt.Errorf("registering the guest's VMM: %w", err)
-	}
-	if _, err := c.PutVMMState(ctx, id, "running"); err != nil {
-		return fmt.Errorf("starting the guest's VMM: %w", err)
-	}
-	fmt.Fprintf(out, "VMM %s registered and asked to run: booting the test guest (%d MiB) through OVMF\n", id, devGuestMemoryMiB)
-	v, err := findVMM(ctx, c, id)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	pc := propolisapi.NewClient(serviceAddr(v))
-	next := start.Add(10 * time.Second)
-	var seen []byte
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		data, _, err := pc.SerialHistory(rctx, propolisapi.SerialFromStart(0), 1<<20)
-		cancel()
-		if err == nil {
-			seen = data
-			if bytes.Contains(data, []byte(testguest.ReadyPrefix)) {
-				break
-			}
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if time.Since(start) > devGuestWait {
-			v, _ := findVMM(ctx, c, id)
-			return fmt.Errorf("the guest's console did not show %q within %s (VMM %s %s); it shows: %q",
-				testguest.ReadyPrefix, devGuestWait, id, vmmState(v), lastLines(seen, 5))
-		}
-		if time.Now().After(next) {
-			fmt.Fprintf(d.progress, "dev: waiting for the guest's console: %s (%s)\n", time.Since(start).Round(time.Second), vmmWaitWord(ctx, c, id))
-			next = next.Add(10 * time.Second)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-	fmt.Fprintf(out, "the guest's console after %s (its last lines):\n", time.Since(start).Round(100*time.Millisecond))
-	for _, l := range lastLines(seen, 6) {
-		fmt.Fprintf(out, "  | %s\n", l)
-	}
-	fmt.Fprintf(out, "attach to it: ./sled-agent vmm console %s   (Ctrl-] leaves; try: echo hello)\n", id)
-	return nil
-}
-
 // vmmWaitWord is the VMM's state as the agent reports it, for a progress
 // line.
 func vmmWaitWord(ctx context.Context, c *client.Client, id string) string {
@@ -334,10 +297,19 @@ func lastLines(b []byte, n int) []string {
 // NTP server, and, unless keep, the data dir. It says what it removed, and
 // what it left and why.
 func (d *devLinux) close(keep bool) error {
-	ctx, cancel := context.WithTimeout(context.Background(), devTeardownWait)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*devTeardownWait)
 	defer cancel()
-	fmt.Fprintln(d.progress, "dev: removing every zone, guest, mount and loop device the sled made…")
-	err := d.teardown(ctx)
+	fmt.Fprintln(d.progress, "dev: removing every zone, guest, mount and loop device the sleds made, and the rack…")
+	var err error
+	if d.rack == nil {
+		// A dev that did not get as far as naming its rack (or a test's
+		// cleanup of one): its parts are named from the sled's config.
+		d.rack, err = newDevRack(d.cfg, cmp.Or(d.logLevel, "warn"), d.progress, d.log)
+	}
+	if err == nil {
+		err = d.rack.close(ctx, keep)
+	}
+	err = errors.Join(err, d.teardown(ctx))
 	if d.ref != nil {
 		err = errors.Join(err, d.ref.Close())
 	}
@@ -349,13 +321,13 @@ func (d *devLinux) close(keep bool) error {
 		err = os.RemoveAll(d.cfg.DataDir)
 	}
 	if err != nil {
-		return fmt.Errorf("removing the dev sled: %w (what is left is listed by sudo ./sled-agent teardown --runtime linux --data-dir %s --yes)", err, d.cfg.DataDir)
+		return fmt.Errorf("removing the dev sleds: %w (what is left is listed by sudo ./sled-agent teardown --runtime linux --data-dir %s --yes; the next dev clears it)", err, d.cfg.DataDir)
 	}
 	what := "and its data dir " + d.cfg.DataDir
 	if keep {
 		what = "and kept its data dir " + d.cfg.DataDir + " (--keep)"
 	}
-	fmt.Fprintf(d.progress, "dev: removed everything the sled made, %s\n", what)
+	fmt.Fprintf(d.progress, "dev: removed everything the sleds made, the rack, %s\n", what)
 	return nil
 }
 
