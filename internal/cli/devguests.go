@@ -63,21 +63,17 @@ func newDevGuest(name string, c *client.Client, url, underlay, ip, image string)
 
 // nicJSON is the guest's NIC as Nexus writes a NetworkInterface.
 func (g *devGuest) nicJSON() string {
-	return fmt.Sprintf(`{"id":%q,"kind":{"type":"instance","id":%q},"name":"net0","ip_config":{"type":"v4","value":{"ip":%q,"subnet":%q,"transit_ips":[]}},"mac":%q,"vni":%d,"primary":true,"slot":0}`,
-		g.nic, g.instance, g.ip, devVPCSubnet, g.mac, devVNI)
+	return vpcNIC(g.nic, g.instance, g.ip, devVPCSubnet, g.mac, devVNI)
 }
 
 // devVPCRules are a default VPC's firewall rules, as Nexus resolves them
-// for the guests gs: inbound from the VPC, SSH and ICMP allowed.
+// for the guests gs.
 func devVPCRules(gs ...*devGuest) string {
 	var nics []string
 	for _, g := range gs {
 		nics = append(nics, g.nicJSON())
 	}
-	ts := strings.Join(nics, ",")
-	return fmt.Sprintf(`[{"status":"enabled","direction":"inbound","targets":[%[1]s],"filter_hosts":[{"type":"vpc","value":%[2]d}],"action":"allow","priority":65534},`+
-		`{"status":"enabled","direction":"inbound","targets":[%[1]s],"filter_protocols":[{"type":"tcp"}],"filter_ports":["22"],"action":"allow","priority":65534},`+
-		`{"status":"enabled","direction":"inbound","targets":[%[1]s],"filter_protocols":[{"type":"icmp","value":null}],"action":"allow","priority":65534}]`, ts, devVNI)
+	return defaultVPCRules(devVNI, nics...)
 }
 
 // register registers the guest's VMM on its sled as Nexus does, with its
@@ -135,8 +131,7 @@ func pushDevVPC(ctx context.Context, rules string, gs ...*devGuest) error {
 			return fmt.Errorf("sled %s: the VPC's routes: %w", s.name, err)
 		}
 		for _, g := range gs {
-			v2p := fmt.Sprintf(`{"virtual_ip":%q,"virtual_mac":%q,"physical_host_ip":%q,"vni":%d}`, g.ip, g.mac, g.underlay, devVNI)
-			if err := s.c.SetV2P(ctx, []byte(v2p)); err != nil {
+			if err := s.c.SetV2P(ctx, []byte(vpcV2P(g.ip, g.mac, g.underlay, devVNI))); err != nil {
 				return fmt.Errorf("sled %s: guest %s's v2p mapping: %w", s.name, g.name, err)
 			}
 		}

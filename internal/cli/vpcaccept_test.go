@@ -10,17 +10,14 @@ import (
 	"time"
 )
 
-// defaultRules are Nexus's default rules of a new VPC (allow-internal-inbound,
-// allow-ssh, allow-icmp) for the guests' NICs in vni.
+// defaultRules are Nexus's default rules of a new VPC for the guests'
+// NICs in vni.
 func defaultRules(vni int, gs ...*acceptGuest) string {
 	var nics []string
 	for _, g := range gs {
 		nics = append(nics, g.nicJSON())
 	}
-	ts := strings.Join(nics, ",")
-	return fmt.Sprintf(`[{"status":"enabled","direction":"inbound","targets":[%s],"filter_hosts":[{"type":"vpc","value":%d}],"action":"allow","priority":65534},`+
-		`{"status":"enabled","direction":"inbound","targets":[%s],"filter_protocols":[{"type":"tcp"}],"filter_ports":["22"],"action":"allow","priority":65534},`+
-		`{"status":"enabled","direction":"inbound","targets":[%s],"filter_protocols":[{"type":"icmp","value":null}],"action":"allow","priority":65534}]`, ts, vni, ts, ts)
+	return defaultVPCRules(vni, nics...)
 }
 
 // VPC.md S1 and S2 at agent level: two guests registered and run on two

@@ -98,14 +98,11 @@ func sledGuest(name string, s *vpcSled) *acceptGuest {
 
 // nicJSON is the guest's NIC as Nexus writes a NetworkInterface.
 func (g *acceptGuest) nicJSON() string {
-	return fmt.Sprintf(`{"id":%q,"kind":{"type":"instance","id":%q},"name":"net0","ip_config":{"type":"v4","value":{"ip":%q,"subnet":"172.30.0.0/22","transit_ips":[]}},"mac":%q,"vni":%d,"primary":true,"slot":0}`,
-		g.nic, g.instance, g.ip, strings.ToUpper(g.mac), g.vni)
+	return vpcNIC(g.nic, g.instance, g.ip, "172.30.0.0/22", g.mac, g.vni)
 }
 
 // v2p is the guest's mapping as Nexus pushes it.
-func (g *acceptGuest) v2p() string {
-	return fmt.Sprintf(`{"virtual_ip":%q,"virtual_mac":%q,"physical_host_ip":%q,"vni":%d}`, g.ip, strings.ToUpper(g.mac), g.sled.underlay, g.vni)
-}
+func (g *acceptGuest) v2p() string { return vpcV2P(g.ip, g.mac, g.sled.underlay, g.vni) }
 
 // register registers the guest's VMM on its sled as Nexus does (VPC.md
 // S1): its NIC, the VPC's firewall rules (a JSON array), its source NAT

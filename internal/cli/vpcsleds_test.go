@@ -177,7 +177,7 @@ func (s *vpcSled) runGuest(t *testing.T, spec map[string]any) {
 
 // target is the sled's guest's NIC as a firewall rule's target.
 func (s *vpcSled) target() string {
-	return `{"id":"` + s.nic + `","kind":{"type":"instance","id":"` + s.instanceID() + `"},"name":"net0","ip_config":{"type":"v4","value":{"ip":"` + s.ip + `","subnet":"172.30.0.0/22","transit_ips":[]}},"mac":"` + strings.ToUpper(s.mac) + `","vni":7777,"primary":true,"slot":0}`
+	return vpcNIC(s.nic, s.instanceID(), s.ip, "172.30.0.0/22", s.mac, 7777)
 }
 
 // pushVPC pushes to every sled what Nexus pushes for the guests' VPC (VNI
@@ -194,8 +194,7 @@ func pushVPC(t *testing.T, sleds ...*vpcSled) {
 		{http.MethodPut, "/vpc-routes", `[{"id":{"vni":7777,"kind":{"type":"system"}},"version":{"router_id":"5e5e0c5e-0000-4000-8000-000000000001","version":3},"routes":[{"dest":"172.30.0.0/22","target":{"type":"vpc_subnet","value":"172.30.0.0/22"}}]},{"id":{"vni":7777,"kind":{"type":"custom","subnet":"172.30.0.0/22"}},"version":null,"routes":[]}]`},
 	}
 	for _, s := range sleds {
-		pushes = append(pushes, struct{ method, path, body string }{http.MethodPut, "/v2p",
-			`{"virtual_ip":"` + s.ip + `","virtual_mac":"` + strings.ToUpper(s.mac) + `","physical_host_ip":"` + s.underlay + `","vni":7777}`})
+		pushes = append(pushes, struct{ method, path, body string }{http.MethodPut, "/v2p", vpcV2P(s.ip, s.mac, s.underlay, 7777)})
 	}
 	for _, s := range sleds {
 		for _, p := range pushes {
