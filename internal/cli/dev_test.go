@@ -176,3 +176,12 @@ func TestBenchPhasesProgressOnStderr(t *testing.T) {
 		}
 	}
 }
+
+// dev --runtime linux boots real guests: stand-in guests, which boot
+// nothing, are refused with why, before anything is made.
+func TestDevLinuxRefusesStandInGuests(t *testing.T) {
+	r := sled(t, "dev", "--runtime", "linux", "--vmm-stand-in", "--data-dir", t.TempDir())
+	if r.code == 0 || !strings.Contains(r.stderr, "--vmm-stand-in") {
+		t.Errorf("dev --runtime linux --vmm-stand-in: exit %d, stderr %q; want it refused, naming the flag", r.code, r.stderr)
+	}
+}

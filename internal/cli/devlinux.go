@@ -90,6 +90,9 @@ type devLinuxOptions struct {
 // starts. cfg is completed with the sled's places. On error nothing it
 // made is left.
 func prepareDevLinux(ctx context.Context, cfg *agent.Config, o devLinuxOptions, progress io.Writer, log *slog.Logger) (d *devLinux, err error) {
+	if cfg.VMMStandIn {
+		return nil, errors.New("dev --runtime linux boots the test guest on each sled and has them ping each other: --vmm-stand-in, whose guests boot nothing, is for tests (run --vmm-stand-in)")
+	}
 	if os.Geteuid() != 0 {
 		return nil, errNeedsRoot
 	}
