@@ -231,6 +231,8 @@ func (d *devLinux) ping(ctx context.Context, out io.Writer, a, b *devGuest) erro
 
 // send types line on the guest's console.
 func (g *devGuest) send(ctx context.Context, line string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
 	c, err := propolisapi.NewClient(g.service).SerialConnect(ctx, propolisapi.SerialFromStart(0))
 	if err != nil {
 		return fmt.Errorf("guest %s's console: %w", g.name, err)
