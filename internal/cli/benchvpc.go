@@ -15,13 +15,15 @@ func newBenchVPCCmd() *cobra.Command {
 		Short: "A TCP stream and UDP round trips between guests on two sleds: the VPC data path, the kernel's VXLAN, a plain veth; needs root; prints JSON",
 		Long: `Make two sleds as network namespaces joined by a veth pair (MTU 9000, the
 underlay), with a stand-in guest on each (a namespace whose eth0 is a veth to
-the sled), and time, three ways in turn: through the sleds' VPC data paths
-(internal/vpc/vpcd: Geneve between them, the guests' ports with Nexus's default
-rule and route); through the kernel's VXLAN between the same sleds (a bridge on
-each); and over a plain veth pair between the guests. Each way: one TCP stream
-for --stream (Gbit/s, and this process's CPU seconds per Gbit: the data path's
-and the guests' sockets'), then --requests 64-byte UDP round trips (p50, p99).
-Everything it makes is removed at the end.`,
+the sled), and time three ways, all made at once: through the sleds' VPC data
+paths (internal/vpc/vpcd: Geneve between them, the guests' ports with Nexus's
+default rule and route); through the kernel's VXLAN between the same sleds (a
+bridge on each); and over a plain veth pair between the guests. Each way in
+turn carries one TCP stream for --stream (Gbit/s, and this process's CPU
+seconds per Gbit: the data path's and the guests' sockets'); then --requests
+64-byte UDP round trips each way (p50, p99) go in 10 rounds, each taking every
+way in turn for a tenth of them, so that load coming and going on a shared
+machine weighs on the three alike. Everything it makes is removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
