@@ -34,7 +34,10 @@ type VPCOptions struct {
 	// Requests is how many UDP request/response pairs each path times
 	// (2000).
 	Requests int
-	Progress io.Writer
+	// CPUProfile, if set, is where the CPU profile taken during the VPC
+	// way's stream is written (pprof's format).
+	CPUProfile string
+	Progress   io.Writer
 }
 
 // VPCPath is one path's figures.
@@ -47,6 +50,9 @@ type VPCPath struct {
 	CPUSecondsPerGbit float64 `json:"cpu_seconds_per_gbit"`
 	// RoundTrip is a 64-byte UDP request and its answer.
 	RoundTrip Latency `json:"udp_round_trip"`
+	// CPU is where the CPU went during the stream, from a profile of the
+	// process (the VPC way only: its data paths run in the process).
+	CPU []CPUPart `json:"cpu_breakdown,omitempty"`
 }
 
 // VPCResult is what `bench vpc` prints.
@@ -66,6 +72,15 @@ func VPC(ctx context.Context, opts VPCOptions) (*VPCResult, error) {
 	}
 	opts.Stream = cmp.Or(opts.Stream, 5*time.Second)
 	opts.Requests = cmp.Or(opts.Requests, 2000)
+	var profOut *os.File
+	if opts.CPUProfile != "" {
+		f, err := os.Create(opts.CPUProfile)
+		if err != nil {
+			return nil, fmt.Errorf("the CPU profile's file: %w", err)
+		}
+		defer f.Close()
+		profOut = f
+	}
 	res := &VPCResult{Machine: machine()}
 	names := []string{"vpc", "kernel-vxlan", "veth"}
 	var guests []*vpcGuests
@@ -89,7 +104,28 @@ func VPC(ctx context.Context, opts VPCOptions) (*VPCResult, error) {
 	}
 	for i, g := range guests {
 		progress(opts.Progress, "bench vpc: %s: %s of one TCP stream", names[i], opts.Stream)
+		var prof *cpuProfile
+		if names[i] == "vpc" {
+			var w io.Writer
+			if profOut != nil {
+				w = profOut
+			}
+			var err error
+			if prof, err = startCPUProfile(w); err != nil {
+				return nil, err
+			}
+		}
 		p, err := g.stream(ctx, opts.Stream)
+		if prof != nil {
+			pr, perr := prof.stop()
+			if err == nil && perr != nil {
+				err = perr
+			}
+			if pr != nil {
+				p.CPU = cpuBreakdown(pr, p.CPUSecondsPerGbit)
+				progress(opts.Progress, "bench vpc: %s: CPU: %s", names[i], cpuSummary(p.CPU))
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", names[i], err)
 		}

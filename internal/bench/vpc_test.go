@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -24,7 +26,8 @@ func TestVPCBenchRuns(t *testing.T) {
 	var progress bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := VPC(ctx, VPCOptions{Stream: 300 * time.Millisecond, Requests: 20, Progress: &progress})
+	profPath := filepath.Join(t.TempDir(), "vpc.prof")
+	res, err := VPC(ctx, VPCOptions{Stream: 300 * time.Millisecond, Requests: 20, CPUProfile: profPath, Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,8 +38,20 @@ func TestVPCBenchRuns(t *testing.T) {
 		if p.StreamGbps <= 0 || p.RoundTrip.N == 0 {
 			t.Errorf("%s: %+v", p.Path, p)
 		}
+		// Only the VPC way's CPU is broken down, and its parts are all
+		// of it.
+		sum := 0.0
+		for _, c := range p.CPU {
+			sum += c.Share
+		}
+		if (p.Path == "vpc") != (len(p.CPU) > 0) || len(p.CPU) > 0 && math.Abs(sum-1) > 1e-6 {
+			t.Errorf("%s: CPU breakdown %+v", p.Path, p.CPU)
+		}
 	}
-	for _, want := range []string{"vpc: setting up", "kernel-vxlan: setting up", "veth: setting up", "UDP round trips"} {
+	if st, err := os.Stat(profPath); err != nil || st.Size() == 0 {
+		t.Errorf("the CPU profile: %v", err)
+	}
+	for _, want := range []string{"vpc: setting up", "kernel-vxlan: setting up", "veth: setting up", "UDP round trips", "vpc: CPU: data path"} {
 		if !strings.Contains(progress.String(), want) {
 			t.Errorf("no %q in the progress: %s", want, progress.String())
 		}

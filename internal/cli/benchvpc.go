@@ -23,7 +23,12 @@ turn carries one TCP stream for --stream (Gbit/s, and this process's CPU
 seconds per Gbit: the data path's and the guests' sockets'); then --requests
 64-byte UDP round trips each way (p50, p99) go in 10 rounds, each taking every
 way in turn for a tenth of them, so that load coming and going on a shared
-machine weighs on the three alike. Everything it makes is removed at the end.`,
+machine weighs on the three alike. While the VPC way's stream runs, the process
+(where both sleds' data paths run) is profiled, and "cpu_breakdown" says where
+its CPU went: the data path's reads and writes (in system calls, and Go's side
+of them), its engine, its loops, the guests' sockets, Go's scheduler and
+poller, its memory management; --cpu-profile keeps the profile for go tool
+pprof. Everything it makes is removed at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
@@ -39,5 +44,6 @@ machine weighs on the three alike. Everything it makes is removed at the end.`,
 	f := cmd.Flags()
 	f.DurationVar(&opts.Stream, "stream", 5*time.Second, "how long each way's TCP stream runs")
 	f.IntVar(&opts.Requests, "requests", 2000, "UDP round trips timed each way")
+	f.StringVar(&opts.CPUProfile, "cpu-profile", "", "write the CPU profile taken during the VPC way's stream to this file (pprof's format)")
 	return cmd
 }
