@@ -15,8 +15,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -83,12 +85,12 @@ func (p *Port) Link() string { return p.link }
 // Read reads one frame into b and returns its length; a frame longer than
 // b is cut (ErrTruncated with the bytes that fit).
 func (p *Port) Read(b []byte) (int, error) {
-	var n int
-	var rerr error
-	err := p.rc.Read(func(fd uintptr) bool {
-		n, _, rerr = unix.Recvfrom(int(fd), b, unix.MSG_TRUNC)
-		return rerr != unix.EAGAIN
-	})
+	op := readOps.Get().(*readOp)
+	op.b = b
+	err := p.rc.Read(op.fn)
+	n, rerr := op.n, op.err
+	*op = readOp{fn: op.fn}
+	readOps.Put(op)
 	if err != nil {
 		return 0, err
 	}
@@ -101,6 +103,56 @@ func (p *Port) Read(b []byte) (int, error) {
 	return n, nil
 }
 
+// A read or a write goes through a closure with its arguments and results
+// beside it, kept for the next: one made per frame would be allocated per
+// frame (the poller takes it as an interface's argument).
+type readOp struct {
+	b   []byte
+	n   int
+	err error
+	fn  func(fd uintptr) bool
+}
+
+var readOps = sync.Pool{New: func() any {
+	op := &readOp{}
+	op.fn = op.recv
+	return op
+}}
+
+// recv reads one frame into op.b: recvfrom(2) with no address (the link's
+// is known), MSG_TRUNC for the frame's whole length.
+func (op *readOp) recv(fd uintptr) bool {
+	var ptr unsafe.Pointer
+	if len(op.b) > 0 {
+		ptr = unsafe.Pointer(&op.b[0])
+	}
+	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(ptr), uintptr(len(op.b)), unix.MSG_TRUNC, 0, 0)
+	if errno != 0 {
+		op.n, op.err = 0, errno
+		return errno != unix.EAGAIN
+	}
+	op.n, op.err = int(n), nil
+	return true
+}
+
+type writeOp struct {
+	frame []byte
+	err   error
+	fn    func(fd uintptr) bool
+}
+
+var writeOps = sync.Pool{New: func() any {
+	op := &writeOp{}
+	op.fn = op.send
+	return op
+}}
+
+// send sends op.frame, never waiting.
+func (op *writeOp) send(fd uintptr) bool {
+	op.err = unix.Send(int(fd), op.frame, unix.MSG_DONTWAIT)
+	return true
+}
+
 // ErrTruncated is a frame longer than the buffer it was read into.
 var ErrTruncated = errors.New("netio: frame longer than the buffer")
 
@@ -108,11 +160,12 @@ var ErrTruncated = errors.New("netio: frame longer than the buffer")
 // never waits: a link whose queue is full drops the frame (ErrBusy), as a
 // switch port would.
 func (p *Port) Write(frame []byte) error {
-	var werr error
-	err := p.rc.Write(func(fd uintptr) bool {
-		werr = unix.Send(int(fd), frame, unix.MSG_DONTWAIT)
-		return true
-	})
+	op := writeOps.Get().(*writeOp)
+	op.frame = frame
+	err := p.rc.Write(op.fn)
+	werr := op.err
+	*op = writeOp{fn: op.fn}
+	writeOps.Put(op)
 	if err != nil {
 		return err
 	}
