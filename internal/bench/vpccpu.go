@@ -59,12 +59,12 @@ func classify(stack []string) string {
 	leafInKernel := len(stack) > 0 && inSyscall(stack[0])
 	for _, f := range stack {
 		switch {
-		case f == netioPrefix+"(*Port).Read" || f == netioPrefix+"(*Underlay).ReadFrom":
+		case strings.HasPrefix(f, netioPrefix+"(*Port).Read") || strings.HasPrefix(f, netioPrefix+"(*Underlay).Read"):
 			if leafInKernel {
 				return partReadKernel
 			}
 			return partReadGo
-		case f == netioPrefix+"(*Port).Write" || f == netioPrefix+"(*Underlay).WriteTo":
+		case strings.HasPrefix(f, netioPrefix+"(*Port).Write") || strings.HasPrefix(f, netioPrefix+"(*Underlay).Write"):
 			if leafInKernel {
 				return partWriteKernel
 			}

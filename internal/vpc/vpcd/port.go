@@ -328,20 +328,31 @@ func (a *attached) run(ctx context.Context, link Link) {
 }
 
 // read hands what the guest sends to the engine until the link fails or
-// ctx ends, and says how many frames it read.
+// ctx ends, and says how many frames it read. It reads the frames waiting
+// in one system call, and sends what the engine encapsulated of them to
+// the underlay in one.
 func (a *attached) read(ctx context.Context, p *netio.Port) (int, error) {
-	buf := make([]byte, engine.Headroom+1<<16)
+	rs := netio.NewReads(batch, 1<<16, engine.Headroom)
+	ws := netio.NewWrites(batch)
 	frames := 0
 	for ctx.Err() == nil {
-		n, err := p.Read(buf[engine.Headroom:])
-		if errors.Is(err, netio.ErrTruncated) {
-			continue
-		}
-		if err != nil {
+		if err := p.ReadBatch(rs); err != nil {
 			return frames, err
 		}
-		frames++
-		a.d.dispatch(a.d.eng.Outbound(a.port, buf, n))
+		for i := range rs.Len() {
+			n, cut := rs.Size(i)
+			if cut {
+				continue
+			}
+			frames++
+			r := a.d.eng.Outbound(a.port, rs.Buf(i), n)
+			if r.Verdict == engine.ToUnderlay {
+				ws.Add(r.Data, r.Dst)
+				continue
+			}
+			a.d.dispatch(r)
+		}
+		a.d.writeUnderlay(ws)
 	}
 	return frames, ctx.Err()
 }
@@ -354,6 +365,19 @@ func (a *attached) write(frame []byte) {
 	if p != nil {
 		p.Write(frame)
 	}
+}
+
+// writeBatch sends ws's frames to the guest, if the port is attached, and
+// empties ws.
+func (a *attached) writeBatch(ws *netio.Writes) {
+	a.mu.Lock()
+	p := a.io
+	a.mu.Unlock()
+	if p == nil {
+		ws.Reset()
+		return
+	}
+	p.WriteBatch(ws)
 }
 
 // stop ends the port's loop and lets go of its link.
