@@ -246,7 +246,7 @@ func (p *Port) WriteBatch(w *Writes) error {
 	case 1:
 		return p.Write(w.first)
 	}
-	err := w.write(p.rc, true)
+	err := w.write(p.wrc, true)
 	if errors.Is(err, ErrBusy) {
 		return ErrBusy
 	}

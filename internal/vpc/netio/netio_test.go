@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // testNets makes network namespaces of the test's own, <tag>-a and
@@ -165,6 +167,43 @@ func TestPortReadsAndWritesFrames(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not end a read in progress")
 	}
+}
+
+// A port holds PacketSocketsPerPort packet sockets of the process, and
+// Close closes them all.
+func TestPortSocketsAndClose(t *testing.T) {
+	nsA, _, tag := testNets(t)
+	before := packetSockets(t)
+	p, err := OpenPort(nsA, tag+"a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := packetSockets(t); n != before+PacketSocketsPerPort {
+		t.Errorf("%d packet sockets with the port open, %d before; want %d more", n, before, PacketSocketsPerPort)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := packetSockets(t); n != before {
+		t.Errorf("%d packet sockets after Close, %d before", n, before)
+	}
+}
+
+// packetSockets counts this process's packet sockets.
+func packetSockets(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	buf := make([]byte, 64)
+	for _, e := range ents {
+		if m, err := unix.Getxattr("/proc/self/fd/"+e.Name(), "system.sockprotoname", buf); err == nil && string(bytes.TrimRight(buf[:m], "\x00")) == "PACKET" {
+			n++
+		}
+	}
+	return n
 }
 
 // A short buffer gets the frame's start and ErrTruncated.

@@ -32,7 +32,18 @@ type Port struct {
 	f    *os.File
 	rc   syscall.RawConn
 	link string
+	// w is a second packet socket that only writes (bound to no
+	// protocol, it reads nothing), blocking, so not in Go's poller: its
+	// writes never wait (MSG_DONTWAIT), and the room each frame sent
+	// frees in its buffer wakes no poller, as it would on a socket the
+	// poller watches.
+	w   *os.File
+	wrc syscall.RawConn
 }
+
+// PacketSocketsPerPort is how many packet sockets a Port holds: one that
+// reads the link, one that writes to it.
+const PacketSocketsPerPort = 2
 
 // htons is the protocol number as a packet socket takes it.
 func htons(v uint16) uint16 { return binary.BigEndian.Uint16([]byte{byte(v), byte(v >> 8)}) }
@@ -41,7 +52,7 @@ func htons(v uint16) uint16 { return binary.BigEndian.Uint16([]byte{byte(v), byt
 // namespace at nsPath ("" for this process's): a file a namespace is
 // mounted on (/run/netns/NAME) or a process's /proc/<pid>/ns/net.
 func OpenPort(nsPath, link string) (*Port, error) {
-	var fd int
+	var fd, wfd int
 	open := func() error {
 		ifi, err := net.InterfaceByName(link)
 		if err != nil {
@@ -59,6 +70,15 @@ func OpenPort(nsPath, link string) (*Port, error) {
 			unix.Close(fd)
 			return fmt.Errorf("netio: binding to %s: %w", link, err)
 		}
+		if wfd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("netio: packet socket for writing to %s: %w", link, err)
+		}
+		if err := unix.Bind(wfd, &unix.SockaddrLinklayer{Ifindex: ifi.Index}); err != nil {
+			unix.Close(fd)
+			unix.Close(wfd)
+			return fmt.Errorf("netio: binding to %s for writing: %w", link, err)
+		}
 		return nil
 	}
 	var err error
@@ -71,12 +91,20 @@ func OpenPort(nsPath, link string) (*Port, error) {
 		return nil, err
 	}
 	f := os.NewFile(uintptr(fd), "packet:"+link)
+	w := os.NewFile(uintptr(wfd), "packet-out:"+link)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
+		w.Close()
 		return nil, err
 	}
-	return &Port{f: f, rc: rc, link: link}, nil
+	wrc, err := w.SyscallConn()
+	if err != nil {
+		f.Close()
+		w.Close()
+		return nil, err
+	}
+	return &Port{f: f, rc: rc, link: link, w: w, wrc: wrc}, nil
 }
 
 // Link is the link's name.
@@ -162,7 +190,7 @@ var ErrTruncated = errors.New("netio: frame longer than the buffer")
 func (p *Port) Write(frame []byte) error {
 	op := writeOps.Get().(*writeOp)
 	op.frame = frame
-	err := p.rc.Write(op.fn)
+	err := p.wrc.Write(op.fn)
 	werr := op.err
 	*op = writeOp{fn: op.fn}
 	writeOps.Put(op)
@@ -185,4 +213,4 @@ var ErrBusy = errors.New("netio: the link's queue is full")
 func (p *Port) SetReadDeadline(t time.Time) error { return p.f.SetReadDeadline(t) }
 
 // Close closes the socket; a Read in progress returns.
-func (p *Port) Close() error { return p.f.Close() }
+func (p *Port) Close() error { return errors.Join(p.f.Close(), p.w.Close()) }
