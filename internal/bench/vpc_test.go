@@ -150,3 +150,13 @@ func TestInterleaveStopsWhenCancelled(t *testing.T) {
 		t.Errorf("timed %d and %d round trips after a cancel at the fifth", len(got[0]), len(got[1]))
 	}
 }
+
+// Latencies keep tenths of a microsecond, as round trips of some tens of
+// microseconds need to be compared.
+func TestSummarizeKeepsTenthsOfMicroseconds(t *testing.T) {
+	ds := []time.Duration{20550 * time.Nanosecond, 19 * time.Microsecond, 31*time.Microsecond + 990*time.Nanosecond}
+	l := summarize(ds)
+	if l.N != 3 || l.P50ms != 0.0205 || l.P99ms != 0.0319 || l.MaxMs != 0.0319 {
+		t.Errorf("%+v, want p50 0.0205 ms, p99 and max 0.0319", l)
+	}
+}
