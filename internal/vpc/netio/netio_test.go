@@ -170,13 +170,16 @@ func TestPortReadsAndWritesFrames(t *testing.T) {
 }
 
 // A port holds PacketSocketsPerPort packet sockets of the process, and
-// Close closes them all.
+// Close closes them all; it knows its link's MTU.
 func TestPortSocketsAndClose(t *testing.T) {
 	nsA, _, tag := testNets(t)
 	before := packetSockets(t)
 	p, err := OpenPort(nsA, tag+"a")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if p.MTU() != 1500 {
+		t.Errorf("MTU %d, want the veth's 1500", p.MTU())
 	}
 	if n := packetSockets(t); n != before+PacketSocketsPerPort {
 		t.Errorf("%d packet sockets with the port open, %d before; want %d more", n, before, PacketSocketsPerPort)

@@ -32,6 +32,7 @@ type Port struct {
 	f    *os.File
 	rc   syscall.RawConn
 	link string
+	mtu  int // the link's when it was opened
 	// w is a second packet socket that only writes (bound to no
 	// protocol, it reads nothing), blocking, so not in Go's poller: its
 	// writes never wait (MSG_DONTWAIT), and the room each frame sent
@@ -52,12 +53,13 @@ func htons(v uint16) uint16 { return binary.BigEndian.Uint16([]byte{byte(v), byt
 // namespace at nsPath ("" for this process's): a file a namespace is
 // mounted on (/run/netns/NAME) or a process's /proc/<pid>/ns/net.
 func OpenPort(nsPath, link string) (*Port, error) {
-	var fd, wfd int
+	var fd, wfd, mtu int
 	open := func() error {
 		ifi, err := net.InterfaceByName(link)
 		if err != nil {
 			return fmt.Errorf("netio: link %s: %w", link, err)
 		}
+		mtu = ifi.MTU
 		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
 		if err != nil {
 			return fmt.Errorf("netio: packet socket for %s: %w", link, err)
@@ -104,11 +106,14 @@ func OpenPort(nsPath, link string) (*Port, error) {
 		w.Close()
 		return nil, err
 	}
-	return &Port{f: f, rc: rc, link: link, w: w, wrc: wrc}, nil
+	return &Port{f: f, rc: rc, link: link, mtu: mtu, w: w, wrc: wrc}, nil
 }
 
 // Link is the link's name.
 func (p *Port) Link() string { return p.link }
+
+// MTU is the link's MTU when the port was opened.
+func (p *Port) MTU() int { return p.mtu }
 
 // Read reads one frame into b and returns its length; a frame longer than
 // b is cut (ErrTruncated with the bytes that fit).

@@ -332,7 +332,7 @@ func (a *attached) run(ctx context.Context, link Link) {
 // in one system call, and sends what the engine encapsulated of them to
 // the underlay in one.
 func (a *attached) read(ctx context.Context, p *netio.Port) (int, error) {
-	rs := netio.NewReads(batch, 1<<16, engine.Headroom)
+	rs := netio.NewReads(batch, frameRoom(p.MTU()), engine.Headroom)
 	ws := netio.NewWrites(batch)
 	frames := 0
 	for ctx.Err() == nil {
@@ -356,6 +356,13 @@ func (a *attached) read(ctx context.Context, p *netio.Port) (int, error) {
 	}
 	return frames, ctx.Err()
 }
+
+// frameRoom is how long a frame a port's reads take on a link of MTU mtu:
+// a jumbo frame at least, and the link's whole frame, with a VLAN tag. A
+// guest's link sends no longer frames: its offloads are off (a tap without
+// a virtio-net header, a zone's NIC made so); a longer one is read cut and
+// dropped.
+func frameRoom(mtu int) int { return max(9216, mtu+18) }
 
 // write sends a frame to the guest, if the port is attached.
 func (a *attached) write(frame []byte) {
