@@ -259,7 +259,9 @@ func summarize(ds []time.Duration) Latency {
 	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	// Milliseconds to a tenth of a microsecond: round trips of tens of
+	// microseconds are compared.
+	ms := func(d time.Duration) float64 { return float64(d/100) / 1e4 }
 	pick := func(q float64) time.Duration { return s[min(len(s)-1, int(q*float64(len(s))))] }
 	return Latency{N: len(s), P50ms: ms(pick(0.50)), P99ms: ms(pick(0.99)), MaxMs: ms(s[len(s)-1])}
 }

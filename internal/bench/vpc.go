@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -23,7 +22,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
@@ -36,7 +34,10 @@ type VPCOptions struct {
 	// Requests is how many UDP request/response pairs each path times
 	// (2000).
 	Requests int
-	Progress io.Writer
+	// CPUProfile, if set, is where the CPU profile taken during the VPC
+	// way's stream is written (pprof's format).
+	CPUProfile string
+	Progress   io.Writer
 }
 
 // VPCPath is one path's figures.
@@ -49,6 +50,9 @@ type VPCPath struct {
 	CPUSecondsPerGbit float64 `json:"cpu_seconds_per_gbit"`
 	// RoundTrip is a 64-byte UDP request and its answer.
 	RoundTrip Latency `json:"udp_round_trip"`
+	// CPU is where the CPU went during the stream, from a profile of the
+	// process (the VPC way only: its data paths run in the process).
+	CPU []CPUPart `json:"cpu_breakdown,omitempty"`
 }
 
 // VPCResult is what `bench vpc` prints.
@@ -57,30 +61,92 @@ type VPCResult struct {
 	Paths   []VPCPath    `json:"paths"`
 }
 
-// VPC runs the VPC benchmark (root: it makes network namespaces).
+// VPC runs the VPC benchmark (root: it makes network namespaces). The three
+// ways are made at once; each carries its stream in turn, and then the round
+// trips go in rounds that take each way in turn (requests/vpcRounds each),
+// so that a load that comes and goes on a shared machine weighs on every way
+// alike.
 func VPC(ctx context.Context, opts VPCOptions) (*VPCResult, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("bench vpc makes network namespaces and links: it needs root")
 	}
 	opts.Stream = cmp.Or(opts.Stream, 5*time.Second)
 	opts.Requests = cmp.Or(opts.Requests, 2000)
+	var profOut *os.File
+	if opts.CPUProfile != "" {
+		f, err := os.Create(opts.CPUProfile)
+		if err != nil {
+			return nil, fmt.Errorf("the CPU profile's file: %w", err)
+		}
+		defer f.Close()
+		profOut = f
+	}
 	res := &VPCResult{Machine: machine()}
-	for _, path := range []string{"vpc", "kernel-vxlan", "veth"} {
+	names := []string{"vpc", "kernel-vxlan", "veth"}
+	var guests []*vpcGuests
+	defer func() {
+		for _, g := range guests {
+			g.close()
+		}
+	}()
+	for _, path := range names {
 		progress(opts.Progress, "bench vpc: %s: setting up", path)
 		t, err := newVPCTopology(path)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
-		p, err := t.measure(ctx, opts)
-		t.close()
+		g, err := openGuests(ctx, t)
 		if err != nil {
+			t.close()
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
-		p.Path = path
+		guests = append(guests, g)
+	}
+	for i, g := range guests {
+		progress(opts.Progress, "bench vpc: %s: %s of one TCP stream", names[i], opts.Stream)
+		var prof *cpuProfile
+		if names[i] == "vpc" {
+			var w io.Writer
+			if profOut != nil {
+				w = profOut
+			}
+			var err error
+			if prof, err = startCPUProfile(w); err != nil {
+				return nil, err
+			}
+		}
+		p, err := g.stream(ctx, opts.Stream)
+		if prof != nil {
+			pr, perr := prof.stop()
+			if err == nil && perr != nil {
+				err = perr
+			}
+			if pr != nil {
+				p.CPU = cpuBreakdown(pr, p.CPUSecondsPerGbit)
+				progress(opts.Progress, "bench vpc: %s: CPU: %s", names[i], cpuSummary(p.CPU))
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", names[i], err)
+		}
+		p.Path = names[i]
 		res.Paths = append(res.Paths, p)
 	}
-	return res, nil
+	rounds := min(vpcRounds, opts.Requests)
+	progress(opts.Progress, "bench vpc: %d UDP round trips each way, in %d rounds taking each way in turn", opts.Requests, rounds)
+	ways := make([]func() (time.Duration, error), len(guests))
+	for i, g := range guests {
+		ways[i] = g.roundTrip
+	}
+	rtts := interleave(ctx, ways, opts.Requests, rounds)
+	for i := range res.Paths {
+		res.Paths[i].RoundTrip = summarize(rtts[i])
+	}
+	return res, ctx.Err()
 }
+
+// vpcRounds is how many rounds the round trips are timed in.
+const vpcRounds = 10
 
 // vpcTopology is one path's namespaces and, for the VPC path, its data
 // paths.
@@ -261,111 +327,6 @@ func (t *vpcTopology) offloadsOff() error {
 		}
 	}
 	return nil
-}
-
-// measure runs the stream and the round trips from guest A to guest B.
-func (t *vpcTopology) measure(ctx context.Context, opts VPCOptions) (VPCPath, error) {
-	var p VPCPath
-	var ln net.Listener
-	var udp *net.UDPConn
-	if err := zonenet.RunInPath(t.gB, func() (err error) {
-		if ln, err = net.Listen("tcp4", vpcGuestB+":5001"); err != nil {
-			return err
-		}
-		udp, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(vpcGuestB+":5002")))
-		return err
-	}); err != nil {
-		return p, err
-	}
-	defer ln.Close()
-	defer udp.Close()
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := udp.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			udp.WriteToUDPAddrPort(buf[:n], from)
-		}
-	}()
-	received := make(chan int64, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			received <- -1
-			return
-		}
-		defer c.Close()
-		n, _ := io.Copy(io.Discard, c)
-		received <- n
-	}()
-	var c net.Conn
-	var client *net.UDPConn
-	defer func() {
-		if client != nil {
-			client.Close()
-		}
-	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		err := zonenet.RunInPath(t.gA, func() (err error) {
-			// The socket first: only the dial is tried again, as the
-			// listener accepts one stream.
-			if client == nil {
-				if client, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(vpcGuestA+":5003"))); err != nil {
-					return err
-				}
-			}
-			c, err = (&net.Dialer{Timeout: time.Second}).Dial("tcp4", vpcGuestB+":5001")
-			return err
-		})
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return p, fmt.Errorf("guest B not reachable from guest A: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-
-	progress(opts.Progress, "bench vpc: %s of one TCP stream", opts.Stream)
-	chunk := make([]byte, 64<<10)
-	cpu0 := cpuTime()
-	start := time.Now()
-	var sent int64
-	for time.Since(start) < opts.Stream && ctx.Err() == nil {
-		n, err := c.Write(chunk)
-		sent += int64(n)
-		if err != nil {
-			return p, err
-		}
-	}
-	c.Close()
-	got := <-received
-	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
-	gbit := float64(got) * 8 / 1e9
-	p.StreamGbps = gbit / elapsed.Seconds()
-	if gbit > 0 {
-		p.CPUSecondsPerGbit = cpu.Seconds() / gbit
-	}
-
-	progress(opts.Progress, "bench vpc: %d UDP round trips", opts.Requests)
-	req, buf := make([]byte, 64), make([]byte, 2048)
-	var rtts []time.Duration
-	dst := netip.MustParseAddrPort(vpcGuestB + ":5002")
-	for i := 0; i < opts.Requests && ctx.Err() == nil; i++ {
-		t0 := time.Now()
-		client.WriteToUDPAddrPort(req, dst)
-		client.SetReadDeadline(t0.Add(time.Second))
-		if _, _, err := client.ReadFromUDPAddrPort(buf); err != nil {
-			continue // lost: not timed
-		}
-		rtts = append(rtts, time.Since(t0))
-	}
-	p.RoundTrip = summarize(rtts)
-	return p, ctx.Err()
 }
 
 // cpuTime is this process's CPU time so far, user and system.

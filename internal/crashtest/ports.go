@@ -16,6 +16,7 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
+	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpcd"
 )
 
@@ -26,7 +27,7 @@ import (
 // those ports, each attached to its link and holding the one firewall rule
 // the sled was told for it (the services VPC's, pushed once as Nexus does;
 // the instance's, from its registration), and that its one process holds
-// a packet socket per port and one Geneve socket: no stray port, socket or
+// its packet sockets per port and one Geneve socket: no stray port, socket or
 // rule, and none missing. A share of the kills kill the data path too:
 // runsv starts it again while the agent is away, empty, and the restarted
 // agent gives it everything again.
@@ -97,8 +98,9 @@ func (r *run) portMismatch(ctx context.Context) string {
 }
 
 // socketMismatch says what is wrong with the data path's processes and
-// sockets, given how many ports it holds: "" when one process holds one
-// packet socket per port and one Geneve (UDP over IPv6) socket.
+// sockets, given how many ports it holds: "" when one process holds a
+// port's packet sockets (netio.PacketSocketsPerPort: one reads, one
+// writes) per port and one Geneve (UDP over IPv6) socket.
 func (r *run) socketMismatch(ports int) string {
 	procs, err := r.dataPathProcesses()
 	if err != nil {
@@ -108,8 +110,8 @@ func (r *run) socketMismatch(ports int) string {
 		return fmt.Sprintf("data path: %d processes %v, want one", len(procs), procs)
 	}
 	n := sockets(procs[0])
-	if n["PACKET"] != ports || n["UDPv6"] != 1 {
-		return fmt.Sprintf("data path: its sockets %v, want a PACKET socket for each of its %d ports and one UDPv6 (Geneve)", n, ports)
+	if n["PACKET"] != netio.PacketSocketsPerPort*ports || n["UDPv6"] != 1 {
+		return fmt.Sprintf("data path: its sockets %v, want %d PACKET sockets for each of its %d ports and one UDPv6 (Geneve)", n, netio.PacketSocketsPerPort, ports)
 	}
 	return ""
 }

@@ -119,7 +119,9 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 		f.Dst = phys.MAC
 		return e.deliver(dst, frame, &f, rules.Tag(p.cfg.VNI))
 	}
-	return p.encap(buf, frame, wire.InternalEncap(p.cfg.VNI, e.cfg.Underlay, phys.Sled, key), phys.Sled)
+	// What the engine gives out is sent from the sled's Geneve socket,
+	// whose port is the source: no flow hash to put there.
+	return p.encap(buf, frame, wire.InternalGeneve(p.cfg.VNI, e.cfg.Underlay, phys.Sled, key.Proto), phys.Sled)
 }
 
 // toBoundary sends what the router gives an internet gateway to the
@@ -137,7 +139,7 @@ func (e *Engine) toBoundary(p *Port, buf, frame []byte, f *wire.Frame, fromExter
 		return p.drop(ReasonNoV2B)
 	}
 	copy(frame[0:6], wire.TunnelEndpointMAC[:])
-	return p.encap(buf, frame, wire.BoundaryEncap(tep.VNI, e.cfg.Underlay, tep.Addr, key), tep.Addr)
+	return p.encap(buf, frame, wire.BoundaryGeneve(tep.VNI, e.cfg.Underlay, tep.Addr), tep.Addr)
 }
 
 // encap writes enc's Geneve header in the headroom before frame.

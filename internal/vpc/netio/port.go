@@ -15,8 +15,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -30,7 +32,19 @@ type Port struct {
 	f    *os.File
 	rc   syscall.RawConn
 	link string
+	mtu  int // the link's when it was opened
+	// w is a second packet socket that only writes (bound to no
+	// protocol, it reads nothing), blocking, so not in Go's poller: its
+	// writes never wait (MSG_DONTWAIT), and the room each frame sent
+	// frees in its buffer wakes no poller, as it would on a socket the
+	// poller watches.
+	w   *os.File
+	wrc syscall.RawConn
 }
+
+// PacketSocketsPerPort is how many packet sockets a Port holds: one that
+// reads the link, one that writes to it.
+const PacketSocketsPerPort = 2
 
 // htons is the protocol number as a packet socket takes it.
 func htons(v uint16) uint16 { return binary.BigEndian.Uint16([]byte{byte(v), byte(v >> 8)}) }
@@ -39,12 +53,13 @@ func htons(v uint16) uint16 { return binary.BigEndian.Uint16([]byte{byte(v), byt
 // namespace at nsPath ("" for this process's): a file a namespace is
 // mounted on (/run/netns/NAME) or a process's /proc/<pid>/ns/net.
 func OpenPort(nsPath, link string) (*Port, error) {
-	var fd int
+	var fd, wfd, mtu int
 	open := func() error {
 		ifi, err := net.InterfaceByName(link)
 		if err != nil {
 			return fmt.Errorf("netio: link %s: %w", link, err)
 		}
+		mtu = ifi.MTU
 		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
 		if err != nil {
 			return fmt.Errorf("netio: packet socket for %s: %w", link, err)
@@ -56,6 +71,15 @@ func OpenPort(nsPath, link string) (*Port, error) {
 		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}); err != nil {
 			unix.Close(fd)
 			return fmt.Errorf("netio: binding to %s: %w", link, err)
+		}
+		if wfd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("netio: packet socket for writing to %s: %w", link, err)
+		}
+		if err := unix.Bind(wfd, &unix.SockaddrLinklayer{Ifindex: ifi.Index}); err != nil {
+			unix.Close(fd)
+			unix.Close(wfd)
+			return fmt.Errorf("netio: binding to %s for writing: %w", link, err)
 		}
 		return nil
 	}
@@ -69,26 +93,37 @@ func OpenPort(nsPath, link string) (*Port, error) {
 		return nil, err
 	}
 	f := os.NewFile(uintptr(fd), "packet:"+link)
+	w := os.NewFile(uintptr(wfd), "packet-out:"+link)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
+		w.Close()
 		return nil, err
 	}
-	return &Port{f: f, rc: rc, link: link}, nil
+	wrc, err := w.SyscallConn()
+	if err != nil {
+		f.Close()
+		w.Close()
+		return nil, err
+	}
+	return &Port{f: f, rc: rc, link: link, mtu: mtu, w: w, wrc: wrc}, nil
 }
 
 // Link is the link's name.
 func (p *Port) Link() string { return p.link }
 
+// MTU is the link's MTU when the port was opened.
+func (p *Port) MTU() int { return p.mtu }
+
 // Read reads one frame into b and returns its length; a frame longer than
 // b is cut (ErrTruncated with the bytes that fit).
 func (p *Port) Read(b []byte) (int, error) {
-	var n int
-	var rerr error
-	err := p.rc.Read(func(fd uintptr) bool {
-		n, _, rerr = unix.Recvfrom(int(fd), b, unix.MSG_TRUNC)
-		return rerr != unix.EAGAIN
-	})
+	op := readOps.Get().(*readOp)
+	op.b = b
+	err := p.rc.Read(op.fn)
+	n, rerr := op.n, op.err
+	*op = readOp{fn: op.fn}
+	readOps.Put(op)
 	if err != nil {
 		return 0, err
 	}
@@ -101,6 +136,56 @@ func (p *Port) Read(b []byte) (int, error) {
 	return n, nil
 }
 
+// A read or a write goes through a closure with its arguments and results
+// beside it, kept for the next: one made per frame would be allocated per
+// frame (the poller takes it as an interface's argument).
+type readOp struct {
+	b   []byte
+	n   int
+	err error
+	fn  func(fd uintptr) bool
+}
+
+var readOps = sync.Pool{New: func() any {
+	op := &readOp{}
+	op.fn = op.recv
+	return op
+}}
+
+// recv reads one frame into op.b: recvfrom(2) with no address (the link's
+// is known), MSG_TRUNC for the frame's whole length.
+func (op *readOp) recv(fd uintptr) bool {
+	var ptr unsafe.Pointer
+	if len(op.b) > 0 {
+		ptr = unsafe.Pointer(&op.b[0])
+	}
+	n, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(ptr), uintptr(len(op.b)), unix.MSG_TRUNC, 0, 0)
+	if errno != 0 {
+		op.n, op.err = 0, errno
+		return errno != unix.EAGAIN
+	}
+	op.n, op.err = int(n), nil
+	return true
+}
+
+type writeOp struct {
+	frame []byte
+	err   error
+	fn    func(fd uintptr) bool
+}
+
+var writeOps = sync.Pool{New: func() any {
+	op := &writeOp{}
+	op.fn = op.send
+	return op
+}}
+
+// send sends op.frame, never waiting.
+func (op *writeOp) send(fd uintptr) bool {
+	op.err = unix.Send(int(fd), op.frame, unix.MSG_DONTWAIT)
+	return true
+}
+
 // ErrTruncated is a frame longer than the buffer it was read into.
 var ErrTruncated = errors.New("netio: frame longer than the buffer")
 
@@ -108,11 +193,12 @@ var ErrTruncated = errors.New("netio: frame longer than the buffer")
 // never waits: a link whose queue is full drops the frame (ErrBusy), as a
 // switch port would.
 func (p *Port) Write(frame []byte) error {
-	var werr error
-	err := p.rc.Write(func(fd uintptr) bool {
-		werr = unix.Send(int(fd), frame, unix.MSG_DONTWAIT)
-		return true
-	})
+	op := writeOps.Get().(*writeOp)
+	op.frame = frame
+	err := p.wrc.Write(op.fn)
+	werr := op.err
+	*op = writeOp{fn: op.fn}
+	writeOps.Put(op)
 	if err != nil {
 		return err
 	}
@@ -132,4 +218,4 @@ var ErrBusy = errors.New("netio: the link's queue is full")
 func (p *Port) SetReadDeadline(t time.Time) error { return p.f.SetReadDeadline(t) }
 
 // Close closes the socket; a Read in progress returns.
-func (p *Port) Close() error { return p.f.Close() }
+func (p *Port) Close() error { return errors.Join(p.f.Close(), p.w.Close()) }

@@ -22,7 +22,8 @@ const GenevePort = 6081
 // told). It sends from port 6081: the sled's flows then differ for ECMP by
 // address only (OPTE puts a flow hash in the source port).
 type Underlay struct {
-	c *net.UDPConn
+	c  *net.UDPConn
+	rc syscall.RawConn // the socket's, for batches
 }
 
 // ListenUnderlay opens the sled's Geneve socket on addr, in the network
@@ -66,7 +67,12 @@ func ListenUnderlay(nsPath string, addr netip.Addr) (*Underlay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Underlay{c: c}, nil
+	rc, err := c.SyscallConn()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &Underlay{c: c, rc: rc}, nil
 }
 
 // ReadFrom reads one datagram (a Geneve header and what it carries) and

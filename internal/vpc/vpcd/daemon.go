@@ -126,19 +126,66 @@ func (d *Daemon) Close() error {
 	return nil
 }
 
+// batch is how many frames or datagrams a loop reads, and sends on, in
+// one system call at most.
+const batch = 16
+
 // underlayLoop takes Geneve from other sleds and the switch to the ports.
+// It reads the datagrams waiting in one system call, and writes the frames
+// of them that go to one port in a row in one.
 func (d *Daemon) underlayLoop() {
-	buf := make([]byte, 1<<16)
+	rs := netio.NewReads(batch, 1<<16, 0)
+	ws := netio.NewWrites(batch)
+	var to *attached // the port of what ws holds
 	for d.ctx.Err() == nil {
-		n, _, err := d.ul.ReadFrom(buf)
-		if err != nil {
+		if err := d.ul.ReadBatch(rs); err != nil {
 			if d.ctx.Err() == nil {
 				d.opts.Log.Error("vpcd: reading the underlay", "err", err)
 			}
 			return
 		}
-		d.dispatch(d.eng.Inbound(buf[:n]))
+		for i := range rs.Len() {
+			n, cut := rs.Size(i)
+			if cut {
+				continue
+			}
+			r := d.eng.Inbound(rs.Buf(i)[:n])
+			if r.Verdict != engine.ToPort {
+				d.dispatch(r)
+				continue
+			}
+			a := d.attachedOf(r.Port)
+			if a == nil {
+				continue
+			}
+			if a != to || ws.Full() {
+				if to != nil {
+					to.writeBatch(ws)
+				}
+				to = a
+			}
+			ws.Add(r.Data, netip.Addr{})
+		}
+		if to != nil {
+			to.writeBatch(ws)
+			to = nil
+		}
 	}
+}
+
+// writeUnderlay sends ws's datagrams and empties it.
+func (d *Daemon) writeUnderlay(ws *netio.Writes) {
+	if err := d.ul.WriteBatch(ws); err != nil {
+		d.opts.Log.Debug("vpcd: sending to the underlay", "err", err)
+	}
+}
+
+// attachedOf is the attached port of an engine's port, if it is still
+// there.
+func (d *Daemon) attachedOf(p *engine.Port) *attached {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ports[p.Config().Name]
 }
 
 // dispatch sends a result where the engine says.
@@ -149,10 +196,7 @@ func (d *Daemon) dispatch(r engine.Result) {
 			d.opts.Log.Debug("vpcd: sending to the underlay", "dst", r.Dst, "err", err)
 		}
 	case engine.ToPort:
-		d.mu.Lock()
-		a := d.ports[r.Port.Config().Name]
-		d.mu.Unlock()
-		if a != nil {
+		if a := d.attachedOf(r.Port); a != nil {
 			a.write(r.Data)
 		}
 	}

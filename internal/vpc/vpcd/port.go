@@ -331,23 +331,41 @@ func (a *attached) run(ctx context.Context, link Link) {
 }
 
 // read hands what the guest sends to the engine until the link fails or
-// ctx ends, and says how many frames it read.
+// ctx ends, and says how many frames it read. It reads the frames waiting
+// in one system call, and sends what the engine encapsulated of them to
+// the underlay in one.
 func (a *attached) read(ctx context.Context, p *netio.Port) (int, error) {
-	buf := make([]byte, engine.Headroom+1<<16)
+	rs := netio.NewReads(batch, frameRoom(p.MTU()), engine.Headroom)
+	ws := netio.NewWrites(batch)
 	frames := 0
 	for ctx.Err() == nil {
-		n, err := p.Read(buf[engine.Headroom:])
-		if errors.Is(err, netio.ErrTruncated) {
-			continue
-		}
-		if err != nil {
+		if err := p.ReadBatch(rs); err != nil {
 			return frames, err
 		}
-		frames++
-		a.d.dispatch(a.d.eng.Outbound(a.port, buf, n))
+		for i := range rs.Len() {
+			n, cut := rs.Size(i)
+			if cut {
+				continue
+			}
+			frames++
+			r := a.d.eng.Outbound(a.port, rs.Buf(i), n)
+			if r.Verdict == engine.ToUnderlay {
+				ws.Add(r.Data, r.Dst)
+				continue
+			}
+			a.d.dispatch(r)
+		}
+		a.d.writeUnderlay(ws)
 	}
 	return frames, ctx.Err()
 }
+
+// frameRoom is how long a frame a port's reads take on a link of MTU mtu:
+// a jumbo frame at least, and the link's whole frame, with a VLAN tag. A
+// guest's link sends no longer frames: its offloads are off (a tap without
+// a virtio-net header, a zone's NIC made so); a longer one is read cut and
+// dropped.
+func frameRoom(mtu int) int { return max(9216, mtu+18) }
 
 // write sends a frame to the guest, if the port is attached.
 func (a *attached) write(frame []byte) {
@@ -357,6 +375,19 @@ func (a *attached) write(frame []byte) {
 	if p != nil {
 		p.Write(frame)
 	}
+}
+
+// writeBatch sends ws's frames to the guest, if the port is attached, and
+// empties ws.
+func (a *attached) writeBatch(ws *netio.Writes) {
+	a.mu.Lock()
+	p := a.io
+	a.mu.Unlock()
+	if p == nil {
+		ws.Reset()
+		return
+	}
+	p.WriteBatch(ws)
 }
 
 // stop ends the port's loop and lets go of its link.

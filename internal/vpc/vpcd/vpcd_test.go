@@ -292,3 +292,13 @@ func BenchmarkTCPStream(b *testing.B) {
 	c.Close()
 	<-got
 }
+
+// A port's reads take a jumbo frame on any link, and a longer link's whole
+// frames with a VLAN tag.
+func TestFrameRoom(t *testing.T) {
+	for mtu, want := range map[int]int{0: 9216, 1500: 9216, 9000: 9216, 9198: 9216, 9216: 9234, 65535: 65553} {
+		if got := frameRoom(mtu); got != want {
+			t.Errorf("MTU %d: %d, want %d", mtu, got, want)
+		}
+	}
+}
