@@ -127,6 +127,9 @@ func TestVPCAcceptExternal(t *testing.T) {
 	case g.d.Geneve.VNI != wire.BoundaryServicesVNI || g.inner.Dst != wire.TunnelEndpointMAC || g.inner.SrcIP != netip.MustParseAddr("192.0.2.20") || g.d.UDPChecksum != 0:
 		t.Fatalf("S6.1: the frame to the tunnel endpoint has VNI %d, inner dst MAC %s, inner src %s, outer UDP checksum %#04x; want VNI 99, %s, 192.0.2.20, 0",
 			g.d.Geneve.VNI, g.inner.Dst, g.inner.SrcIP, g.d.UDPChecksum, wire.TunnelEndpointMAC)
+	case g.d.SrcPort != g.inner.FlowKey().Entropy() || g.d.HopLimit != wire.OPTEHopLimit:
+		t.Fatalf("S6.1: the frame to the tunnel endpoint is from UDP port %d with hop limit %d; want the hash of the flow after NAT, %d, and %d",
+			g.d.SrcPort, g.d.HopLimit, g.inner.FlowKey().Entropy(), wire.OPTEHopLimit)
 	}
 
 	// The address no longer mapped to the route's gateway: new flows are

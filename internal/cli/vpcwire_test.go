@@ -188,8 +188,9 @@ func (c *capture) waitGeneve(wait time.Duration, match func(*underlayPacket) boo
 }
 
 // checkOverlay checks the Geneve packets the capture on the rack's bridge
-// saw from a's sled to b's, as VPC.md S3 wants them: to port 6081 with UDP
-// checksum 0, Geneve version 0 carrying Ethernet in a's VNI, the inner
+// saw from a's sled to b's, as VPC.md S3 wants them: from the inner flow's
+// hash (OPTE's entropy) as UDP source port to 6081, with UDP checksum 0
+// and hop limit 128, Geneve version 0 carrying Ethernet in a's VNI, the inner
 // frame from a's MAC to b's; TCP segments with exactly the Oxide MSS
 // option (class 0x0129, type 0x02, one 4-byte word), ICMP and UDP with no
 // option. Each of the three must have been seen from a's address to b's.
@@ -211,6 +212,9 @@ func checkOverlay(t *testing.T, c *capture, a, b *acceptGuest) {
 		switch {
 		case p.d.UDPChecksum != 0:
 			t.Errorf("Geneve from %s to %s with UDP checksum %#04x, want 0", src, dst, p.d.UDPChecksum)
+		case p.d.SrcPort != p.inner.FlowKey().Entropy() || p.d.HopLimit != wire.OPTEHopLimit:
+			t.Errorf("Geneve from %s to %s from UDP port %d with hop limit %d, want the inner flow's hash %d and %d",
+				src, dst, p.d.SrcPort, p.d.HopLimit, p.inner.FlowKey().Entropy(), wire.OPTEHopLimit)
 		case g[0]>>6 != 0:
 			t.Errorf("Geneve version %d, want 0", g[0]>>6)
 		case p.d.Geneve.Protocol != wire.GeneveProtoEthernet:

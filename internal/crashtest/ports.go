@@ -100,7 +100,8 @@ func (r *run) portMismatch(ctx context.Context) string {
 // socketMismatch says what is wrong with the data path's processes and
 // sockets, given how many ports it holds: "" when one process holds a
 // port's packet sockets (netio.PacketSocketsPerPort: one reads, one
-// writes) per port and one Geneve (UDP over IPv6) socket.
+// writes) per port and the Geneve sockets: one UDP over IPv6 that
+// receives, one raw that sends.
 func (r *run) socketMismatch(ports int) string {
 	procs, err := r.dataPathProcesses()
 	if err != nil {
@@ -110,8 +111,8 @@ func (r *run) socketMismatch(ports int) string {
 		return fmt.Sprintf("data path: %d processes %v, want one", len(procs), procs)
 	}
 	n := sockets(procs[0])
-	if n["PACKET"] != netio.PacketSocketsPerPort*ports || n["UDPv6"] != 1 {
-		return fmt.Sprintf("data path: its sockets %v, want %d PACKET sockets for each of its %d ports and one UDPv6 (Geneve)", n, netio.PacketSocketsPerPort, ports)
+	if n["PACKET"] != netio.PacketSocketsPerPort*ports || n["UDPv6"] != 1 || n["RAWv6"] != 1 {
+		return fmt.Sprintf("data path: its sockets %v, want %d PACKET sockets for each of its %d ports, one UDPv6 and one RAWv6 (Geneve in and out)", n, netio.PacketSocketsPerPort, ports)
 	}
 	return ""
 }

@@ -244,7 +244,7 @@ func (s *Switch) ingressLoop(ctx context.Context) {
 			s.dropped.Add(1)
 			continue
 		}
-		if err := s.underlay.WriteTo(out[:m], t.InternalIP); err != nil {
+		if err := s.underlay.WriteTo(out[:m], t.InternalIP, e.SrcPort); err != nil {
 			s.dropped.Add(1)
 			s.opts.Log.Debug("boundary: sending to the sled", "sled", t.InternalIP, "err", err)
 			continue

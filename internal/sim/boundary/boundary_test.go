@@ -147,7 +147,7 @@ func TestSwitchCarriesASNATFlowBothWays(t *testing.T) {
 	for {
 		// The first may wait on neighbour discovery: sent again until
 		// it arrives.
-		if err := sled.WriteTo(pkt[:n], tep); err != nil {
+		if err := sled.WriteTo(pkt[:n], tep, e.SrcPort); err != nil {
 			t.Fatal(err)
 		}
 		echo.SetReadDeadline(time.Now().Add(500 * time.Millisecond))

@@ -39,8 +39,8 @@
 //     either way: what the guest sends from one is external as it is,
 //     and the gateway lets every attached subnet through both ways.
 //   - overlay: v2p for VPC targets, Geneve as OPTE encapsulates it
-//     (wire.InternalEncap, less the outer source port a UDP socket sets: no
-//     flow hash per packet), delivery to a port of this sled without leaving
+//     (wire.InternalEncap; the flow's hash, the outer UDP source port, is
+//     Result.SrcPort), delivery to a port of this sled without leaving
 //     it; internet gateway targets to the boundary tunnel endpoint v2b
 //     gives, by the flow's hash after NAT (wire.BoundaryEncap), only from
 //     an external address; inbound demultiplexing by (VNI, MAC) and the

@@ -151,6 +151,9 @@ func TestAcrossSleds(t *testing.T) {
 		if f.Dst != macB || f.Src != macA {
 			t.Errorf("%s: inner MACs %s → %s, want A's → B's", c.name, f.Src, f.Dst)
 		}
+		if want := f.FlowKey().Entropy(); out.SrcPort != want || want == 0 {
+			t.Errorf("%s: outer source port %d, want the flow's hash %d", c.name, out.SrcPort, want)
+		}
 		if in.Verdict != ToPort || in.Port != pb {
 			t.Fatalf("%s: B's sled: %+v (%s), want it to B", c.name, in, in.Reason)
 		}

@@ -112,6 +112,10 @@ func boundary(t *testing.T, r Result, tep netip.Addr) (wire.Frame, []byte) {
 	if f.Dst != wire.TunnelEndpointMAC || f.Src != macA {
 		t.Errorf("inner MACs %s → %s, want the guest's → %s", f.Src, f.Dst, wire.TunnelEndpointMAC)
 	}
+	// The outer source port is the hash of the flow after NAT.
+	if want := f.FlowKey().Entropy(); r.SrcPort != want {
+		t.Errorf("outer source port %d, want the flow's hash %d", r.SrcPort, want)
+	}
 	if f.L3 == wire.L3IPv4 && !f.IPv4HeaderChecksumValid(inner) || !f.L4ChecksumValid(inner) {
 		t.Errorf("checksums wrong after NAT: %+v", f)
 	}

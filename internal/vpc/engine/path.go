@@ -16,7 +16,8 @@ const (
 	Drop Verdict = iota
 	// ToPort: Result.Data, a frame, out of Result.Port's link, to its guest.
 	ToPort
-	// ToUnderlay: Result.Data, a Geneve payload, to [Result.Dst]:6081.
+	// ToUnderlay: Result.Data, a Geneve payload, to [Result.Dst]:6081
+	// from the outer UDP source port Result.SrcPort.
 	ToUnderlay
 )
 
@@ -26,6 +27,10 @@ type Result struct {
 	Reason  Reason
 	Port    *Port
 	Dst     netip.Addr
+	// SrcPort is ToUnderlay's outer UDP source port: the flow's hash
+	// (OPTE's entropy), which spreads the sled's flows over the
+	// underlay's paths.
+	SrcPort uint16
 	// Data is a slice of the caller's buffer.
 	Data []byte
 }
@@ -119,9 +124,7 @@ func (e *Engine) Outbound(p *Port, buf []byte, n int) Result {
 		f.Dst = phys.MAC
 		return e.deliver(dst, frame, &f, rules.Tag(p.cfg.VNI))
 	}
-	// What the engine gives out is sent from the sled's Geneve socket,
-	// whose port is the source: no flow hash to put there.
-	return p.encap(buf, frame, wire.InternalGeneve(p.cfg.VNI, e.cfg.Underlay, phys.Sled, key.Proto), phys.Sled)
+	return p.encap(buf, frame, wire.InternalEncap(p.cfg.VNI, e.cfg.Underlay, phys.Sled, key), phys.Sled)
 }
 
 // toBoundary sends what the router gives an internet gateway to the
@@ -139,7 +142,7 @@ func (e *Engine) toBoundary(p *Port, buf, frame []byte, f *wire.Frame, fromExter
 		return p.drop(ReasonNoV2B)
 	}
 	copy(frame[0:6], wire.TunnelEndpointMAC[:])
-	return p.encap(buf, frame, wire.BoundaryGeneve(tep.VNI, e.cfg.Underlay, tep.Addr), tep.Addr)
+	return p.encap(buf, frame, wire.BoundaryEncap(tep.VNI, e.cfg.Underlay, tep.Addr, key), tep.Addr)
 }
 
 // encap writes enc's Geneve header in the headroom before frame.
@@ -153,7 +156,7 @@ func (p *Port) encap(buf, frame []byte, enc wire.Encap, dst netip.Addr) Result {
 	if err != nil {
 		return p.drop(ReasonTooBig)
 	}
-	return Result{Verdict: ToUnderlay, Port: p, Dst: dst, Data: out[:m]}
+	return Result{Verdict: ToUnderlay, Port: p, Dst: dst, SrcPort: enc.SrcPort, Data: out[:m]}
 }
 
 // firewall decides fl of key: a flow it allowed before passes, both ways;

@@ -122,21 +122,26 @@ func (u *Underlay) ReadBatch(r *Reads) error {
 // (sendmmsg(2)). A Writes is one goroutine's; it holds the slices added
 // until Reset.
 type Writes struct {
-	first    []byte     // the first added, and its destination: one alone
-	firstDst netip.Addr // goes by send(2) or sendto(2), cheaper than sendmmsg
-	hdrs     []unix.Mmsghdr
-	iovs     []unix.Iovec
-	names    []unix.RawSockaddrInet6
-	n        int // added
-	sent     int // sent or given up on
-	drop     bool
-	err      error
-	fn       func(fd uintptr) bool
+	// The first added, its destination and source port: one alone goes
+	// by send(2) or sendmsg(2), cheaper than sendmmsg.
+	first     []byte
+	firstDst  netip.Addr
+	firstPort uint16
+	hdrs      []unix.Mmsghdr
+	iovs      []unix.Iovec // two per message: a datagram's headers, then what it carries
+	names     []unix.RawSockaddrInet6
+	heads     [][sendHeadersLen]byte
+	n         int // added
+	sent      int // sent or given up on
+	drop      bool
+	err       error
+	fn        func(fd uintptr) bool
 }
 
 // NewWrites makes a batch of up to count.
 func NewWrites(count int) *Writes {
-	w := &Writes{hdrs: make([]unix.Mmsghdr, count), iovs: make([]unix.Iovec, count), names: make([]unix.RawSockaddrInet6, count)}
+	w := &Writes{hdrs: make([]unix.Mmsghdr, count), iovs: make([]unix.Iovec, 2*count), names: make([]unix.RawSockaddrInet6, count),
+		heads: make([][sendHeadersLen]byte, count)}
 	w.fn = w.send
 	return w
 }
@@ -150,33 +155,60 @@ func (w *Writes) Full() bool { return w.n == len(w.hdrs) }
 // Reset empties the batch.
 func (w *Writes) Reset() {
 	for i := range w.n {
-		w.iovs[i] = unix.Iovec{}
+		w.iovs[2*i], w.iovs[2*i+1] = unix.Iovec{}, unix.Iovec{}
 		w.hdrs[i] = unix.Mmsghdr{}
 	}
 	w.n, w.sent, w.err = 0, 0, nil
-	w.first, w.firstDst = nil, netip.Addr{}
+	w.first, w.firstDst, w.firstPort = nil, netip.Addr{}, 0
 }
 
-// Add adds b, to go to dst (a datagram to the sled or switch at dst, port
-// 6081; for a port's frames, dst is not used). The batch must not be full.
-func (w *Writes) Add(b []byte, dst netip.Addr) {
+// Add adds a frame for a port's link. The batch must not be full.
+func (w *Writes) Add(frame []byte) {
 	i := w.n
 	w.n++
 	if i == 0 {
-		w.first, w.firstDst = b, dst
+		w.first = frame
 	}
-	if len(b) > 0 {
-		w.iovs[i].Base = &b[0]
+	iov := &w.iovs[2*i]
+	if len(frame) > 0 {
+		iov.Base = &frame[0]
 	}
-	w.iovs[i].SetLen(len(b))
+	iov.SetLen(len(frame))
 	h := &w.hdrs[i].Hdr
-	h.Iov = &w.iovs[i]
+	h.Iov = iov
 	h.SetIovlen(1)
-	if dst.IsValid() {
-		w.names[i] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Port: htons(GenevePort), Addr: dst.As16()}
-		h.Name = (*byte)(unsafe.Pointer(&w.names[i]))
-		h.Namelen = unix.SizeofSockaddrInet6
+}
+
+// AddDatagram adds a datagram of payload b (a Geneve header and what it
+// carries) for u's underlay, from port srcPort to the sled or switch at
+// dst, port 6081. The batch must not be full. A datagram whose headers
+// cannot be written (a payload longer than a datagram holds, an address
+// not IPv6) is not added.
+func (w *Writes) AddDatagram(u *Underlay, b []byte, dst netip.Addr, srcPort uint16) error {
+	if !dst.Is6() || dst.Is4In6() {
+		return fmt.Errorf("netio: a Geneve datagram to %s: want IPv6", dst)
 	}
+	i := w.n
+	if err := u.out.putHeaders(&w.heads[i], srcPort, len(b)); err != nil {
+		return err
+	}
+	w.Add(b)
+	if i == 0 {
+		w.firstDst, w.firstPort = dst, srcPort
+	}
+	w.iovs[2*i+1] = w.iovs[2*i]
+	w.iovs[2*i] = unix.Iovec{Base: &w.heads[i][0]}
+	w.iovs[2*i].SetLen(sendHeadersLen)
+	h := &w.hdrs[i].Hdr
+	h.SetIovlen(2)
+	// A raw socket's destination port is 0: the ports are in the header.
+	w.names[i] = unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: dst.As16()}
+	h.Name = (*byte)(unsafe.Pointer(&w.names[i]))
+	h.Namelen = unix.SizeofSockaddrInet6
+	// The kernel only reads the source it gives: one for every message.
+	h.Control = &u.out.pktinfo[0]
+	h.SetControllen(len(u.out.pktinfo))
+	return nil
 }
 
 // send is sendmmsg(2) of what is left. A message the kernel refuses is
@@ -227,9 +259,9 @@ func (u *Underlay) WriteBatch(w *Writes) error {
 	case 0:
 		return nil
 	case 1:
-		return u.WriteTo(w.first, w.firstDst)
+		return u.WriteTo(w.first, w.firstDst, w.firstPort)
 	}
-	if err := w.write(u.rc, false); err != nil {
+	if err := w.write(u.out.rc, false); err != nil {
 		return fmt.Errorf("netio: writing to the underlay: %w", err)
 	}
 	return nil

@@ -47,7 +47,7 @@ func TestUnderlayBatches(t *testing.T) {
 	defer ub.Close()
 	b := netip.MustParseAddr("fd00:1122:3344:1fc::2")
 	// Neighbour discovery first, so that none waits on it.
-	if err := ua.WriteTo([]byte("hello"), b); err != nil {
+	if err := ua.WriteTo([]byte("hello"), b, 40000); err != nil {
 		t.Fatal(err)
 	}
 	ub.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -59,14 +59,16 @@ func TestUnderlayBatches(t *testing.T) {
 	ws := NewWrites(8)
 	var want [][]byte
 	for i := range 6 {
-		d := bytes.Repeat([]byte{byte('a' + i)}, 100+i*300)
+		d := bytes.Repeat([]byte{byte('a' + i)}, 100+i*250) // within the link's MTU, 1500
 		dst := b
 		if i == 2 {
 			dst = netip.MustParseAddr("fd00:dead::1") // no route there
 		} else {
 			want = append(want, d)
 		}
-		ws.Add(d, dst)
+		if err := ws.AddDatagram(ua, d, dst, uint16(40000+i)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if ws.Len() != 6 || ws.Full() {
 		t.Fatalf("len %d full %v", ws.Len(), ws.Full())
@@ -88,13 +90,23 @@ func TestUnderlayBatches(t *testing.T) {
 			t.Errorf("datagram %d: %d bytes of %q, want %d of %q", i, len(got[i]), got[i][:1], len(want[i]), want[i][:1])
 		}
 	}
-	// One alone goes too.
-	ws.Add([]byte("alone"), b)
+	// One alone goes too; one too long for a datagram is not taken.
+	if err := ws.AddDatagram(ua, make([]byte, 1<<16), b, 40000); !errors.Is(err, unix.EMSGSIZE) || ws.Len() != 0 {
+		t.Errorf("a 64 KiB payload: %v, %d in the batch; want EMSGSIZE and none", err, ws.Len())
+	}
+	if err := ws.AddDatagram(ua, []byte("alone"), b, 40000); err != nil {
+		t.Fatal(err)
+	}
 	if err := ua.WriteBatch(ws); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := readAll(t, ub.ReadBatch, rs, 1); string(got[0]) != "alone" {
 		t.Errorf("read %q", got[0])
+	}
+	// A datagram longer than the link's MTU is refused, not fragmented:
+	// OPTE does not fragment what it encapsulates either.
+	if err := ua.WriteTo(make([]byte, 1500), b, 40000); !errors.Is(err, unix.EMSGSIZE) {
+		t.Errorf("a datagram over the link's MTU: %v, want EMSGSIZE", err)
 	}
 }
 
@@ -121,7 +133,7 @@ func TestPortBatches(t *testing.T) {
 	var want [][]byte
 	for i := range 8 {
 		want = append(want, frame(i, 60+i*100))
-		ws.Add(want[i], netip.Addr{})
+		ws.Add(want[i])
 	}
 	if !ws.Full() {
 		t.Error("8 of 8 is not full")
@@ -155,7 +167,7 @@ func TestPortBatches(t *testing.T) {
 		}
 	}
 	// Cut: a 1000-byte frame into 100-byte buffers.
-	ws.Add(frame(9, 1000), netip.Addr{})
+	ws.Add(frame(9, 1000))
 	if err := pa.WriteBatch(ws); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +223,7 @@ func TestReadsBatchOnlyWhenFramesWait(t *testing.T) {
 	// Frames waiting: the read finds one, and the next reads a batch.
 	ws := NewWrites(4)
 	for range 4 {
-		ws.Add(f, netip.Addr{})
+		ws.Add(f)
 	}
 	if err := pa.WriteBatch(ws); err != nil {
 		t.Fatal(err)

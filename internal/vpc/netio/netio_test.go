@@ -52,8 +52,9 @@ func run(t testing.TB, name string, args ...string) {
 }
 
 // Geneve between two sleds' underlay sockets: a datagram sent from one
-// arrives at the other, and on the wire its UDP checksum is zero, as OPTE
-// and the switch send them; the receiving socket takes such datagrams.
+// arrives at the other, and on the wire it is as OPTE sends it: from the
+// source port it was given (the flow's hash), to 6081, with UDP checksum
+// zero and hop limit 128; the receiving socket takes such datagrams.
 func TestUnderlayZeroChecksum(t *testing.T) {
 	nsA, nsB, tag := testNets(t)
 	ua, err := ListenUnderlay(nsA, netip.MustParseAddr("fd00:1122:3344:1fc::1"))
@@ -73,17 +74,17 @@ func TestUnderlayZeroChecksum(t *testing.T) {
 	defer wire.Close()
 
 	payload := []byte("geneve header and an inner frame")
-	if err := ua.WriteTo(payload, netip.MustParseAddr("fd00:1122:3344:1fc::2")); err != nil {
+	if err := ua.WriteTo(payload, netip.MustParseAddr("fd00:1122:3344:1fc::2"), 0xbeef); err != nil {
 		t.Fatal(err)
 	}
 	ub.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 2048)
 	n, from, err := ub.ReadFrom(buf)
-	if err != nil || !bytes.Equal(buf[:n], payload) || from != netip.MustParseAddrPort("[fd00:1122:3344:1fc::1]:6081") {
+	if err != nil || !bytes.Equal(buf[:n], payload) || from != netip.MustParseAddrPort("[fd00:1122:3344:1fc::1]:48879") {
 		t.Fatalf("received %q from %s (%v)", buf[:n], from, err)
 	}
-	// The frame as it crossed the link: Ethernet, IPv6 (next header UDP),
-	// UDP 6081 → 6081 with checksum 0.
+	// The frame as it crossed the link: Ethernet, IPv6 (next header UDP,
+	// hop limit 128), UDP 0xbeef → 6081 with checksum 0.
 	wire.SetReadDeadline(time.Now().Add(5 * time.Second))
 	for {
 		n, err := wire.Read(buf)
@@ -95,8 +96,11 @@ func TestUnderlayZeroChecksum(t *testing.T) {
 			continue // neighbour discovery and the like
 		}
 		udp := f[54:]
-		if sp, dp, sum := binary.BigEndian.Uint16(udp), binary.BigEndian.Uint16(udp[2:]), binary.BigEndian.Uint16(udp[6:]); sp != 6081 || dp != 6081 || sum != 0 {
-			t.Errorf("UDP on the wire: %d → %d, checksum %#04x; want 6081 → 6081, 0", sp, dp, sum)
+		if sp, dp, sum := binary.BigEndian.Uint16(udp), binary.BigEndian.Uint16(udp[2:]), binary.BigEndian.Uint16(udp[6:]); sp != 0xbeef || dp != 6081 || sum != 0 {
+			t.Errorf("UDP on the wire: %d → %d, checksum %#04x; want 48879 → 6081, 0", sp, dp, sum)
+		}
+		if hops, l := f[21], binary.BigEndian.Uint16(udp[4:]); hops != 128 || int(l) != 8+len(payload) {
+			t.Errorf("hop limit %d, UDP length %d; want 128, %d", hops, l, 8+len(payload))
 		}
 		break
 	}
@@ -306,7 +310,7 @@ func BenchmarkPortFrame1500(b *testing.B) {
 	}, 1500)
 }
 
-func BenchmarkUnderlayDatagram1550(b *testing.B) {
+func BenchmarkUnderlayDatagram1400(b *testing.B) {
 	benchPair(b, func(nsA, nsB, tag string) (send func([]byte) error, recv func([]byte) (int, error), closeAll func()) {
 		ua, err := ListenUnderlay(nsA, netip.MustParseAddr("fd00:1122:3344:1fc::1"))
 		if err != nil {
@@ -317,10 +321,10 @@ func BenchmarkUnderlayDatagram1550(b *testing.B) {
 			b.Fatal(err)
 		}
 		dst := netip.MustParseAddr("fd00:1122:3344:1fc::2")
-		return func(p []byte) error { return ua.WriteTo(p, dst) },
+		return func(p []byte) error { return ua.WriteTo(p, dst, 40000) },
 			func(p []byte) (int, error) { n, _, err := ub.ReadFrom(p); return n, err },
 			func() { ua.Close(); ub.Close() }
-	}, 1550)
+	}, 1400)
 }
 
 // benchPair sends b.N messages of size bytes one way, each once the last
@@ -367,4 +371,27 @@ func benchPair(b *testing.B, open func(nsA, nsB, tag string) (func([]byte) error
 		}
 	}
 	b.ReportMetric(float64(lost), "lost")
+}
+
+// Sending a datagram to the underlay allocates nothing.
+func TestUnderlayWriteAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops what is put back at random")
+	}
+	nsA, _, _ := testNets(t)
+	ua, err := ListenUnderlay(nsA, netip.MustParseAddr("fd00:1122:3344:1fc::1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ua.Close()
+	payload := bytes.Repeat([]byte{7}, 1400)
+	dst := netip.MustParseAddr("fd00:1122:3344:1fc::2")
+	allocs := testing.AllocsPerRun(200, func() {
+		if err := ua.WriteTo(payload, dst, 40000); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocations per datagram sent", allocs)
+	}
 }

@@ -1,6 +1,7 @@
 package netio
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,14 +17,15 @@ import (
 // boundary services send and receive.
 const GenevePort = 6081
 
-// Underlay is the sled's Geneve socket: UDP on [underlay]:6081. It sends
-// with a zero UDP checksum and accepts datagrams with one (RFC 6935/6936,
-// as OPTE and the switch send; Linux drops them on an IPv6 socket unless
-// told). It sends from port 6081: the sled's flows then differ for ECMP by
-// address only (OPTE puts a flow hash in the source port).
+// Underlay is the sled's Geneve sockets: it receives on UDP
+// [underlay]:6081, accepting datagrams with a zero UDP checksum (RFC
+// 6935/6936, as OPTE and the switch send; Linux drops them on an IPv6
+// socket unless told), and sends as OPTE does, from the flow's hash as
+// source port with checksum 0 and hop limit 128 (udpSender).
 type Underlay struct {
-	c  *net.UDPConn
-	rc syscall.RawConn // the socket's, for batches
+	c   *net.UDPConn
+	rc  syscall.RawConn // the socket's, for batches
+	out *udpSender
 }
 
 // ListenUnderlay opens the sled's Geneve socket on addr, in the network
@@ -33,6 +35,7 @@ func ListenUnderlay(nsPath string, addr netip.Addr) (*Underlay, error) {
 		return nil, fmt.Errorf("netio: underlay address %s: want IPv6", addr)
 	}
 	var c *net.UDPConn
+	var out *udpSender
 	listen := func() error {
 		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 			var serr error
@@ -56,6 +59,10 @@ func ListenUnderlay(nsPath string, addr netip.Addr) (*Underlay, error) {
 			return fmt.Errorf("netio: underlay socket on %s: %w", addr, err)
 		}
 		c = pc.(*net.UDPConn)
+		if out, err = openUDPSender(addr); err != nil {
+			c.Close()
+			return err
+		}
 		return nil
 	}
 	var err error
@@ -70,9 +77,10 @@ func ListenUnderlay(nsPath string, addr netip.Addr) (*Underlay, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		c.Close()
+		out.Close()
 		return nil, err
 	}
-	return &Underlay{c: c, rc: rc}, nil
+	return &Underlay{c: c, rc: rc, out: out}, nil
 }
 
 // ReadFrom reads one datagram (a Geneve header and what it carries) and
@@ -81,10 +89,10 @@ func (u *Underlay) ReadFrom(b []byte) (int, netip.AddrPort, error) {
 	return u.c.ReadFromUDPAddrPort(b)
 }
 
-// WriteTo sends one datagram to the sled or switch at dst, port 6081.
-func (u *Underlay) WriteTo(b []byte, dst netip.Addr) error {
-	_, err := u.c.WriteToUDPAddrPort(b, netip.AddrPortFrom(dst, GenevePort))
-	return err
+// WriteTo sends one datagram, of payload b, from port srcPort to the sled
+// or switch at dst, port 6081.
+func (u *Underlay) WriteTo(b []byte, dst netip.Addr, srcPort uint16) error {
+	return u.out.writeTo(b, dst, srcPort)
 }
 
 // LocalAddr is the socket's address.
@@ -93,5 +101,5 @@ func (u *Underlay) LocalAddr() netip.AddrPort { return u.c.LocalAddr().(*net.UDP
 // SetReadDeadline bounds the reads in progress and to come.
 func (u *Underlay) SetReadDeadline(t time.Time) error { return u.c.SetReadDeadline(t) }
 
-// Close closes the socket.
-func (u *Underlay) Close() error { return u.c.Close() }
+// Close closes the sockets.
+func (u *Underlay) Close() error { return errors.Join(u.c.Close(), u.out.Close()) }

@@ -164,7 +164,7 @@ func (d *Daemon) underlayLoop() {
 				}
 				to = a
 			}
-			ws.Add(r.Data, netip.Addr{})
+			ws.Add(r.Data)
 		}
 		if to != nil {
 			to.writeBatch(ws)
@@ -192,7 +192,7 @@ func (d *Daemon) attachedOf(p *engine.Port) *attached {
 func (d *Daemon) dispatch(r engine.Result) {
 	switch r.Verdict {
 	case engine.ToUnderlay:
-		if err := d.ul.WriteTo(r.Data, r.Dst); err != nil {
+		if err := d.ul.WriteTo(r.Data, r.Dst, r.SrcPort); err != nil {
 			d.opts.Log.Debug("vpcd: sending to the underlay", "dst", r.Dst, "err", err)
 		}
 	case engine.ToPort:

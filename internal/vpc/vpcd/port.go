@@ -350,7 +350,9 @@ func (a *attached) read(ctx context.Context, p *netio.Port) (int, error) {
 			frames++
 			r := a.d.eng.Outbound(a.port, rs.Buf(i), n)
 			if r.Verdict == engine.ToUnderlay {
-				ws.Add(r.Data, r.Dst)
+				if err := ws.AddDatagram(a.d.ul, r.Data, r.Dst, r.SrcPort); err != nil {
+					a.d.opts.Log.Debug("vpcd: sending to the underlay", "dst", r.Dst, "err", err)
+				}
 				continue
 			}
 			a.d.dispatch(r)

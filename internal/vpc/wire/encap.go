@@ -48,32 +48,15 @@ type Encap struct {
 // port's VPC, the entropy of the (post-NAT) inner flow as source port, hop
 // limit 128, checksum 0, and the MSS option on TCP only.
 func InternalEncap(vni uint32, src, dst netip.Addr, key FlowKey) Encap {
-	e := InternalGeneve(vni, src, dst, key.Proto)
-	e.SrcPort = key.Entropy()
-	return e
-}
-
-// InternalGeneve is InternalEncap for what goes out of a UDP socket, the
-// Geneve header and what follows (EncapGeneve): the socket's port is the
-// source, so the flow's hash, which only the outer UDP header would carry,
-// is not computed. proto is the inner flow's.
-func InternalGeneve(vni uint32, src, dst netip.Addr, proto uint8) Encap {
-	return Encap{VNI: vni, Src: src, Dst: dst, HopLimit: OPTEHopLimit, MSS: proto == ProtoTCP}
+	return Encap{VNI: vni, Src: src, Dst: dst, HopLimit: OPTEHopLimit,
+		SrcPort: key.Entropy(), MSS: key.Proto == ProtoTCP}
 }
 
 // BoundaryEncap is OPTE's encapsulation towards boundary services (an
 // internet gateway target): the tunnel endpoint's VNI (99), no options.
 // The caller sets the inner destination MAC to TunnelEndpointMAC.
 func BoundaryEncap(vni uint32, src, tep netip.Addr, key FlowKey) Encap {
-	e := BoundaryGeneve(vni, src, tep)
-	e.SrcPort = key.Entropy()
-	return e
-}
-
-// BoundaryGeneve is BoundaryEncap for what goes out of a UDP socket (see
-// InternalGeneve): no flow hash.
-func BoundaryGeneve(vni uint32, src, tep netip.Addr) Encap {
-	return Encap{VNI: vni, Src: src, Dst: tep, HopLimit: OPTEHopLimit}
+	return Encap{VNI: vni, Src: src, Dst: tep, HopLimit: OPTEHopLimit, SrcPort: key.Entropy()}
 }
 
 // SwitchEncap is what the switch's NAT ingress builds towards a sled

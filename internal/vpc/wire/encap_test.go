@@ -306,36 +306,3 @@ func FuzzDecapFrame(f *testing.F) {
 		}
 	})
 }
-
-// The Geneve forms are the encapsulations less the outer source port: what
-// EncapGeneve writes for a UDP socket is the same bytes.
-func TestGeneveFormsWriteTheSameGeneve(t *testing.T) {
-	inner := make([]byte, 80)
-	for _, k := range []FlowKey{
-		{Proto: ProtoTCP, Src: netip.MustParseAddr("172.30.0.5"), Dst: netip.MustParseAddr("172.30.0.6"), SrcPort: 40000, DstPort: 22},
-		{Proto: ProtoUDP, Src: netip.MustParseAddr("fd00::5"), Dst: netip.MustParseAddr("fd00::6"), SrcPort: 53, DstPort: 5353},
-	} {
-		for _, c := range []struct {
-			name       string
-			full, sock Encap
-		}{
-			{"internal", InternalEncap(7777, sled1, sled2, k), InternalGeneve(7777, sled1, sled2, k.Proto)},
-			{"boundary", BoundaryEncap(99, sled1, sled2, k), BoundaryGeneve(99, sled1, sled2)},
-		} {
-			if c.full.SrcPort != k.Entropy() || c.sock.SrcPort != 0 {
-				t.Errorf("%s %v: source ports %d and %d, want %d and 0", c.name, k, c.full.SrcPort, c.sock.SrcPort, k.Entropy())
-			}
-			want := c.full
-			want.SrcPort = 0
-			if c.sock != want {
-				t.Errorf("%s %v: %+v, want %+v", c.name, k, c.sock, want)
-			}
-			a, b := make([]byte, 256), make([]byte, 256)
-			na, errA := c.full.EncapGeneve(a, inner)
-			nb, errB := c.sock.EncapGeneve(b, inner)
-			if errA != nil || errB != nil || !bytes.Equal(a[:na], b[:nb]) {
-				t.Errorf("%s %v: Geneve %x (%v), want %x (%v)", c.name, k, b[:nb], errB, a[:na], errA)
-			}
-		}
-	}
-}
