@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 )
 
@@ -15,9 +16,14 @@ func TestDevRackStopsALeftoverAgent(t *testing.T) {
 	dir := t.TempDir()
 	// A process whose command line is an agent's of data dir dir-b (and
 	// one of another data dir): sh runs the script "run", its first
-	// argument.
+	// argument. It waits without forking (a child, between its fork and
+	// its exec, would have the same command line): opening a FIFO no one
+	// writes to.
 	script := filepath.Join(dir, "run")
-	if err := os.WriteFile(script, []byte("while :; do sleep 1; done\n"), 0o700); err != nil {
+	if err := os.WriteFile(script, []byte("read x < fifo\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	start := func(dataDir string) *exec.Cmd {
