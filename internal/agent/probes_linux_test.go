@@ -79,16 +79,7 @@ func probeIsAZoneWithAPort(t *testing.T, runtime string) {
 	vpctest.ConfigureGuest(t, g.netns, g.ip)
 	probeNetns, _ := probes.Namespaces{Prefix: prefix, Tag: tag}.Where(id)
 	server := vpctest.ListenUDP(t, probeNetns, "172.30.0.9:5000")
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := server.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			server.WriteToUDPAddrPort(append([]byte("probe: "), buf[:n]...), from)
-		}
-	}()
+	vpctest.Echo(server, "probe: ")
 	client := vpctest.ListenUDP(t, g.netns, "172.30.0.5:40000")
 	waitFor(t, "the probe's answer to the guest", func() (bool, string) {
 		client.WriteToUDPAddrPort([]byte("hello"), netip.MustParseAddrPort("172.30.0.9:5000"))

@@ -3,7 +3,6 @@ package agent_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os/exec"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/sled-agent/sled-agent/internal/agent"
 	"github.com/sled-agent/sled-agent/internal/runtime/linux/supervise"
-	"github.com/sled-agent/sled-agent/internal/runtime/linux/zonenet"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpctest"
 )
 
@@ -62,16 +60,7 @@ func TestLinuxVPCAttachedSubnet(t *testing.T) {
 		}
 	}
 	server := vpctest.ListenUDP(t, guests[0].netns, "10.1.0.7:5000")
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := server.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			server.WriteToUDPAddrPort(append([]byte("echo: "), buf[:n]...), from)
-		}
-	}()
+	vpctest.Echo(server, "echo: ")
 	client := vpctest.ListenUDP(t, guests[1].netns, "172.30.0.6:40000")
 	portA := "instance-" + guests[0].nic
 	dropped := func(why string) uint64 {
@@ -118,15 +107,7 @@ func TestLinuxVPCAttachedSubnet(t *testing.T) {
 
 	// From outside the subnet: spoofed.
 	before = dropped("spoofed")
-	var out *net.UDPConn
-	var err error
-	if err := zonenet.RunInPath(guests[0].netns, func() error {
-		out, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("10.2.0.7:5001")))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
+	out := vpctest.ListenUDP(t, guests[0].netns, "10.2.0.7:5001")
 	waitFor(t, "A's datagram from 10.2.0.7 dropped as spoofed", func() (bool, string) {
 		out.WriteToUDPAddrPort([]byte("spoof"), netip.MustParseAddrPort("172.30.0.6:40000"))
 		n := dropped("spoofed")

@@ -144,16 +144,7 @@ func TestLinuxVPCDataPathCarriesGuestsTraffic(t *testing.T) {
 
 	server := vpctest.ListenUDP(t, guests[1].netns, "172.30.0.6:5000")
 	client := vpctest.ListenUDP(t, guests[0].netns, "172.30.0.5:40000")
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := server.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			server.WriteToUDPAddrPort(append([]byte("echo: "), buf[:n]...), from)
-		}
-	}()
+	vpctest.Echo(server, "echo: ")
 	echo := func(what string) {
 		t.Helper()
 		buf := make([]byte, 2048)

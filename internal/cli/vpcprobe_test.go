@@ -251,13 +251,7 @@ type udpProbe struct {
 // the namespace at ns.
 func newUDPProbe(t *testing.T, ns, from, dst string) *udpProbe {
 	t.Helper()
-	p := &udpProbe{dst: netip.MustParseAddrPort(dst)}
-	inNS(t, ns, func() (err error) {
-		p.c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(from)))
-		return err
-	})
-	t.Cleanup(func() { p.c.Close() })
-	return p
+	return &udpProbe{c: vpctest.ListenUDP(t, ns, from), dst: netip.MustParseAddrPort(dst)}
 }
 
 func (p *udpProbe) send() { p.c.WriteToUDPAddrPort([]byte("probe"), p.dst) }
@@ -285,24 +279,11 @@ type udpEcho struct{ heard atomic.Int64 }
 
 func newUDPEcho(t *testing.T, ns, addr, name string) *udpEcho {
 	t.Helper()
-	var c *net.UDPConn
-	inNS(t, ns, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
-		return err
-	})
-	t.Cleanup(func() { c.Close() })
 	e := &udpEcho{}
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			_, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			e.heard.Add(1)
-			c.WriteToUDPAddrPort([]byte(name+" saw "+from.String()), from)
-		}
-	}()
+	vpctest.Answer(vpctest.ListenUDP(t, ns, addr), func(from netip.AddrPort, _ []byte) []byte {
+		e.heard.Add(1)
+		return []byte(name + " saw " + from.String())
+	})
 	return e
 }
 

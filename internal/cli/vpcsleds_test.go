@@ -232,16 +232,7 @@ func TestTwoSledsCarryAVPC(t *testing.T) {
 	}
 	server := vpctest.ListenUDP(t, guests[bs.mac], bs.ip+":5000")
 	client := vpctest.ListenUDP(t, guests[a.mac], a.ip+":40000")
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := server.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			server.WriteToUDPAddrPort(append([]byte("echo: "), buf[:n]...), from)
-		}
-	}()
+	vpctest.Echo(server, "echo: ")
 	buf := make([]byte, 2048)
 	deadline = time.Now().Add(30 * time.Second)
 	for {

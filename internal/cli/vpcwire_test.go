@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
+	"github.com/sled-agent/sled-agent/internal/vpc/vpctest"
 	"github.com/sled-agent/sled-agent/internal/vpc/wire"
 )
 
@@ -373,11 +374,7 @@ type udpSink struct {
 
 func newUDPSink(t *testing.T, ns, addr string) *udpSink {
 	t.Helper()
-	var c *net.UDPConn
-	inNS(t, ns, func() (err error) {
-		c, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort(addr)))
-		return err
-	})
+	c := vpctest.ListenUDP(t, ns, addr)
 	s := &udpSink{got: map[string]int{}}
 	done := make(chan struct{})
 	go func() {

@@ -107,16 +107,7 @@ func TestGuestReachesTheInternet(t *testing.T) {
 
 	// The internet's echo server says who it saw.
 	echo := vpctest.ListenUDP(t, inetNS, "198.51.100.1:7")
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := echo.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			echo.WriteToUDPAddrPort([]byte(from.String()+" said "+string(buf[:n])), from)
-		}
-	}()
+	vpctest.Answer(echo, func(from netip.AddrPort, got []byte) []byte { return []byte(from.String() + " said " + string(got)) })
 	ask := func(c *net.UDPConn, msg string) (string, netip.AddrPort) {
 		t.Helper()
 		buf := make([]byte, 2048)

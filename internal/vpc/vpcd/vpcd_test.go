@@ -167,16 +167,7 @@ func TestTwoSledsCarryUDP(t *testing.T) {
 	}
 	server := vpctest.ListenUDP(t, gb.ns, "172.30.0.6:5000")
 	client := vpctest.ListenUDP(t, ga.ns, "172.30.0.5:40000")
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := server.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			server.WriteToUDPAddrPort(append([]byte("echo: "), buf[:n]...), from)
-		}
-	}()
+	vpctest.Echo(server, "echo: ")
 	buf := make([]byte, 2048)
 	deadline := time.Now().Add(15 * time.Second)
 	for {

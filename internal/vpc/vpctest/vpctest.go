@@ -67,3 +67,23 @@ func ListenUDP(t testing.TB, path, addr string) *net.UDPConn {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// Answer answers every datagram c receives with what answer makes of it,
+// until c is closed: an echo server inside a guest's namespace.
+func Answer(c *net.UDPConn, answer func(from netip.AddrPort, got []byte) []byte) {
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := c.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			c.WriteToUDPAddrPort(answer(from, buf[:n]), from)
+		}
+	}()
+}
+
+// Echo answers every datagram c receives with prefix and the datagram.
+func Echo(c *net.UDPConn, prefix string) {
+	Answer(c, func(_ netip.AddrPort, got []byte) []byte { return append([]byte(prefix), got...) })
+}
