@@ -35,17 +35,8 @@ func readAll(t *testing.T, read func(*Reads) error, rs *Reads, want int) (got []
 // returned, and the others still go; the batch is empty after.
 func TestUnderlayBatches(t *testing.T) {
 	nsA, nsB, _ := testNets(t)
-	ua, err := ListenUnderlay(nsA, netip.MustParseAddr("fd00:1122:3344:1fc::1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ua.Close()
-	ub, err := ListenUnderlay(nsB, netip.MustParseAddr("fd00:1122:3344:1fc::2"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ub.Close()
-	b := netip.MustParseAddr("fd00:1122:3344:1fc::2")
+	ua, ub := listenUnderlays(t, nsA, nsB)
+	b := underlayB
 	// Neighbour discovery first, so that none waits on it.
 	if err := ua.WriteTo([]byte("hello"), b, 40000); err != nil {
 		t.Fatal(err)
@@ -73,8 +64,7 @@ func TestUnderlayBatches(t *testing.T) {
 	if ws.Len() != 6 || ws.Full() {
 		t.Fatalf("len %d full %v", ws.Len(), ws.Full())
 	}
-	err = ua.WriteBatch(ws)
-	if !errors.Is(err, unix.ENETUNREACH) {
+	if err := ua.WriteBatch(ws); !errors.Is(err, unix.ENETUNREACH) {
 		t.Errorf("the batch with a datagram to nowhere: %v, want ENETUNREACH", err)
 	}
 	if ws.Len() != 0 {
@@ -115,18 +105,9 @@ func TestUnderlayBatches(t *testing.T) {
 // than a buffer is read cut, and says so.
 func TestPortBatches(t *testing.T) {
 	nsA, nsB, tag := testNets(t)
-	pa, err := OpenPort(nsA, tag+"a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pa.Close()
-	pb, err := OpenPort(nsB, tag+"b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pb.Close()
+	pa, pb := openPorts(t, nsA, nsB, tag)
 	frame := func(i, size int) []byte {
-		f := append([]byte{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77, 0xa8, 0x40, 0x25, 0xf0, 0x00, 0x01, 0x88, 0xb5}, bytes.Repeat([]byte{byte(i)}, size-14)...)
+		f := testFrame(bytes.Repeat([]byte{byte(i)}, size-14))
 		return f
 	}
 	ws := NewWrites(8)
@@ -189,16 +170,7 @@ func TestPortBatches(t *testing.T) {
 // frame waiting reads batches next, until a batch holds one.
 func TestReadsBatchOnlyWhenFramesWait(t *testing.T) {
 	nsA, nsB, tag := testNets(t)
-	pa, err := OpenPort(nsA, tag+"a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pa.Close()
-	pb, err := OpenPort(nsB, tag+"b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pb.Close()
+	pa, pb := openPorts(t, nsA, nsB, tag)
 	rs := NewReads(4, 2048, 0)
 	if !rs.single {
 		t.Fatal("a new Reads reads batches")
@@ -207,7 +179,7 @@ func TestReadsBatchOnlyWhenFramesWait(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- pb.ReadBatch(rs) }()
 	time.Sleep(20 * time.Millisecond)
-	f := append([]byte{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77, 0xa8, 0x40, 0x25, 0xf0, 0x00, 0x01, 0x88, 0xb5}, make([]byte, 50)...)
+	f := testFrame(make([]byte, 50))
 	if err := pa.Write(f); err != nil {
 		t.Fatal(err)
 	}

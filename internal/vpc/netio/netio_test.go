@@ -44,6 +44,55 @@ func testNets(t testing.TB) (a, b, tag string) {
 	return "/run/netns/" + tag + "-a", "/run/netns/" + tag + "-b", tag
 }
 
+// openPorts opens a port on each end of testNets' veth pair, closed when
+// the test ends.
+func openPorts(t testing.TB, nsA, nsB, tag string) (pa, pb *Port) {
+	t.Helper()
+	for _, p := range []struct {
+		port     **Port
+		ns, link string
+	}{{&pa, nsA, tag + "a"}, {&pb, nsB, tag + "b"}} {
+		port, err := OpenPort(p.ns, p.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { port.Close() })
+		*p.port = port
+	}
+	return pa, pb
+}
+
+// The underlay addresses of testNets' two ends.
+var (
+	underlayA = netip.MustParseAddr("fd00:1122:3344:1fc::1")
+	underlayB = netip.MustParseAddr("fd00:1122:3344:1fc::2")
+)
+
+// listenUnderlays opens the Geneve sockets of testNets' two ends, closed
+// when the test ends.
+func listenUnderlays(t testing.TB, nsA, nsB string) (ua, ub *Underlay) {
+	t.Helper()
+	for _, u := range []struct {
+		u    **Underlay
+		ns   string
+		addr netip.Addr
+	}{{&ua, nsA, underlayA}, {&ub, nsB, underlayB}} {
+		ul, err := ListenUnderlay(u.ns, u.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ul.Close() })
+		*u.u = ul
+	}
+	return ua, ub
+}
+
+// testFrame is a frame from a guest's MAC to the gateway's, of an
+// EtherType no stack takes (0x88b5), carrying payload.
+func testFrame(payload []byte) []byte {
+	return append([]byte{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77, 0xa8, 0x40, 0x25, 0xf0, 0x00, 0x01, 0x88, 0xb5}, payload...)
+}
+
 func run(t testing.TB, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
@@ -57,16 +106,7 @@ func run(t testing.TB, name string, args ...string) {
 // zero and hop limit 128; the receiving socket takes such datagrams.
 func TestUnderlayZeroChecksum(t *testing.T) {
 	nsA, nsB, tag := testNets(t)
-	ua, err := ListenUnderlay(nsA, netip.MustParseAddr("fd00:1122:3344:1fc::1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ua.Close()
-	ub, err := ListenUnderlay(nsB, netip.MustParseAddr("fd00:1122:3344:1fc::2"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ub.Close()
+	ua, ub := listenUnderlays(t, nsA, nsB)
 	wire, err := OpenPort(nsB, tag+"b")
 	if err != nil {
 		t.Fatal(err)
@@ -74,13 +114,13 @@ func TestUnderlayZeroChecksum(t *testing.T) {
 	defer wire.Close()
 
 	payload := []byte("geneve header and an inner frame")
-	if err := ua.WriteTo(payload, netip.MustParseAddr("fd00:1122:3344:1fc::2"), 0xbeef); err != nil {
+	if err := ua.WriteTo(payload, underlayB, 0xbeef); err != nil {
 		t.Fatal(err)
 	}
 	ub.SetReadDeadline(time.Now().Add(5 * time.Second))
 	buf := make([]byte, 2048)
 	n, from, err := ub.ReadFrom(buf)
-	if err != nil || !bytes.Equal(buf[:n], payload) || from != netip.MustParseAddrPort("[fd00:1122:3344:1fc::1]:48879") {
+	if err != nil || !bytes.Equal(buf[:n], payload) || from != netip.AddrPortFrom(underlayA, 0xbeef) {
 		t.Fatalf("received %q from %s (%v)", buf[:n], from, err)
 	}
 	// The frame as it crossed the link: Ethernet, IPv6 (next header UDP,
@@ -110,19 +150,10 @@ func TestUnderlayZeroChecksum(t *testing.T) {
 // does not read its own writes; a deadline ends a read, and so does Close.
 func TestPortReadsAndWritesFrames(t *testing.T) {
 	nsA, nsB, tag := testNets(t)
-	pa, err := OpenPort(nsA, tag+"a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pa.Close()
-	pb, err := OpenPort(nsB, tag+"b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pb.Close()
+	pa, pb := openPorts(t, nsA, nsB, tag)
 	// A frame to a MAC that is neither end's, of an EtherType no stack
 	// takes: a port reads every frame its link receives.
-	frame := append([]byte{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77, 0xa8, 0x40, 0x25, 0xf0, 0x00, 0x01, 0x88, 0xb5}, []byte("a guest's frame")...)
+	frame := testFrame([]byte("a guest's frame"))
 	frame = append(frame, make([]byte, 60-len(frame))...)
 	if err := pa.Write(frame); err != nil {
 		t.Fatal(err)
@@ -216,17 +247,8 @@ func packetSockets(t *testing.T) int {
 // A short buffer gets the frame's start and ErrTruncated.
 func TestPortTruncates(t *testing.T) {
 	nsA, nsB, tag := testNets(t)
-	pa, err := OpenPort(nsA, tag+"a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pa.Close()
-	pb, err := OpenPort(nsB, tag+"b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pb.Close()
-	frame := append([]byte{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77, 0xa8, 0x40, 0x25, 0xf0, 0x00, 0x01, 0x88, 0xb5}, bytes.Repeat([]byte{7}, 200)...)
+	pa, pb := openPorts(t, nsA, nsB, tag)
+	frame := testFrame(bytes.Repeat([]byte{7}, 200))
 	if err := pa.Write(frame); err != nil {
 		t.Fatal(err)
 	}
@@ -253,17 +275,8 @@ func TestPortFrameAllocatesNothing(t *testing.T) {
 		t.Skip("the race detector's sync.Pool drops what is put back at random")
 	}
 	nsA, nsB, tag := testNets(t)
-	pa, err := OpenPort(nsA, tag+"a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pa.Close()
-	pb, err := OpenPort(nsB, tag+"b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pb.Close()
-	frame := append([]byte{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77, 0xa8, 0x40, 0x25, 0xf0, 0x00, 0x01, 0x88, 0xb5}, bytes.Repeat([]byte{7}, 1486)...)
+	pa, pb := openPorts(t, nsA, nsB, tag)
+	frame := testFrame(bytes.Repeat([]byte{7}, 1486))
 	buf := make([]byte, 2048)
 	pb.SetReadDeadline(time.Now().Add(10 * time.Second))
 	lost := false
@@ -297,47 +310,29 @@ func TestPortFrameAllocatesNothing(t *testing.T) {
 // one-way latency of the data path's I/O with nothing else in flight, the
 // floor under its round trips.
 func BenchmarkPortFrame1500(b *testing.B) {
-	benchPair(b, func(nsA, nsB, tag string) (send func([]byte) error, recv func([]byte) (int, error), closeAll func()) {
-		pa, err := OpenPort(nsA, tag+"a")
-		if err != nil {
-			b.Fatal(err)
-		}
-		pb, err := OpenPort(nsB, tag+"b")
-		if err != nil {
-			b.Fatal(err)
-		}
-		return pa.Write, pb.Read, func() { pa.Close(); pb.Close() }
+	benchPair(b, func(nsA, nsB, tag string) (send func([]byte) error, recv func([]byte) (int, error)) {
+		pa, pb := openPorts(b, nsA, nsB, tag)
+		return pa.Write, pb.Read
 	}, 1500)
 }
 
 func BenchmarkUnderlayDatagram1400(b *testing.B) {
-	benchPair(b, func(nsA, nsB, tag string) (send func([]byte) error, recv func([]byte) (int, error), closeAll func()) {
-		ua, err := ListenUnderlay(nsA, netip.MustParseAddr("fd00:1122:3344:1fc::1"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		ub, err := ListenUnderlay(nsB, netip.MustParseAddr("fd00:1122:3344:1fc::2"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		dst := netip.MustParseAddr("fd00:1122:3344:1fc::2")
-		return func(p []byte) error { return ua.WriteTo(p, dst, 40000) },
-			func(p []byte) (int, error) { n, _, err := ub.ReadFrom(p); return n, err },
-			func() { ua.Close(); ub.Close() }
+	benchPair(b, func(nsA, nsB, tag string) (send func([]byte) error, recv func([]byte) (int, error)) {
+		ua, ub := listenUnderlays(b, nsA, nsB)
+		return func(p []byte) error { return ua.WriteTo(p, underlayB, 40000) },
+			func(p []byte) (int, error) { n, _, err := ub.ReadFrom(p); return n, err }
 	}, 1400)
 }
 
 // benchPair sends b.N messages of size bytes one way, each once the last
 // arrived (a lost one is given up after a second and counted).
-func benchPair(b *testing.B, open func(nsA, nsB, tag string) (func([]byte) error, func([]byte) (int, error), func()), size int) {
+func benchPair(b *testing.B, open func(nsA, nsB, tag string) (func([]byte) error, func([]byte) (int, error)), size int) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
 	}
 	nsA, nsB, tag := testNets(b)
-	send, recv, closeAll := open(nsA, nsB, tag)
-	defer closeAll()
-	msg := make([]byte, size)
-	copy(msg, []byte{0xa8, 0x40, 0x25, 0xff, 0x77, 0x77, 0xa8, 0x40, 0x25, 0xf0, 0x00, 0x01, 0x88, 0xb5})
+	send, recv := open(nsA, nsB, tag)
+	msg := testFrame(make([]byte, size-14))
 	arrived := make(chan struct{}, 1)
 	go func() {
 		buf := make([]byte, 4096)
@@ -378,16 +373,11 @@ func TestUnderlayWriteAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops what is put back at random")
 	}
-	nsA, _, _ := testNets(t)
-	ua, err := ListenUnderlay(nsA, netip.MustParseAddr("fd00:1122:3344:1fc::1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ua.Close()
+	nsA, nsB, _ := testNets(t)
+	ua, _ := listenUnderlays(t, nsA, nsB)
 	payload := bytes.Repeat([]byte{7}, 1400)
-	dst := netip.MustParseAddr("fd00:1122:3344:1fc::2")
 	allocs := testing.AllocsPerRun(200, func() {
-		if err := ua.WriteTo(payload, dst, 40000); err != nil {
+		if err := ua.WriteTo(payload, underlayB, 40000); err != nil {
 			t.Fatal(err)
 		}
 	})
