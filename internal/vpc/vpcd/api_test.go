@@ -23,19 +23,7 @@ import (
 // is not there and it waits for it.)
 func TestAPI(t *testing.T) {
 	d := lonelyDataPath(t)
-	sock := filepath.Join(t.TempDir(), "vpcd.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, sock) }()
-	defer func() { cancel(); <-served }()
-	c := NewClient(sock)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := c.State(t.Context()); err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	c := serveAPI(t, d)
 
 	subnet := netip.MustParsePrefix("172.30.0.0/22")
 	spec := PortSpec{Link: Link{Name: "vnNotThere"}, VNI: 7777, MAC: rules.MustMAC("a8:40:25:f0:00:01"),
@@ -115,6 +103,25 @@ func TestAPI(t *testing.T) {
 	}
 	if st, _ := c.State(t.Context()); len(st.Ports) != 0 || len(st.V2P) != 0 {
 		t.Errorf("after removal: %+v", st)
+	}
+}
+
+// serveAPI serves d's local API on a socket of the test's own until the
+// test ends, and returns a client of it once it answers.
+func serveAPI(t *testing.T, d *Daemon) *Client {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "vpcd.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx, sock) }()
+	t.Cleanup(func() { cancel(); <-served })
+	c := NewClient(sock)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := c.State(t.Context()); err == nil || time.Now().After(deadline) {
+			return c
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -1,12 +1,9 @@
 package vpcd
 
 import (
-	"context"
 	"errors"
 	"net/netip"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/sled-agent/sled-agent/internal/vpc/rules"
 )
@@ -17,19 +14,7 @@ import (
 // has no address in is a 400 and changes nothing; an unknown port a 404.
 func TestAPIAttachedSubnets(t *testing.T) {
 	d := lonelyDataPath(t)
-	sock := filepath.Join(t.TempDir(), "vpcd.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, sock) }()
-	defer func() { cancel(); <-served }()
-	c := NewClient(sock)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, err := c.State(t.Context()); err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	c := serveAPI(t, d)
 	vpc := netip.MustParsePrefix("10.1.0.0/24")
 	ext := netip.MustParsePrefix("203.0.113.0/28")
 	spec := PortSpec{Link: Link{Name: "vnNotThere"}, VNI: 7777, MAC: rules.MustMAC("a8:40:25:f0:00:01"),
