@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/sled-agent/sled-agent/internal/vpc/netio"
 	"github.com/sled-agent/sled-agent/internal/vpc/vpctest"
@@ -41,33 +40,11 @@ func macOf(t *testing.T, s string) wire.MAC {
 	return wire.MAC(hw)
 }
 
-// onLink runs f on the link called name in the namespace at path.
-func onLink(t *testing.T, path, name string, f func(h *netlink.Handle, l netlink.Link) error) {
-	t.Helper()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName(name)
-	if err == nil {
-		err = f(h, l)
-	}
-	if err != nil {
-		t.Fatalf("link %s in %s: %v", name, path, err)
-	}
-}
-
 // underlayMAC is the MAC of the sled's underlay link ul0.
 func (s *vpcSled) underlayMAC(t *testing.T) wire.MAC {
 	t.Helper()
 	var m wire.MAC
-	onLink(t, "/run/netns/"+s.ns, "ul0", func(_ *netlink.Handle, l netlink.Link) error {
+	vpctest.OnLink(t, "/run/netns/"+s.ns, "ul0", func(_ *netlink.Handle, l netlink.Link) error {
 		m = wire.MAC(l.Attrs().HardwareAddr)
 		return nil
 	})
@@ -89,7 +66,7 @@ const captureMax = 1 << 14
 // ports too.
 func startCapture(t *testing.T, path, link string) *capture {
 	t.Helper()
-	onLink(t, path, link, func(h *netlink.Handle, l netlink.Link) error {
+	vpctest.OnLink(t, path, link, func(h *netlink.Handle, l netlink.Link) error {
 		if l.Type() != "bridge" {
 			return nil
 		}

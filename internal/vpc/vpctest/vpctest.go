@@ -3,6 +3,7 @@
 package vpctest
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"testing"
@@ -25,6 +26,21 @@ const Gateway = "172.30.0.1"
 // QEMU tap's frames are whole.
 func ConfigureGuest(t testing.TB, path, addr string) {
 	t.Helper()
+	gw := net.ParseIP(Gateway)
+	OnLink(t, path, "eth0", func(h *netlink.Handle, eth0 netlink.Link) error {
+		return errors.Join(
+			h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(addr), Mask: net.CIDRMask(32, 32)}}),
+			h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}),
+			h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw}),
+			netio.DisableOffloads(path, "eth0"))
+	})
+}
+
+// OnLink runs f on the link called name in the network namespace at path,
+// with a netlink handle in that namespace; the test fails if the link is
+// not there or f fails.
+func OnLink(t testing.TB, path, name string, f func(h *netlink.Handle, l netlink.Link) error) {
+	t.Helper()
 	ns, err := netns.GetFromPath(path)
 	if err != nil {
 		t.Fatal(err)
@@ -35,20 +51,12 @@ func ConfigureGuest(t testing.TB, path, addr string) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	eth0, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
+	l, err := h.LinkByName(name)
+	if err == nil {
+		err = f(h, l)
 	}
-	gw := net.ParseIP(Gateway)
-	for _, err := range []error{
-		h.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(addr), Mask: net.CIDRMask(32, 32)}}),
-		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK}),
-		h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: gw}),
-		netio.DisableOffloads(path, "eth0"),
-	} {
-		if err != nil {
-			t.Fatalf("configuring the guest %s: %v", addr, err)
-		}
+	if err != nil {
+		t.Fatalf("link %s in %s: %v", name, path, err)
 	}
 }
 
