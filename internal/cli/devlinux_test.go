@@ -1,14 +1,13 @@
 package cli
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -212,27 +211,11 @@ func containsAll(s string, subs []string) bool {
 // a path under dir.
 func processesOf(t *testing.T, dir string) []int {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
+	pids, err := processesWhere(func(args []string) bool {
+		return slices.ContainsFunc(args, func(a string) bool { return strings.Contains(a, dir) })
+	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(strings.NewReader(strings.ReplaceAll(string(b), "\x00", "\n")))
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), dir) {
-				pids = append(pids, pid)
-				break
-			}
-		}
 	}
 	return pids
 }

@@ -415,7 +415,20 @@ func (r *devRack) stopLeftoverAgents(ctx context.Context) error {
 // agentsOf lists the processes that run `sled-agent run` with --data-dir
 // dir.
 func agentsOf(dir string) []int {
-	entries, _ := os.ReadDir("/proc")
+	pids, _ := processesWhere(func(args []string) bool {
+		i := slices.Index(args, "--data-dir")
+		return len(args) > 1 && args[1] == "run" && i >= 0 && i+1 < len(args) && args[i+1] == dir
+	})
+	return pids
+}
+
+// processesWhere lists the processes (not this one) whose command line,
+// its arguments, match says yes to; a process gone meanwhile is not.
+func processesWhere(match func(args []string) bool) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
 	var pids []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -426,13 +439,9 @@ func agentsOf(dir string) []int {
 		if err != nil {
 			continue
 		}
-		args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-		if len(args) < 2 || args[1] != "run" {
-			continue
-		}
-		if i := slices.Index(args, "--data-dir"); i >= 0 && i+1 < len(args) && args[i+1] == dir {
+		if match(strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")) {
 			pids = append(pids, pid)
 		}
 	}
-	return pids
+	return pids, nil
 }
