@@ -23,13 +23,20 @@ type vpcGuests struct {
 	conn     net.Conn
 	client   *net.UDPConn
 	received chan int64
+	// accepted is B's end of the stream, for close to end B's read.
+	accepted chan net.Conn
 	req, buf []byte
 }
+
+// streamGrace bounds how long the stream's writes may wait past its
+// duration, and how long B may take to read what is in flight after it:
+// a hang detector, for a data path that stops carrying the stream.
+const streamGrace = 30 * time.Second
 
 // openGuests opens the guests' sockets on t, which the guests own from
 // then on (close closes both), and connects A's stream to B.
 func openGuests(ctx context.Context, t *vpcTopology) (g *vpcGuests, err error) {
-	g = &vpcGuests{t: t, received: make(chan int64, 1), req: make([]byte, 64), buf: make([]byte, 2048)}
+	g = &vpcGuests{t: t, received: make(chan int64, 1), accepted: make(chan net.Conn, 1), req: make([]byte, 64), buf: make([]byte, 2048)}
 	defer func() {
 		if err != nil {
 			g.close()
@@ -60,7 +67,7 @@ func openGuests(ctx context.Context, t *vpcTopology) (g *vpcGuests, err error) {
 			g.received <- -1
 			return
 		}
-		defer c.Close()
+		g.accepted <- c
 		n, _ := io.Copy(io.Discard, c)
 		g.received <- n
 	}()
@@ -88,6 +95,11 @@ func openGuests(ctx context.Context, t *vpcTopology) (g *vpcGuests, err error) {
 }
 
 func (g *vpcGuests) close() {
+	select {
+	case c := <-g.accepted:
+		c.Close()
+	default:
+	}
 	if g.conn != nil {
 		g.conn.Close()
 	}
@@ -110,13 +122,21 @@ func (g *vpcGuests) stream(ctx context.Context, d time.Duration) (VPCPath, error
 	chunk := make([]byte, 64<<10)
 	cpu0 := cpuTime()
 	start := time.Now()
+	g.conn.SetWriteDeadline(start.Add(d + streamGrace))
 	for time.Since(start) < d && ctx.Err() == nil {
 		if _, err := g.conn.Write(chunk); err != nil {
 			return p, err
 		}
 	}
 	g.conn.Close()
-	got := <-g.received
+	var got int64
+	select {
+	case got = <-g.received:
+	case <-time.After(streamGrace):
+		return p, fmt.Errorf("guest B did not read the stream's end within %s", streamGrace)
+	case <-ctx.Done():
+		return p, ctx.Err()
+	}
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
 	gbit := float64(got) * 8 / 1e9
