@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -255,7 +256,7 @@ func TestTwoSledsCarryAVPC(t *testing.T) {
 
 // standInGuests finds the stand-in guests' namespaces by their holders
 // (sled-agent stand-in-guest, children of VMM services), by the MAC of
-// their eth0.
+// their eth0, once it is up.
 func standInGuests(t *testing.T) map[string]string {
 	out := map[string]string{}
 	entries, _ := os.ReadDir("/proc")
@@ -275,7 +276,9 @@ func standInGuests(t *testing.T) map[string]string {
 		}
 		h, err := netlink.NewHandleAt(ns)
 		if err == nil {
-			if l, err := h.LinkByName("eth0"); err == nil {
+			// Found once the stand-in has set it up: a link just moved in
+			// is down, and takes no route.
+			if l, err := h.LinkByName("eth0"); err == nil && l.Attrs().Flags&net.FlagUp != 0 {
 				out[l.Attrs().HardwareAddr.String()] = path
 			}
 			h.Close()
